@@ -1,0 +1,275 @@
+"""`python -m beam_pipeline`: cheap checks and listing, then the Beam job, then a summary.
+
+Everything that must happen for a version to exist (commit, manifest, LATEST) runs inside
+the job; this launcher only prepares, submits and, for runners that wait, reports.
+"""
+
+import dataclasses
+import json
+import logging
+import os
+import sys
+import threading
+import time
+
+from beam_pipeline import __version__
+from beam_pipeline.errors import UserError, error_record
+
+
+def run(argv=None):
+    """Build one dataset version. Returns a dict describing what happened."""
+    import apache_beam as beam
+    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.options.pipeline_options import SetupOptions, StandardOptions
+
+    from beam_pipeline import listing, options as opts, plan, versions
+    from beam_pipeline.commit import CommitSpec
+    from beam_pipeline.pipeline import ImagesToTFRecords
+    from readers import layout
+
+    pipeline_options, build = opts.parse(argv)
+    root = build.output.rstrip("/")
+    _check_writable(root)
+
+    refs, errors, duplicates, listed = listing.list_inputs(build.input)
+    config = build.build_config()
+    previous_version, previous = versions.latest(root)
+    fingerprint_config = {k: v for k, v in config.items() if k not in opts.NOT_FINGERPRINTED}
+    label_file = _read_label_file(build.label_file) if build.label_file else None
+    fingerprint_config["label_file"] = label_file
+    fingerprint = versions.fingerprint(refs, fingerprint_config, __version__)
+    if previous and previous.get("input_fingerprint") == fingerprint and not build.force:
+        print(f"{root}: up to date (version {previous_version}, fingerprint unchanged); "
+              "nothing written. Use --force to rebuild.")
+        return {"status": "up_to_date", "version": previous_version}
+
+    labels = plan.label_ids({r.label for r in refs}, previous["labels"] if previous else (),
+                            label_file)
+    known = set(labels)
+    errors += [error_record(r.uri, "read", "unknown_label",
+                            f"class {r.label!r} is not in --label_file {build.label_file}")
+               for r in refs if r.label not in known]
+    refs = [r for r in refs if r.label in known]
+    splits = plan.parse_splits(build.splits)
+    refs = [r if r.split else dataclasses.replace(r, split=plan.assign_split(r.key, splits))
+            for r in refs]
+    num_shards = _num_shards(refs, build, pipeline_options)
+
+    version = versions.new_version_id()
+    while versions.exists(layout.version_dir(root, version)):
+        time.sleep(1)
+        version = versions.new_version_id()
+    spec = CommitSpec(
+        root=root, version=version, name=build.name, labels=tuple(labels),
+        num_shards=num_shards, listed=listed, duplicates=duplicates,
+        listing_errors_path="", input_fingerprint=fingerprint, config=config,
+        generator=_generator(), max_error_rate=build.max_error_rate,
+        keep_versions=build.keep_versions, write_index=build.write_index)
+    listing_path = layout.join(spec.tmp_dir, "listing.jsonl")
+    errors_path = layout.join(spec.tmp_dir, "listing_errors.jsonl")
+    versions.write_bytes(listing_path, "".join(r.to_json() + "\n" for r in refs).encode())
+    versions.write_bytes(errors_path, "".join(json.dumps(e) + "\n" for e in errors).encode())
+    spec = dataclasses.replace(spec, listing_errors_path=errors_path)
+
+    pipeline_options.view_as(SetupOptions).save_main_session = False
+    runner = pipeline_options.view_as(StandardOptions).runner or "DirectRunner"
+    waits = runner.split(".")[-1] in ("DirectRunner", "BundleBasedDirectRunner",
+                                      "SwitchingDirectRunner", "PrismRunner")
+    progress_dir = layout.join(spec.tmp_dir, "progress") if waits else None
+    print(f"Building {root} version {version}: {len(refs)} images "
+          f"({sum(r.size for r in refs) / 2**20:.1f} MiB) in "
+          f"{', '.join(f'{s}: {n} shard(s)' for s, n in sorted(num_shards.items()))}; "
+          f"{len(errors)} rejected while listing, {duplicates} duplicate(s).", flush=True)
+
+    start = time.monotonic()
+    p = beam.Pipeline(options=pipeline_options)
+    _ = p | "ImagesToTFRecords" >> ImagesToTFRecords(
+        listing_path, spec, build.encode_options(), sink=build.sink, progress_dir=progress_dir,
+        extra_files=_extra_files(build))
+    if not waits:
+        result = p.run()
+        job = getattr(result, "job_id", lambda: None)
+        print(f"Submitted to {runner}: version {version} is published to {root}/LATEST by the "
+              f"job's last step. Job id: {job() if callable(job) else job}")
+        return {"status": "submitted", "version": version, "result": result}
+    with _ProgressPrinter(progress_dir, len(refs)):
+        p.run().wait_until_finish()
+    seconds = time.monotonic() - start
+    vdir, manifest = layout.version_dir(root, version), None
+    manifest = versions.read_json(layout.join(vdir, layout.MANIFEST))
+    _print_summary(root, vdir, manifest, seconds)
+    return {"status": "published", "version": version, "manifest": manifest,
+            "version_dir": vdir, "seconds": seconds}
+
+
+def _check_writable(root):
+    from apache_beam.io.filesystems import FileSystems
+
+    from beam_pipeline import versions
+
+    probe = f"{root}/.write-check-{os.getpid()}"
+    try:
+        if not root.startswith("gs://"):
+            os.makedirs(root, exist_ok=True)
+        versions.write_bytes(probe, b"ok")
+        FileSystems.delete([probe])
+    except Exception as e:
+        raise UserError(f"--output {root}: not writable ({type(e).__name__}: {e})") from e
+
+
+def _read_label_file(path):
+    from apache_beam.io.filesystems import FileSystems
+
+    try:
+        with FileSystems.open(path) as f:
+            names = [l.strip() for l in f.read().decode().splitlines() if l.strip()]
+    except Exception as e:
+        raise UserError(f"--label_file {path}: cannot read it ({e})") from e
+    if not names or len(set(names)) != len(names):
+        raise UserError(f"--label_file {path}: needs one unique class name per line")
+    return names
+
+
+def _num_shards(refs, build, pipeline_options):
+    """Per split: --num_shards, or auto by size; never more shards than images."""
+    from apache_beam.options.pipeline_options import DirectOptions
+
+    from beam_pipeline import plan
+
+    workers = pipeline_options.view_as(DirectOptions).direct_num_workers or os.cpu_count() or 1
+    per_split = {}
+    for r in refs:
+        count, size = per_split.get(r.split, (0, 0))
+        per_split[r.split] = (count + 1, size + r.size)
+    shards = {}
+    for split, (count, size) in per_split.items():
+        n = build.num_shards or plan.auto_num_shards(size, build.target_shard_mb, workers)
+        shards[split] = max(1, min(n, count))
+    return shards
+
+
+def _extra_files(build):
+    return ()
+
+
+def _generator():
+    import apache_beam
+    import importlib.metadata as md
+
+    try:
+        tf_version = md.version("tensorflow")
+    except md.PackageNotFoundError:
+        tf_version = None
+    return {"package": "image-tfrecords", "version": __version__,
+            "apache_beam": apache_beam.__version__, "tensorflow": tf_version}
+
+
+class _ProgressPrinter:
+    """Sums the shard writers' progress files: images done of total, rate, ETA."""
+
+    def __init__(self, directory, total, period=5.0):
+        self.directory, self.total, self.period = directory, total, period
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self):
+        self.start = time.monotonic()
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(timeout=2)
+
+    def done(self):
+        from apache_beam.io.filesystems import FileSystems
+
+        try:
+            paths = [m.path for m in
+                     FileSystems.match([self.directory + "/*"])[0].metadata_list]
+        except Exception:
+            return 0
+        total = 0
+        for p in paths:
+            try:
+                with FileSystems.open(p) as f:
+                    total += json.loads(f.read())["done"]
+            except Exception:
+                pass
+        return total
+
+    def _loop(self):
+        while not self.stop.wait(self.period):
+            done, elapsed = min(self.done(), self.total), time.monotonic() - self.start
+            if not done:
+                continue
+            rate = done / elapsed
+            eta = (self.total - done) / rate if rate else float("inf")
+            print(f"  {done}/{self.total} images, {rate:.0f} img/s, ETA {eta:.0f}s",
+                  file=sys.stderr, flush=True)
+
+
+def _print_summary(root, vdir, manifest, seconds):
+    acc = manifest["accounting"]
+    print(f"\nPublished {manifest['name']} version {manifest['version']} in {seconds:.1f}s "
+          f"({acc['written'] / max(seconds, 1e-9):.0f} img/s)")
+    print(f"  listed {acc['listed']} = written {acc['written']} + duplicates "
+          f"{acc['duplicates']} + failed {acc['failed']}")
+    labels = manifest["labels"]
+    width = max([len(l) for l in labels] + [5])
+    order = {name: i for i, name in enumerate(plan_split_order())}
+    splits = sorted(manifest["splits"], key=lambda s: (order.get(s, len(order)), s))
+    print("  " + "class".ljust(width) + "".join(f"{s:>12}" for s in splits))
+    for label in labels:
+        print("  " + label.ljust(width) + "".join(
+            f"{manifest['splits'][s]['label_counts'].get(label, 0):>12}" for s in splits))
+    print("  " + "total".ljust(width) + "".join(
+        f"{manifest['splits'][s]['num_examples']:>12}" for s in splits))
+    if manifest["errors"]["count"]:
+        reasons = ", ".join(f"{k}: {v}" for k, v in sorted(manifest["errors"]["by_reason"].items()))
+        print(f"  rejected {manifest['errors']['count']} ({reasons}); see {vdir}/errors.jsonl")
+    print(f"  files: {vdir}/ (readers take {root})")
+
+
+def plan_split_order():
+    from beam_pipeline.plan import SPLIT_NAMES
+
+    return SPLIT_NAMES
+
+
+def main(argv=None):
+    """Console entry point: exit 0 only when a version was published (or was up to date)."""
+    argv = sys.argv[1:] if argv is None else argv
+    verbose = any(a in ("--verbose", "--verbose=true") for a in argv)
+    if not verbose:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow loads anywhere
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    if not verbose:
+        for name in ("apache_beam", "absl", "tensorflow"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+    try:
+        result = run(argv)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: nothing published", file=sys.stderr)
+        return 130
+    except Exception as e:  # the job failed: one line, the cause, and where to look
+        if verbose:
+            raise
+        print(f"error: build failed: {_root_cause(e)} (run with --verbose for the traceback)",
+              file=sys.stderr)
+        return 1
+    return 0 if result["status"] in ("published", "up_to_date", "submitted") else 1
+
+
+def _root_cause(e):
+    """The innermost message of a Beam-wrapped worker exception, on one line."""
+    text = str(e)
+    for marker in ("ErrorRateExceeded: ", "PublishRefused: "):
+        if marker in text:
+            return text.split(marker)[-1].splitlines()[0].split(" [while running")[0]
+    lines = [l.strip() for l in text.strip().splitlines() if l.strip()]
+    return (lines[-1] if lines else type(e).__name__).split(" [while running")[0]

@@ -1,0 +1,178 @@
+"""The job's last stage: rename temp shards, write errors.jsonl and manifest.json, publish.
+
+Runs once, inside the Beam job, after every shard is written (a launcher line after
+run() is not guaranteed to execute on Dataflow). Idempotent, so a retry is safe.
+"""
+
+import dataclasses
+import datetime
+import json
+import logging
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+
+from beam_pipeline import versions
+from readers import layout, schema
+
+
+class PublishRefused(RuntimeError):
+    """A newer version was published while this one was being built."""
+
+
+class ErrorRateExceeded(RuntimeError):
+    """Too many rejected inputs: the version is written but not published."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CommitSpec:
+    """What the launcher knew: everything the manifest needs besides the shard stats."""
+
+    root: str
+    version: str
+    name: str
+    labels: tuple
+    num_shards: dict          # split -> N
+    listed: int
+    duplicates: int
+    listing_errors_path: str  # errors found while listing, a JSONL file in the temp dir
+    input_fingerprint: str
+    config: dict
+    generator: dict
+    max_error_rate: float
+    keep_versions: int
+    write_index: bool
+
+    @property
+    def vdir(self):
+        return layout.version_dir(self.root, self.version)
+
+    @property
+    def tmp_dir(self):
+        return layout.join(self.vdir, ".tmp")
+
+
+def commit(shard_stats, spec, extra_files=()):
+    """All shard stats -> the published manifest (a dict). Raises to fail the job."""
+    vdir = spec.vdir
+    listing_errors = [json.loads(l) for l in _read_lines(spec.listing_errors_path)]
+    errors = listing_errors + [e for s in shard_stats for e in s["errors"]]
+    written = sum(s["num_examples"] for s in shard_stats)
+    _write_errors(layout.join(vdir, layout.ERRORS), errors)
+    rate = len(errors) / max(spec.listed, 1)
+    if rate > spec.max_error_rate:
+        raise ErrorRateExceeded(
+            f"{len(errors)} of {spec.listed} inputs rejected ({rate:.1%}) exceeds --max_error_rate "
+            f"{spec.max_error_rate:g}; nothing published; see {layout.join(vdir, layout.ERRORS)}")
+
+    splits = {}
+    by_shard = {(s["split"], s["shard"]): s for s in shard_stats}
+    for split, n in sorted(spec.num_shards.items()):
+        shards = [_commit_shard(by_shard.get((split, i)), spec, split, i) for i in range(n)]
+        counts = {}
+        for i in range(n):
+            for label, c in by_shard.get((split, i), {}).get("label_counts", {}).items():
+                counts[label] = counts.get(label, 0) + c
+        splits[split] = {
+            "num_examples": sum(s["num_examples"] for s in shards),
+            "num_bytes": sum(s["num_bytes"] for s in shards),
+            "label_counts": {label: counts.get(label, 0) for label in spec.labels},
+            "shards": shards,
+        }
+    for label in spec.labels:
+        if not any(s["label_counts"].get(label) for s in splits.values()):
+            logging.warning("class %r has no images in this version; its id is kept", label)
+
+    reasons = {}
+    for e in errors:
+        reasons[e["reason"]] = reasons.get(e["reason"], 0) + 1
+    now = datetime.datetime.now(datetime.timezone.utc)
+    manifest = {
+        "format_version": layout.FORMAT_VERSION,
+        "name": spec.name,
+        "version": spec.version,
+        "created_at": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "generator": spec.generator,
+        "input_fingerprint": spec.input_fingerprint,
+        "config": spec.config,
+        "labels": list(spec.labels),
+        "label_offset": 0,
+        "features": dict(schema.FEATURES),
+        "splits": splits,
+        "accounting": {"listed": spec.listed, "duplicates": spec.duplicates,
+                       "failed": len(errors), "written": written,
+                       "passed_through": sum(s.get("passed_through", 0) for s in shard_stats)},
+        "errors": {"path": layout.ERRORS, "count": len(errors), "by_reason": reasons},
+    }
+    for extra in extra_files:  # hooks that add files next to the manifest (TFDS, TFT, …)
+        extra(vdir, manifest)
+    _delete_tree(spec.tmp_dir)
+    versions.write_json(layout.join(vdir, layout.MANIFEST), manifest)  # now it is complete
+
+    published = versions.publish(spec.root, spec.version)
+    if published != spec.version:
+        raise PublishRefused(f"version {published} was published while {spec.version} was "
+                             f"being built; {spec.version} is complete but not published")
+    versions.prune(spec.root, spec.version, spec.keep_versions)
+    return manifest
+
+
+def _commit_shard(stats, spec, split, shard):
+    final_name = layout.shard_name(spec.name, split, shard, spec.num_shards[split])
+    final = layout.join(spec.vdir, final_name)
+    if stats is None:  # no image hashed into this shard: an empty, valid TFRecord file
+        versions.write_bytes(final, b"")
+        if spec.write_index:
+            versions.write_bytes(layout.index_name(final), b"")
+        return {"path": final_name, "num_examples": 0, "num_bytes": 0,
+                "sha256": "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"}
+    _rename(stats["temp"], final)
+    if spec.write_index and stats.get("index_temp"):
+        _rename(stats["index_temp"], layout.index_name(final))
+    return {"path": final_name, "num_examples": stats["num_examples"],
+            "num_bytes": stats["num_bytes"], "sha256": stats["sha256"]}
+
+
+def _rename(temp, final):
+    if FileSystems.exists(temp):
+        if FileSystems.exists(final):  # a retried commit: replace what an earlier try left
+            FileSystems.delete([final])
+        FileSystems.rename([temp], [final])
+    elif not FileSystems.exists(final):
+        raise FileNotFoundError(f"shard temp file {temp} is missing")
+
+
+def _write_errors(path, errors):
+    versions.write_bytes(path, "".join(json.dumps(e, sort_keys=True) + "\n"
+                                       for e in errors).encode())
+
+
+def _read_lines(path):
+    if not path or not FileSystems.exists(path):
+        return []
+    with FileSystems.open(path) as f:
+        return [l for l in f.read().decode().splitlines() if l.strip()]
+
+
+def _delete_tree(directory):
+    try:
+        paths = [m.path for m in FileSystems.match([directory + "/**"])[0].metadata_list]
+    except Exception:
+        paths = []
+    if paths:
+        FileSystems.delete(paths)
+    if not directory.startswith("gs://") and FileSystems.exists(directory):
+        FileSystems.delete([directory])
+
+
+class Commit(beam.PTransform):
+    """PCollection of shard stats -> one published manifest (the job's final stage)."""
+
+    def __init__(self, spec, extra_files=()):
+        super().__init__()
+        self.spec, self.extra_files = spec, tuple(extra_files)
+
+    def expand(self, shard_stats):
+        return (shard_stats
+                | "AllShards" >> beam.combiners.ToList()        # -> [shard stats], one per shard
+                | "WriteManifest" >> beam.Map(commit, self.spec, self.extra_files))

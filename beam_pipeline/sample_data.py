@@ -1,0 +1,112 @@
+"""A small, deterministic sample image set: `python -m beam_pipeline.sample_data DIR`.
+
+Three classes a model can learn (circle, square, triangle on noisy backgrounds), in the
+formats real folders hold (baseline and progressive JPEG, PNG, grayscale, CMYK, palette
+with transparency, 16-bit, EXIF-rotated, animated GIF) plus a few broken files.
+"""
+
+import io
+import os
+import random
+import sys
+
+from PIL import Image, ImageDraw
+
+CLASSES = ("circle", "square", "triangle")
+VARIANTS = ("jpeg", "jpeg", "jpeg", "png", "gray", "cmyk", "palette", "exif", "progressive",
+            "gray16", "rgba", "gif")
+
+
+def draw(shape, rng, size=(160, 120)):
+    """An RGB image of one shape; size and colours vary with rng."""
+    w, h = size
+    img = Image.new("RGB", size, tuple(rng.randrange(0, 90) for _ in range(3)))
+    d = ImageDraw.Draw(img)
+    colour = tuple(rng.randrange(150, 256) for _ in range(3))
+    r = rng.randrange(min(w, h) // 5, min(w, h) // 2 - 4)
+    cx, cy = rng.randrange(r + 2, w - r - 2), rng.randrange(r + 2, h - r - 2)
+    if shape == "circle":
+        d.ellipse((cx - r, cy - r, cx + r, cy + r), fill=colour)
+    elif shape == "square":
+        d.rectangle((cx - r, cy - r, cx + r, cy + r), fill=colour)
+    else:
+        d.polygon([(cx, cy - r), (cx - r, cy + r), (cx + r, cy + r)], fill=colour)
+    return img
+
+
+def encode(img, variant):
+    """(bytes, file extension) of `img` saved as `variant`."""
+    out = io.BytesIO()
+    if variant == "jpeg":
+        img.save(out, "JPEG", quality=90)
+    elif variant == "progressive":
+        img.save(out, "JPEG", quality=90, progressive=True)
+    elif variant == "png":
+        img.save(out, "PNG")
+    elif variant == "gray":
+        img.convert("L").save(out, "JPEG", quality=90)
+    elif variant == "cmyk":
+        img.convert("CMYK").save(out, "JPEG", quality=90)
+    elif variant == "palette":
+        p = img.convert("P", palette=Image.Palette.ADAPTIVE, colors=64)
+        p.info["transparency"] = 0
+        p.save(out, "PNG", transparency=0)
+    elif variant == "exif":
+        # Stored rotated 90° with Orientation=6 ("rotate 90 CW to view"): upright once applied.
+        exif = Image.Exif()
+        exif[0x0112] = 6
+        img.transpose(Image.Transpose.ROTATE_90).save(out, "JPEG", quality=90, exif=exif)
+    elif variant == "gray16":
+        Image.fromarray(_to_uint16(img.convert("L"))).save(out, "PNG")
+    elif variant == "rgba":
+        rgba = img.convert("RGBA")
+        rgba.putalpha(200)
+        rgba.save(out, "PNG")
+    elif variant == "gif":
+        frames = [img.convert("P"), img.transpose(Image.Transpose.FLIP_LEFT_RIGHT).convert("P")]
+        frames[0].save(out, "GIF", save_all=True, append_images=frames[1:], duration=100, loop=0)
+    else:
+        raise ValueError(f"unknown variant {variant!r}")
+    ext = {"png": "png", "palette": "png", "gray16": "png", "rgba": "png", "gif": "gif"}
+    return out.getvalue(), ext.get(variant, "jpg")
+
+
+def _to_uint16(gray):
+    import numpy as np
+
+    return np.asarray(gray, dtype=np.uint16) * 257
+
+
+def broken_files():
+    """name -> bytes of inputs the pipeline must reject into errors.jsonl."""
+    good, _ = encode(draw("circle", random.Random(0)), "jpeg")
+    return {
+        "truncated.jpg": good[: len(good) // 2],
+        "empty.jpg": b"",
+        "not_an_image.jpg": b"this is a text file, not a JPEG\n",
+    }
+
+
+def generate(root, per_class=40, seed=0):
+    """Write ROOT/<class>/<n>.<ext>; returns the number of files written."""
+    rng = random.Random(seed)
+    count = 0
+    for shape in CLASSES:
+        os.makedirs(os.path.join(root, shape), exist_ok=True)
+        for i in range(per_class):
+            size = (rng.randrange(96, 224), rng.randrange(96, 224))
+            data, ext = encode(draw(shape, rng, size), VARIANTS[i % len(VARIANTS)])
+            with open(os.path.join(root, shape, f"{shape}_{i:03d}.{ext}"), "wb") as f:
+                f.write(data)
+            count += 1
+    for name, data in broken_files().items():
+        with open(os.path.join(root, CLASSES[0], name), "wb") as f:
+            f.write(data)
+        count += 1
+    return count
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m beam_pipeline.sample_data DIR")
+    print(f"wrote {generate(sys.argv[1])} files to {sys.argv[1]}")

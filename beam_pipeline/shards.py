@@ -1,0 +1,137 @@
+"""Write one shard per DoFn call: stream its images from storage, convert, frame, write.
+
+Only small ImageRefs crossed the shuffle; image bytes live here, one shard at a time,
+so memory does not grow with the dataset (DESIGN §1).
+"""
+
+import concurrent.futures
+import hashlib
+import json
+import time
+import uuid
+
+import apache_beam as beam
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
+
+from beam_pipeline import images, records
+from beam_pipeline.errors import error_record
+from readers import layout
+
+READ_AHEAD = 16  # images fetched concurrently: hides gs:// latency, bounds memory
+
+
+def read_bytes(uri):
+    with FileSystems.open(uri, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        return f.read()
+
+
+def _fetch(uri):
+    try:
+        return read_bytes(uri), None
+    except Exception as e:  # a vanished or unreadable file is data, not a crash
+        return None, e
+
+
+class WriteShardFn(beam.DoFn):
+    """((split, shard), [(position, ImageRef, label_id)]) -> one shard-stats dict.
+
+    The shard goes to a unique temp name; commit renames the temp files of the attempts
+    that succeeded, so a retried bundle never leaves a duplicate or partial shard.
+    """
+
+    def __init__(self, tmp_dir, name, num_shards, encode_options, write_index, progress_dir=None):
+        self.tmp_dir, self.name, self.num_shards = tmp_dir, name, num_shards
+        self.encode_options, self.write_index = encode_options, write_index
+        self.progress_dir = progress_dir
+        self.written = Metrics.counter("images", "written")
+        self.failed = Metrics.counter("images", "failed")
+        self.passed_through = Metrics.counter("images", "passed_through")
+
+    def setup(self):
+        records.make_example  # noqa: B018 — TensorFlow's protos load on first use below
+        self.pool = concurrent.futures.ThreadPoolExecutor(READ_AHEAD)
+
+    def teardown(self):
+        self.pool.shutdown(wait=False)
+
+    def process(self, element):
+        (split, shard), items = element
+        items = sorted(items, key=lambda item: item[0])  # by hash position: deterministic
+        final = layout.shard_name(self.name, split, shard, self.num_shards[split])
+        attempt = uuid.uuid4().hex[:12]
+        temp = layout.join(self.tmp_dir, f"{final}.{attempt}")
+        stats = {"split": split, "shard": shard, "path": final, "temp": temp,
+                 "num_examples": 0, "num_bytes": 0, "label_counts": {}, "errors": [],
+                 "passed_through": 0}
+        digest, offsets = hashlib.sha256(), []
+        progress = _Progress(self.progress_dir, f"{final}.{attempt}")
+        with FileSystems.create(temp) as out:
+            for (_, ref, label_id), (data, read_error) in zip(
+                    items, _read_ahead(self.pool, [ref.uri for _, ref, _ in items])):
+                try:
+                    if read_error is not None:
+                        raise images.ImageError("read", "unreadable",
+                                                f"{type(read_error).__name__}: {read_error}")
+                    encoded = images.convert(data, self.encode_options)
+                except images.ImageError as e:
+                    stats["errors"].append(error_record(ref.uri, e.stage, e.reason, e.detail))
+                    Metrics.counter("errors", e.reason).inc()
+                    self.failed.inc()
+                    progress.tick()
+                    continue
+                frame = records.tfrecord_frame(
+                    records.make_example(encoded, label_id, ref.label, ref.filename))
+                out.write(frame)
+                digest.update(frame)
+                offsets.append((stats["num_bytes"], len(frame)))
+                stats["num_bytes"] += len(frame)
+                stats["num_examples"] += 1
+                stats["passed_through"] += encoded.passed_through
+                stats["label_counts"][ref.label] = stats["label_counts"].get(ref.label, 0) + 1
+                self.written.inc()
+                self.passed_through.inc(encoded.passed_through)
+                progress.tick()
+        progress.flush(force=True)
+        stats["sha256"] = digest.hexdigest()
+        if self.write_index:
+            stats["index_temp"] = temp + layout.INDEX_SUFFIX
+            with FileSystems.create(stats["index_temp"]) as f:
+                f.write("".join(f"{o} {n}\n" for o, n in offsets).encode())
+        yield stats
+
+
+def _read_ahead(pool, uris):
+    """Yield (bytes, error) in order while up to READ_AHEAD later reads are in flight."""
+    pending = []
+    for uri in uris:
+        pending.append(pool.submit(_fetch, uri))
+        if len(pending) > READ_AHEAD:
+            yield pending.pop(0).result()
+    for future in pending:
+        yield future.result()
+
+
+class _Progress:
+    """Every few seconds, a tiny file with this shard's count, which the launcher sums."""
+
+    PERIOD = 2.0
+
+    def __init__(self, directory, name):
+        self.path = layout.join(directory, name) if directory else None
+        self.count, self.last = 0, time.monotonic()
+
+    def tick(self):
+        self.count += 1
+        if self.path and time.monotonic() - self.last > self.PERIOD:
+            self.flush()
+
+    def flush(self, force=False):
+        if self.path and (force or self.count):
+            try:
+                with FileSystems.create(self.path) as f:
+                    f.write(json.dumps({"done": self.count}).encode())
+            except Exception:  # progress is a courtesy; never fail a shard for it
+                self.path = None
+            self.last = time.monotonic()

@@ -1,0 +1,111 @@
+"""Versions under a dataset root: ids, LATEST, clean-up and retention (DESIGN §2, issue 5).
+
+Writer-side twin of readers.layout, on Beam FileSystems so gs:// works the same.
+"""
+
+import datetime
+import hashlib
+import json
+
+from apache_beam.io.filesystems import FileSystems
+
+from readers import layout
+
+
+def new_version_id(now=None):
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    return now.strftime("%Y%m%dT%H%M%SZ")
+
+
+def read_json(path):
+    with FileSystems.open(path) as f:
+        return json.loads(f.read().decode())
+
+
+def write_bytes(path, data):
+    with FileSystems.create(path) as f:
+        f.write(data)
+
+
+def write_json(path, obj):
+    write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
+
+
+def exists(path):
+    return FileSystems.exists(path)
+
+
+def latest(root):
+    """(version, manifest) that ROOT/LATEST names, or (None, None) for a new root."""
+    path = layout.join(root, layout.LATEST)
+    if not exists(path):
+        return None, None
+    record = read_json(path)
+    return record["version"], read_json(layout.join(root, record["manifest"]))
+
+
+def list_versions(root):
+    """{version id: is complete} for every directory under ROOT/versions/."""
+    pattern = layout.join(root, layout.VERSIONS, "*", "**")
+    try:
+        paths = [m.path for m in FileSystems.match([pattern])[0].metadata_list]
+    except Exception:
+        return {}
+    prefix = layout.join(root, layout.VERSIONS) + "/"
+    found = {}
+    for p in paths:
+        if not p.startswith(prefix):
+            continue
+        version, _, rest = p[len(prefix):].partition("/")
+        found[version] = found.get(version, False) or rest == layout.MANIFEST
+    return found
+
+
+def delete_version(root, version):
+    vdir = layout.version_dir(root, version)
+    try:
+        FileSystems.delete([vdir + "/"]) if vdir.startswith("gs://") else FileSystems.delete([vdir])
+    except Exception:
+        # GCS has no directories: delete the objects under the prefix instead.
+        paths = [m.path for m in FileSystems.match([vdir + "/**"])[0].metadata_list]
+        if paths:
+            FileSystems.delete(paths)
+
+
+def fingerprint(refs, config, package_version):
+    """sha256 over the listing (uri, size, mtime, label, split) and the build options."""
+    h = hashlib.sha256()
+    h.update(json.dumps({"config": config, "package": package_version}, sort_keys=True).encode())
+    for r in refs:
+        h.update(json.dumps([r.uri, r.size, r.mtime, r.label, r.split]).encode())
+        h.update(b"\n")
+    return "sha256:" + h.hexdigest()
+
+
+def publish(root, version):
+    """Point LATEST at `version` unless a newer one is already there; clean older leftovers.
+
+    Returns the version LATEST names afterwards. The compare-then-write is not atomic on
+    object stores; version ids sort by start time, so the window is the rename itself.
+    """
+    current, _ = latest(root)
+    if current is not None and current > version:
+        return current
+    tmp = layout.join(root, f".{layout.LATEST}.{version}.tmp")
+    write_bytes(tmp, json.dumps(layout.latest_record(version)).encode())
+    FileSystems.rename([tmp], [layout.join(root, layout.LATEST)])
+    return version
+
+
+def prune(root, published, keep):
+    """Delete incomplete versions older than `published`, and complete ones beyond `keep`."""
+    deleted = []
+    versions = list_versions(root)
+    complete = sorted((v for v, done in versions.items() if done), reverse=True)
+    for v, done in sorted(versions.items()):
+        stale = not done and v < published
+        surplus = keep and done and v != published and v not in complete[:keep]
+        if stale or surplus:
+            delete_version(root, v)
+            deleted.append(v)
+    return deleted

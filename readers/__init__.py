@@ -1,0 +1,21 @@
+"""Read datasets built by the Beam pipeline: `info(path)` and `make_dataset(path, ...)`.
+
+Needs TensorFlow, never Apache Beam. `import readers` loads neither: TensorFlow is imported
+when a function that needs it runs, so schema/layout stay cheap for the writer to import.
+"""
+
+__all__ = ["info", "make_dataset"]
+
+
+def __getattr__(name):
+    if name == "info":
+        from readers.dataset_info import info
+        return info
+    if name == "make_dataset":
+        from readers.dataset import make_dataset
+        return make_dataset
+    raise AttributeError(f"module 'readers' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

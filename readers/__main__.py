@@ -1,0 +1,36 @@
+"""`python -m readers ROOT`: describe a dataset and read one batch back, as training would."""
+
+import argparse
+import os
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("path", help="dataset root (uses LATEST) or a version directory")
+    parser.add_argument("--split", default="train")
+    parser.add_argument("--batch_size", type=int, default=32)
+    parser.add_argument("--image_size", type=int, default=224)
+    args = parser.parse_args(argv)
+
+    import numpy as np
+
+    import readers
+    from readers import layout
+
+    vdir, manifest = layout.load_manifest(args.path)
+    start = time.monotonic()
+    ds = readers.make_dataset(args.path, split=args.split, batch_size=args.batch_size,
+                              image_size=args.image_size, training=False, repeat=False)
+    images, labels = next(iter(ds))
+    names = manifest["labels"]
+    print(f"Read back {vdir} ({args.split}): one batch of images {tuple(images.shape)} "
+          f"{images.dtype.name} in {time.monotonic() - start:.1f}s; labels "
+          f"{[names[i] for i in np.asarray(labels).tolist()][:8]}"
+          f"{' …' if len(labels) > 8 else ''}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""What a built dataset holds, read from its manifest (DESIGN §4) without touching the shards."""
+
+import dataclasses
+import posixpath
+from typing import Dict, Optional, Tuple
+
+from readers import layout
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardInfo:
+    path: str  # absolute (version dir joined with the manifest's relative path)
+    num_examples: int
+    num_bytes: Optional[int] = None
+    sha256: Optional[str] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitInfo:
+    name: str
+    num_examples: int
+    num_bytes: Optional[int]
+    label_counts: Dict[str, int]
+    shards: Tuple[ShardInfo, ...]
+
+    @property
+    def files(self):
+        return [s.path for s in self.shards]
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetInfo:
+    name: str
+    version: str
+    version_dir: str
+    labels: Tuple[str, ...]
+    label_offset: int
+    splits: Dict[str, SplitInfo]
+    manifest: dict = dataclasses.field(repr=False, compare=False)
+
+    @property
+    def num_classes(self):
+        return len(self.labels)
+
+    def split(self, name):
+        """The SplitInfo for `name`, with an error that lists what exists."""
+        try:
+            return self.splits[name]
+        except KeyError:
+            raise KeyError(f"{self.version_dir}: no split {name!r}; "
+                           f"this version has {sorted(self.splits)}") from None
+
+
+def from_manifest(vdir, manifest):
+    splits = {}
+    for name, s in manifest.get("splits", {}).items():
+        shards = tuple(ShardInfo(path=layout.join(vdir, sh["path"]),
+                                 num_examples=int(sh["num_examples"]),
+                                 num_bytes=sh.get("num_bytes"), sha256=sh.get("sha256"))
+                       for sh in s.get("shards", []))
+        splits[name] = SplitInfo(name=name, num_examples=int(s["num_examples"]),
+                                 num_bytes=s.get("num_bytes"),
+                                 label_counts=dict(s.get("label_counts", {})), shards=shards)
+    return DatasetInfo(name=manifest.get("name", ""),
+                       version=manifest.get("version") or posixpath.basename(vdir),
+                       version_dir=vdir,
+                       labels=tuple(manifest.get("labels", ())),
+                       label_offset=int(manifest.get("label_offset", 0)),
+                       splits=splits, manifest=manifest)
+
+
+def info(path):
+    """Labels, splits (counts and shard files) and version of a dataset root or version dir.
+
+    A root is resolved through LATEST once, here: keep the returned `version_dir` if later
+    reads must see the same version while a new one is being published.
+    """
+    return from_manifest(*layout.load_manifest(path))

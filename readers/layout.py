@@ -1,0 +1,71 @@
+"""Where things live in a dataset root (DESIGN §2); the one module that owns file names.
+
+Uses tf.io.gfile so local paths and gs:// behave the same without Apache Beam.
+"""
+
+import json
+import posixpath
+
+LATEST = "LATEST"
+VERSIONS = "versions"
+MANIFEST = "manifest.json"
+ERRORS = "errors.jsonl"
+INDEX_SUFFIX = ".index"
+FORMAT_VERSION = 1
+
+
+def join(*parts):
+    """Join path parts with '/', which is right for both local paths and gs://."""
+    return posixpath.join(*parts)
+
+
+def shard_name(name, split, shard, num_shards):
+    """TFDS file naming: NAME-SPLIT.tfrecord-SSSSS-of-NNNNN."""
+    return f"{name}-{split}.tfrecord-{shard:05d}-of-{num_shards:05d}"
+
+
+def index_name(shard_file):
+    """The DALI / `tfrecord`-package index that sits next to a shard."""
+    return shard_file + INDEX_SUFFIX
+
+
+def version_dir(root, version):
+    return join(root, VERSIONS, version)
+
+
+def latest_record(version):
+    """The content of ROOT/LATEST for `version`."""
+    return {"version": version, "manifest": join(VERSIONS, version, MANIFEST)}
+
+
+def _gfile():
+    import tensorflow as tf
+
+    return tf.io.gfile
+
+
+def resolve(path):
+    """Return the version directory for a dataset root (via LATEST, read once) or a version dir."""
+    gfile = _gfile()
+    path = path.rstrip("/")
+    if gfile.exists(join(path, MANIFEST)):
+        return path
+    latest = join(path, LATEST)
+    if gfile.exists(latest):
+        with gfile.GFile(latest, "r") as f:
+            record = json.load(f)
+        return posixpath.dirname(join(path, record["manifest"]))
+    raise FileNotFoundError(
+        f"{path}: not a dataset (no {MANIFEST} and no {LATEST}); "
+        "pass the --output root of a finished build or one of its versions/ directories")
+
+
+def load_manifest(path):
+    """(version_dir, manifest dict) for a dataset root or version directory."""
+    vdir = resolve(path)
+    with _gfile().GFile(join(vdir, MANIFEST), "r") as f:
+        manifest = json.load(f)
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise ValueError(f"{vdir}/{MANIFEST}: format_version {manifest.get('format_version')!r} "
+                         f"is not {FORMAT_VERSION}; upgrade the reader")
+    return vdir, manifest

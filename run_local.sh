@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Set up .venv if needed, then build TFRecords.
+#   ./run_local.sh                          sample images -> ./out, then read a batch back
+#   ./run_local.sh --input DIR --output OUT [options]   your own images (see --help)
+set -euo pipefail
+cd "$(dirname "$0")"
+source scripts/venv.sh
+ensure_venv ""
+
+if [ $# -gt 0 ]; then
+  exec "$VENV/bin/python" -m beam_pipeline --config configs/local.yaml "$@"
+fi
+
+rm -rf sample_data
+"$VENV/bin/python" -m beam_pipeline.sample_data sample_data
+"$VENV/bin/python" -m beam_pipeline --config configs/local.yaml \
+  --input sample_data --output out --name shapes --force
+"$VENV/bin/python" -m readers out --split train --batch_size 16

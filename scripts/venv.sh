@@ -1,0 +1,16 @@
+# Sourced by run_local.sh and run_tests.sh: create or update .venv from the pinned set.
+VENV="${VENV:-.venv}"
+ensure_venv() {  # $1: extras, e.g. "test" or ""
+  local extras="$1" spec="." stamp
+  [ -n "$extras" ] && spec=".[$extras]"
+  if [ ! -x "$VENV/bin/python" ]; then
+    echo "Creating $VENV (first run installs apache-beam, tensorflow, tft: a few minutes, ~3 GB)..."
+    python3 -m venv "$VENV"
+    "$VENV/bin/pip" install -q --upgrade pip
+  fi
+  stamp="$VENV/.installed-$(cat setup.py constraints.txt | sha256sum | cut -c1-16)-${extras:-base}"
+  if [ ! -f "$stamp" ]; then
+    "$VENV/bin/pip" install -q -c constraints.txt -e "$spec"
+    touch "$stamp"
+  fi
+}

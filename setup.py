@@ -1,0 +1,30 @@
+"""Installable package; also Dataflow's --setup_file, so workers get the same code."""
+
+import re
+
+import setuptools
+
+VERSION = re.search(r'__version__ = "(.+?)"', open("beam_pipeline/__init__.py").read()).group(1)
+
+setuptools.setup(
+    name="image-tfrecords",
+    version=VERSION,
+    description="Image files to sharded TFRecords with Apache Beam, and a tf.data reader",
+    packages=setuptools.find_packages(include=["beam_pipeline", "beam_pipeline.*",
+                                               "readers", "readers.*"]),
+    python_requires=">=3.10",
+    # Ranges here; the tested set is pinned in constraints.txt.
+    install_requires=[
+        "apache-beam[gcp]>=2.60,<3",
+        "tensorflow>=2.16,<3",
+        "tensorflow-transform>=1.16",
+        "pillow>=10",
+        "pyyaml>=6",
+    ],
+    extras_require={
+        "test": ["pytest", "gcp-storage-emulator", "tensorflow-datasets", "tfrecord",
+                 "matplotlib", "psutil"],
+        "inspect": ["matplotlib"],
+    },
+    entry_points={"console_scripts": ["image-tfrecords=beam_pipeline.cli:main"]},
+)
