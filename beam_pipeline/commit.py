@@ -52,8 +52,13 @@ class CommitSpec:
         return layout.join(self.vdir, ".tmp")
 
 
-def commit(shard_stats, spec, extra_files=()):
-    """All shard stats -> the published manifest (a dict). Raises to fail the job."""
+def commit(shard_stats, spec, extra_files=(), manifest_parts=()):
+    """All shard stats -> the published manifest (a dict). Raises to fail the job.
+
+    `extra_files` are callables (version_dir, manifest) that write files beside the
+    manifest and may add keys to it; `manifest_parts` are dicts produced by other branches
+    of the job (e.g. the transform analysis) merged into the manifest.
+    """
     vdir = spec.vdir
     listing_errors = [json.loads(l) for l in _read_lines(spec.listing_errors_path)]
     errors = listing_errors + [e for s in shard_stats for e in s["errors"]]
@@ -104,6 +109,8 @@ def commit(shard_stats, spec, extra_files=()):
                        "passed_through": sum(s.get("passed_through", 0) for s in shard_stats)},
         "errors": {"path": layout.ERRORS, "count": len(errors), "by_reason": reasons},
     }
+    for part in manifest_parts:
+        manifest.update(part)
     for extra in extra_files:  # hooks that add files next to the manifest (TFDS, TFT, …)
         extra(vdir, manifest)
     _delete_tree(spec.tmp_dir)
@@ -168,11 +175,18 @@ def _delete_tree(directory):
 class Commit(beam.PTransform):
     """PCollection of shard stats -> one published manifest (the job's final stage)."""
 
-    def __init__(self, spec, extra_files=()):
+    def __init__(self, spec, extra_files=(), manifest_parts=()):
         super().__init__()
         self.spec, self.extra_files = spec, tuple(extra_files)
+        self.manifest_parts = tuple(manifest_parts)  # PCollections of dicts, waited for
 
     def expand(self, shard_stats):
+        parts = [beam.pvalue.AsList(p) for p in self.manifest_parts]
         return (shard_stats
                 | "AllShards" >> beam.combiners.ToList()        # -> [shard stats], one per shard
-                | "WriteManifest" >> beam.Map(commit, self.spec, self.extra_files))
+                | "WriteManifest" >> beam.Map(_commit_with_parts, self.spec,
+                                              self.extra_files, *parts))
+
+
+def _commit_with_parts(shard_stats, spec, extra_files, *part_lists):
+    return commit(shard_stats, spec, extra_files, [d for part in part_lists for d in part])

@@ -1,0 +1,318 @@
+"""Tests for readers/: the tf.data reader over a built dataset (DESIGN §2-§4)."""
+
+import collections
+import datetime
+import hashlib
+import io
+import json
+import logging
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from PIL import Image
+
+import readers
+from readers import layout, schema
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+LABELS = ["daisy", "rose", "tulip"]
+SIZE = 16  # output image side; inputs are 40x30, so crops still have pixels to choose from
+
+
+# --- a tiny writer, so these tests don't need Beam --------------------------------------------
+# Each image is one solid colour that encodes its record: red = 6 * id (ids < 42), green = 100 *
+# label. Solid colours survive JPEG, crop and resize, so any output image tells which record it
+# came from and whether its label is the right one.
+
+def _jpeg(rid, label):
+    img = Image.new("RGB", (40, 30), (6 * rid, 100 * label, 50))
+    buf = io.BytesIO()
+    img.save(buf, "JPEG", quality=95)
+    return buf.getvalue()
+
+
+def _example(rid, label):
+    enc = _jpeg(rid, label)
+    b = lambda v: tf.train.Feature(bytes_list=tf.train.BytesList(value=[v]))  # noqa: E731
+    i = lambda v: tf.train.Feature(int64_list=tf.train.Int64List(value=[v]))  # noqa: E731
+    feats = {schema.ENCODED: b(enc), schema.FORMAT: b(b"JPEG"), schema.HEIGHT: i(30),
+             schema.WIDTH: i(40), schema.CHANNELS: i(3), schema.COLORSPACE: b(b"RGB"),
+             schema.LABEL: i(label), schema.TEXT: b(LABELS[label].encode()),
+             schema.FILENAME: b(f"{LABELS[label]}/{rid}.jpg".encode()),
+             schema.SHA256: b(hashlib.sha256(enc).hexdigest().encode())}
+    return tf.train.Example(features=tf.train.Features(feature=feats)).SerializeToString(
+        deterministic=True)
+
+
+def write_dataset(root, version="20261129T220102Z", splits=(("train", 30, 4),
+                                                           ("validation", 9, 2)),
+                  name="flowers", publish=True):
+    """Write ROOT/versions/VERSION/{shards, manifest.json} and (if publish) ROOT/LATEST."""
+    vdir = pathlib.Path(layout.version_dir(str(root), version))
+    vdir.mkdir(parents=True)
+    manifest_splits, written = {}, 0
+    for split, n, num_shards in splits:
+        shards = []
+        for s in range(num_shards):
+            fname = layout.shard_name(name, split, s, num_shards)
+            rids = range(s, n, num_shards)
+            with tf.io.TFRecordWriter(str(vdir / fname)) as w:
+                for rid in rids:
+                    w.write(_example(rid, rid % len(LABELS)))
+            data = (vdir / fname).read_bytes()
+            shards.append({"path": fname, "num_examples": len(rids), "num_bytes": len(data),
+                           "sha256": hashlib.sha256(data).hexdigest()})
+        counts = collections.Counter(LABELS[r % len(LABELS)] for r in range(n))
+        manifest_splits[split] = {"num_examples": n,
+                                  "num_bytes": sum(s["num_bytes"] for s in shards),
+                                  "label_counts": dict(counts), "shards": shards}
+        written += n
+    manifest = {
+        "format_version": layout.FORMAT_VERSION, "name": name, "version": version,
+        "created_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "generator": {"package": "tests", "version": "0", "tensorflow": tf.__version__},
+        "input_fingerprint": "sha256:0", "config": {}, "labels": LABELS, "label_offset": 0,
+        "features": dict(schema.FEATURES), "splits": manifest_splits,
+        "accounting": {"listed": written, "duplicates": 0, "failed": 0, "written": written},
+        "errors": {"path": layout.ERRORS, "count": 0, "by_reason": {}}}
+    (vdir / layout.ERRORS).write_text("")
+    (vdir / layout.MANIFEST).write_text(json.dumps(manifest, indent=1))
+    if publish:
+        (pathlib.Path(root) / layout.LATEST).write_text(json.dumps(layout.latest_record(version)))
+    return vdir
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ds")
+    write_dataset(root)
+    return root
+
+
+@pytest.fixture
+def pipeline_root(request, root):
+    """The lead's Beam-built dataset once it exists (tests/conftest.py `built_dataset`)."""
+    if (REPO / "beam_pipeline" / "cli.py").exists():
+        try:
+            built = request.getfixturevalue("built_dataset")
+        except pytest.FixtureLookupError:
+            return root, True
+        return getattr(built, "root", built), False
+    return root, True
+
+
+def _ids_labels(ds):
+    """(record ids from the red channel, labels) of a uint8 or float dataset, in order."""
+    ids, labels = [], []
+    for images, lab in ds:
+        images = images.numpy().astype(np.float64)
+        if images.max() <= 1.0:
+            images *= 255
+        ids += list(np.round(images[..., 0].mean(axis=(1, 2)) / 6).astype(int))
+        labels += list(lab.numpy())
+    return ids, labels
+
+
+class Ctx:
+    """Stands in for tf.distribute.InputContext (all the reader uses)."""
+
+    def __init__(self, n, i):
+        self.num_input_pipelines, self.input_pipeline_id = n, i
+
+
+# --- tests --------------------------------------------------------------------------------------
+
+def test_import_needs_no_beam():
+    code = ("import sys; sys.modules['apache_beam'] = None; import readers; "
+            "assert 'tensorflow' not in sys.modules; "
+            "from readers import info, make_dataset; print(callable(info), callable(make_dataset))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "True True"
+
+
+def test_info(root):
+    ds = readers.info(str(root))
+    assert ds.labels == tuple(LABELS) and ds.num_classes == 3 and ds.name == "flowers"
+    assert ds.version == "20261129T220102Z"
+    assert ds.version_dir == layout.version_dir(str(root), ds.version)
+    assert {k: v.num_examples for k, v in ds.splits.items()} == {"train": 30, "validation": 9}
+    files = ds.splits["train"].files
+    assert [os.path.basename(f) for f in files] == [
+        layout.shard_name("flowers", "train", s, 4) for s in range(4)]
+    assert all(os.path.exists(f) for f in files)
+    with pytest.raises(KeyError, match="test"):
+        ds.split("test")
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_labels_and_shapes(pipeline_root, training):
+    path, ours = pipeline_root
+    meta = readers.info(str(path))
+    split = "train" if training else sorted(meta.splits)[-1]
+    ds = readers.make_dataset(str(path), split, batch_size=4, image_size=SIZE,
+                              training=training, seed=1, drop_remainder=False)
+    assert ds.element_spec[0].shape.as_list() == [None, SIZE, SIZE, 3]
+    assert ds.element_spec[0].dtype == tf.float32 and ds.element_spec[1].dtype == tf.int32
+    seen = collections.Counter()
+    for images, labels in ds:
+        assert 0.0 <= images.numpy().min() and images.numpy().max() <= 1.0
+        seen.update(meta.labels[i] for i in labels.numpy())
+    assert seen == collections.Counter(meta.splits[split].label_counts)
+    if ours:  # each image's colour says which record and label it is
+        ids, labels = _ids_labels(readers.make_dataset(str(path), split, batch_size=4,
+                                                       image_size=SIZE, training=training,
+                                                       drop_remainder=False))
+        assert sorted(ids) == list(range(meta.splits[split].num_examples))
+        assert labels == [i % 3 for i in ids]
+
+
+def test_uint8_and_label_offset(root):
+    ds = readers.make_dataset(str(root), "validation", batch_size=9, image_size=SIZE,
+                              dtype="uint8", label_offset=1)
+    images, labels = next(iter(ds))
+    assert images.dtype == tf.uint8
+    ids = np.round(images.numpy()[..., 0].mean(axis=(1, 2)) / 6).astype(int)
+    assert list(labels.numpy()) == [i % 3 + 1 for i in ids]
+
+
+def test_eval_is_deterministic(root):
+    ds = readers.make_dataset(str(root), "validation", batch_size=4, image_size=SIZE)
+    first = [x.numpy() for b in ds for x in b]
+    again = [x.numpy() for b in ds for x in b]
+    fresh = [x.numpy() for b in readers.make_dataset(str(root), "validation", batch_size=4,
+                                                      image_size=SIZE) for x in b]
+    assert all(np.array_equal(a, b) for a, b in zip(first, again))
+    assert all(np.array_equal(a, b) for a, b in zip(first, fresh))
+
+
+def test_training_with_seed_is_reproducible(root):
+    def epochs(seed):
+        ds = readers.make_dataset(str(root), batch_size=8, image_size=SIZE, seed=seed,
+                                  shuffle_buffer=16)
+        return [[x.numpy() for b in ds for x in b] for _ in range(2)]  # two iterations
+
+    a, b, c = epochs(7), epochs(7), epochs(8)
+    for ea, eb in zip(a, b):
+        assert all(np.array_equal(x, y) for x, y in zip(ea, eb))
+    assert not all(np.array_equal(x, y) for x, y in zip(a[0], a[1]))  # epochs differ
+    assert not all(np.array_equal(x, y) for x, y in zip(a[0], c[0]))  # seeds differ
+
+
+@pytest.mark.parametrize("training", [False, True])
+@pytest.mark.parametrize("pipelines,split", [(2, "train"), (3, "validation")])
+def test_host_sharding_covers_each_record_once(root, caplog, training, pipelines, split):
+    # train: 4 files / 2 pipelines -> whole files; validation: 2 files / 3 -> records
+    caplog.set_level(logging.WARNING, logger="readers")
+    all_ids = []
+    for i in range(pipelines):
+        ds = readers.make_dataset(str(root), split, batch_size=4, image_size=SIZE,
+                                  training=training, seed=3, drop_remainder=False,
+                                  input_context=Ctx(pipelines, i))
+        ids, _ = _ids_labels(ds)
+        assert ds.cardinality().numpy() == -(-len(ids) // 4)
+        all_ids += ids
+    assert sorted(all_ids) == list(range(readers.info(str(root)).splits[split].num_examples))
+    warned = any("input pipelines" in r.getMessage() for r in caplog.records)
+    assert warned == (split == "validation")
+
+
+def test_host_sharding_real_input_context(root):
+    ctx = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=1,
+                                     num_replicas_in_sync=2)
+    ds = readers.make_dataset(str(root), "train", batch_size=4, image_size=SIZE,
+                              input_context=ctx, drop_remainder=False)
+    assert 0 < sum(b[1].shape[0] for b in ds) < 30
+
+
+@pytest.mark.parametrize("kwargs,batches", [
+    (dict(split="train"), 3),  # 30 records, batch 8, training drops the remainder
+    (dict(split="train", drop_remainder=False), 4),
+    (dict(split="validation", batch_size=4), 3),
+    (dict(split="train", repeat=2), 7),
+    (dict(split="validation", batch_size=2, input_context=Ctx(3, 0)), 2),  # 3 records
+    (dict(split="train", input_context=Ctx(2, 1), drop_remainder=False), 2),  # 2 files
+])
+def test_cardinality(root, kwargs, batches):
+    ds = readers.make_dataset(str(root), **dict(dict(batch_size=8, image_size=SIZE), **kwargs))
+    assert ds.cardinality().numpy() == batches
+    assert sum(1 for _ in ds) == batches
+
+
+def test_repeat_forever_is_infinite(root):
+    ds = readers.make_dataset(str(root), batch_size=8, image_size=SIZE, repeat=True)
+    assert ds.cardinality().numpy() == tf.data.INFINITE_CARDINALITY
+
+
+def test_latest_resolution(tmp_path):
+    v1 = write_dataset(tmp_path, "20260101T000000Z", (("train", 5, 1),))
+    write_dataset(tmp_path, "20260202T000000Z", (("train", 7, 1),))
+    write_dataset(tmp_path, "20260303T000000Z", (("train", 9, 1),), publish=False)  # unpublished
+    assert readers.info(str(tmp_path)).version == "20260202T000000Z"
+    count = lambda p: sum(b[1].shape[0] for b in readers.make_dataset(  # noqa: E731
+        p, batch_size=4, image_size=SIZE, drop_remainder=False))
+    assert count(str(tmp_path)) == 7
+    assert count(str(tmp_path) + "/") == 7
+    assert count(str(v1)) == 5
+    with pytest.raises(FileNotFoundError, match="not a dataset"):
+        readers.info(str(tmp_path / "versions"))
+
+
+def _corrupt_copy(root, tmp_path, how):
+    dst = tmp_path / "ds"
+    shutil.copytree(root, dst)
+    vdir = pathlib.Path(readers.info(str(dst)).version_dir)
+    shard = vdir / layout.shard_name("flowers", "train", 1, 4)
+    data = bytearray(shard.read_bytes())
+    if how == "flip":
+        data[len(data) // 2] ^= 0x40  # inside a record's payload: its CRC no longer matches
+    else:
+        data = data[:-100]  # truncated last record
+    shard.write_bytes(bytes(data))
+    return dst, shard
+
+
+@pytest.mark.parametrize("how", ["flip", "truncate"])
+def test_corrupt_shard_names_the_file(root, tmp_path, how):
+    dst, shard = _corrupt_copy(root, tmp_path, how)
+    ds = readers.make_dataset(str(dst), batch_size=4, image_size=SIZE)
+    with pytest.raises(tf.errors.OpError, match=shard.name) as e:
+        for _ in ds:
+            pass
+    assert "skip_corrupt=True" in str(e.value)
+
+
+@pytest.mark.parametrize("how", ["flip", "truncate"])
+def test_skip_corrupt_reads_the_rest(root, tmp_path, capfd, how):
+    dst, shard = _corrupt_copy(root, tmp_path, how)
+    ds = readers.make_dataset(str(dst), batch_size=4, image_size=SIZE, skip_corrupt=True,
+                              drop_remainder=False)
+    ids, labels = _ids_labels(ds)
+    lost = [r for r in range(30) if r not in ids]
+    assert 1 <= len(lost) <= 8 and all(r % 4 == 1 for r in lost)  # only shard 1's records
+    assert labels == [i % 3 for i in ids]
+    assert "skipped" in capfd.readouterr().err
+
+
+def test_transform_is_a_hook(root):
+    with pytest.raises(NotImplementedError):
+        readers.make_dataset(str(root), transform=True)
+
+
+def test_keras_fit(root):
+    """The docs/reader.md example, shrunk."""
+    import keras
+
+    train = readers.make_dataset(str(root), "train", batch_size=8, image_size=SIZE, seed=0)
+    val = readers.make_dataset(str(root), "validation", batch_size=8, image_size=SIZE)
+    model = keras.Sequential([keras.Input((SIZE, SIZE, 3)), keras.layers.GlobalAveragePooling2D(),
+                              keras.layers.Dense(readers.info(str(root)).num_classes)])
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    hist = model.fit(train, validation_data=val, epochs=2, verbose=0)
+    assert len(hist.history["loss"]) == 2
