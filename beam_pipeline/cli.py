@@ -39,9 +39,13 @@ def run(argv=None):
     fingerprint_config["label_file"] = label_file
     fingerprint = versions.fingerprint(refs, fingerprint_config, __version__)
     if previous and previous.get("input_fingerprint") == fingerprint and not build.force:
+        # Unfinished versions older than LATEST (killed or failed runs) can never be published.
+        removed = versions.prune(root, previous_version, 0)
         print(f"{root}: up to date (version {previous_version}, fingerprint unchanged); "
-              "nothing written. Use --force to rebuild.")
-        return {"status": "up_to_date", "version": previous_version}
+              "nothing written. Use --force to rebuild."
+              + (f" Removed {len(removed)} unfinished version(s): {', '.join(removed)}."
+                 if removed else ""))
+        return {"status": "up_to_date", "version": previous_version, "removed": removed}
 
     labels = plan.label_ids({r.label for r in refs}, previous["labels"] if previous else (),
                             label_file)
@@ -55,10 +59,7 @@ def run(argv=None):
             for r in refs]
     num_shards = _num_shards(refs, build, pipeline_options)
 
-    version = versions.new_version_id()
-    while versions.exists(layout.version_dir(root, version)):
-        time.sleep(1)
-        version = versions.new_version_id()
+    version = versions.claim_version(root)  # unique even when two runs start in one second
     spec = CommitSpec(
         root=root, version=version, name=build.name, labels=tuple(labels),
         num_shards=num_shards, listed=listed, duplicates=duplicates,
@@ -88,10 +89,16 @@ def run(argv=None):
         extra_files=_extra_files(build))
     if not waits:
         result = p.run()
-        job = getattr(result, "job_id", lambda: None)
+        template = pipeline_options.get_all_options().get("template_location")
+        if template:  # Dataflow wrote the job file and started nothing: there is no job id
+            print(f"Wrote the {runner} job file {template} (no job started). Launching it "
+                  f"builds version {version} of {root} from the listing taken now.")
+            return {"status": "submitted", "version": version, "result": result,
+                    "template": template, "job_id": None}
+        job_id = _job_id(result)
         print(f"Submitted to {runner}: version {version} is published to {root}/LATEST by the "
-              f"job's last step. Job id: {job() if callable(job) else job}")
-        return {"status": "submitted", "version": version, "result": result}
+              f"job's last step. Job id: {job_id}")
+        return {"status": "submitted", "version": version, "result": result, "job_id": job_id}
     with _ProgressPrinter(progress_dir, len(refs)):
         p.run().wait_until_finish()
     seconds = time.monotonic() - start
@@ -100,6 +107,15 @@ def run(argv=None):
     _print_summary(root, vdir, manifest, seconds)
     return {"status": "published", "version": version, "manifest": manifest,
             "version_dir": vdir, "seconds": seconds}
+
+
+def _job_id(result):
+    """The runner's job id, or None when it has none (e.g. DataflowPipelineResult without a job)."""
+    try:
+        job_id = getattr(result, "job_id", None)
+        return job_id() if callable(job_id) else job_id
+    except Exception:
+        return None
 
 
 def _check_writable(root):
@@ -149,7 +165,9 @@ def _num_shards(refs, build, pipeline_options):
 
 
 def _extra_files(build):
-    return ()
+    from beam_pipeline import tfds_metadata  # TFDS dataset_info.json etc. beside the manifest
+
+    return (tfds_metadata.write,)
 
 
 def _generator():
@@ -201,7 +219,7 @@ class _ProgressPrinter:
     def _loop(self):
         while not self.stop.wait(self.period):
             done, elapsed = min(self.done(), self.total), time.monotonic() - self.start
-            if not done:
+            if done < max(1, self.total // 100):
                 continue
             rate = done / elapsed
             eta = (self.total - done) / rate if rate else float("inf")

@@ -50,7 +50,9 @@ def _open(data, opts):
     if not data:
         raise ImageError("read", "empty_file", "file has zero bytes")
     with warnings.catch_warnings():
-        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        # Pillow warns above its own default limit; a higher --max_pixels is checked below.
+        warnings.simplefilter("error" if opts.max_pixels <= (Image.MAX_IMAGE_PIXELS or 0)
+                              else "ignore", Image.DecompressionBombWarning)
         try:
             img = Image.open(io.BytesIO(data))
             w, h = img.size
@@ -59,7 +61,8 @@ def _open(data, opts):
         except Image.UnidentifiedImageError as e:
             raise ImageError("decode", "not_an_image", "not a recognised image format") from e
         except Exception as e:  # corrupt headers raise all sorts of things
-            raise ImageError("decode", "corrupt", f"{type(e).__name__}: {e}") from e
+            reason = "truncated" if "truncated" in str(e).lower() else "corrupt"
+            raise ImageError("decode", reason, f"{type(e).__name__}: {e}") from e
     if w * h > opts.max_pixels:
         raise ImageError("decode", "decompression_bomb",
                          f"{w}x{h} = {w * h} pixels exceeds the limit of {opts.max_pixels}")
@@ -106,8 +109,10 @@ def decode(data, opts=EncodeOptions()):
     try:
         if opts.max_side and img.format == "JPEG" and max(img.size) > opts.max_side:
             # Draft mode lets libjpeg decode at 1/2, 1/4 or 1/8 scale: far less work.
-            scale = opts.max_side / max(img.size)
-            img.draft("RGB", (max(1, int(img.size[0] * scale)), max(1, int(img.size[1] * scale))))
+            # Integer ceiling: a float product like 998 * (500 / 998) can floor to 499.
+            longest = max(img.size)
+            img.draft("RGB", tuple(max(1, -(-side * opts.max_side // longest))
+                                   for side in img.size))
         img.seek(0)
         img.load()
         img = ImageOps.exif_transpose(img)

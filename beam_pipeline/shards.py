@@ -50,7 +50,7 @@ class WriteShardFn(beam.DoFn):
         self.passed_through = Metrics.counter("images", "passed_through")
 
     def setup(self):
-        records.make_example  # noqa: B018 — TensorFlow's protos load on first use below
+        from tensorflow.core.example import example_pb2  # noqa: F401 — load TF once, up front
         self.pool = concurrent.futures.ThreadPoolExecutor(READ_AHEAD)
 
     def teardown(self):

@@ -6,6 +6,10 @@ Writer-side twin of readers.layout, on Beam FileSystems so gs:// works the same.
 import datetime
 import hashlib
 import json
+import os
+import random
+import time
+import uuid
 
 from apache_beam.io.filesystems import FileSystems
 
@@ -15,6 +19,51 @@ from readers import layout
 def new_version_id(now=None):
     now = now or datetime.datetime.now(datetime.timezone.utc)
     return now.strftime("%Y%m%dT%H%M%SZ")
+
+
+CLAIM_PREFIX = "claim-"
+
+
+def claim_version(root, attempts=20):
+    """A new version id whose directory this run alone owns (two runs never share one).
+
+    Ids have one-second resolution, so runs started in the same second would otherwise
+    write into the same directory. Local: os.mkdir is atomic. Object stores (no directories,
+    no atomic create through FileSystems): write a claim object under the version's .tmp/,
+    then list the claims; any other claim means the id is taken and both back off.
+    """
+    token = uuid.uuid4().hex
+    for _ in range(attempts):
+        version = new_version_id()
+        if _claim(layout.version_dir(root, version), token):
+            return version
+        time.sleep(random.uniform(0.5, 1.5))  # into a later second; jitter breaks ties
+    raise RuntimeError(f"{root}: could not claim a new version id in {attempts} tries")
+
+
+def _claim(vdir, token):
+    if "://" not in vdir:
+        os.makedirs(os.path.dirname(vdir), exist_ok=True)
+        try:
+            os.mkdir(vdir)
+            return True
+        except FileExistsError:
+            return False
+    if _objects(vdir + "/**"):
+        return False
+    mine = layout.join(vdir, ".tmp", CLAIM_PREFIX + token)
+    write_bytes(mine, token.encode())
+    if any(p != mine for p in _objects(layout.join(vdir, ".tmp", CLAIM_PREFIX + "*"))):
+        FileSystems.delete([mine])
+        return False
+    return True
+
+
+def _objects(pattern):
+    try:
+        return [m.path for m in FileSystems.match([pattern])[0].metadata_list]
+    except Exception:
+        return []
 
 
 def read_json(path):
@@ -50,7 +99,7 @@ def list_versions(root):
     try:
         paths = [m.path for m in FileSystems.match([pattern])[0].metadata_list]
     except Exception:
-        return {}
+        paths = []
     prefix = layout.join(root, layout.VERSIONS) + "/"
     found = {}
     for p in paths:
@@ -58,6 +107,9 @@ def list_versions(root):
             continue
         version, _, rest = p[len(prefix):].partition("/")
         found[version] = found.get(version, False) or rest == layout.MANIFEST
+    if "://" not in root and os.path.isdir(prefix):  # a run killed before its first file
+        for version in os.listdir(prefix):
+            found.setdefault(version, False)
     return found
 
 

@@ -1,0 +1,94 @@
+"""`--sink beam`: the same records through beam.io.WriteToTFRecord, for comparison.
+
+Here every serialized record (image bytes included) crosses the shuffle that
+WriteToTFRecord does to form shards; on the DirectRunner that group sits in memory, which
+is why `--sink shards` is the default (DESIGN §1). The benchmark compares the two.
+"""
+
+import hashlib
+import struct
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+
+from beam_pipeline import images, records
+from beam_pipeline.errors import error_record
+from beam_pipeline.shards import read_bytes
+from readers import layout, schema
+
+
+class ToRecordFn(beam.DoFn):
+    """ImageRef -> (split, serialized Example); rejected inputs to the 'errors' output."""
+
+    def __init__(self, label_ids, encode_options):
+        self.label_ids, self.encode_options = label_ids, encode_options
+
+    def process(self, ref):
+        try:
+            try:
+                data = read_bytes(ref.uri)
+            except Exception as e:
+                raise images.ImageError("read", "unreadable", f"{type(e).__name__}: {e}") from e
+            encoded = images.convert(data, self.encode_options)
+        except images.ImageError as e:
+            yield beam.pvalue.TaggedOutput("errors", error_record(ref.uri, e.stage, e.reason,
+                                                                  e.detail))
+            return
+        yield ref.split, records.make_example(encoded, self.label_ids[ref.label], ref.label,
+                                              ref.filename)
+
+
+def shard_stats(path, split, write_index):
+    """Stats of a finished shard file, read back (WriteToTFRecord reports only its name)."""
+    from tensorflow.core.example import example_pb2
+
+    with FileSystems.open(path) as f:
+        data = f.read()
+    stats = {"split": split, "shard": int(path.rsplit("-of-", 1)[0].rsplit("-", 1)[1]),
+             "temp": path, "num_examples": 0, "num_bytes": len(data), "label_counts": {},
+             "errors": [], "sha256": hashlib.sha256(data).hexdigest()}
+    offset, offsets = 0, []
+    while offset < len(data):
+        (length,) = struct.unpack_from("<Q", data, offset)
+        example = example_pb2.Example.FromString(data[offset + 12: offset + 12 + length])
+        label = example.features.feature[schema.TEXT].bytes_list.value[0].decode()
+        stats["label_counts"][label] = stats["label_counts"].get(label, 0) + 1
+        stats["num_examples"] += 1
+        offsets.append((offset, length + 16))
+        offset += length + 16
+    if write_index:
+        stats["index_temp"] = path + layout.INDEX_SUFFIX
+        with FileSystems.create(stats["index_temp"]) as f:
+            f.write("".join(f"{o} {n}\n" for o, n in offsets).encode())
+    return stats
+
+
+def _errors_as_stats(errors):
+    return {"split": None, "shard": None, "num_examples": 0, "label_counts": {},
+            "errors": errors}
+
+
+class WriteWithBeamSink(beam.PTransform):
+    """ImageRefs -> shard stats, like WriteShardFn's, via WriteToTFRecord per split."""
+
+    def __init__(self, spec, label_ids, encode_options):
+        super().__init__()
+        self.spec, self.label_ids, self.encode_options = spec, label_ids, encode_options
+
+    def expand(self, refs):
+        spec = self.spec
+        converted = refs | "ToRecords" >> beam.ParDo(
+            ToRecordFn(self.label_ids, self.encode_options)).with_outputs("errors", main="records")
+        outputs = [converted.errors
+                   | "AllErrors" >> beam.combiners.ToList()
+                   | "ErrorsAsStats" >> beam.Map(_errors_as_stats)]
+        for split, n in sorted(spec.num_shards.items()):
+            prefix = layout.join(spec.tmp_dir, f"{spec.name}-{split}.tfrecord")
+            outputs.append(
+                converted.records
+                | f"Only_{split}" >> beam.Filter(lambda kv, s=split: kv[0] == s)
+                | f"Values_{split}" >> beam.Values()
+                | f"WriteToTFRecord_{split}" >> beam.io.WriteToTFRecord(
+                    prefix, num_shards=n, shard_name_template="-SSSSS-of-NNNNN")
+                | f"Stats_{split}" >> beam.Map(shard_stats, split, spec.write_index))
+        return outputs | "Flatten" >> beam.Flatten()

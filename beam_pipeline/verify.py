@@ -1,0 +1,349 @@
+"""Check a dataset against its manifest: `python -m beam_pipeline.verify PATH`.
+
+PATH is a dataset root (LATEST is followed once) or a version directory, local or gs://.
+Checked, file by file and record by record, with no trust in anything but manifest.json:
+
+  * every file the manifest names is there: shards, their .index files, errors.jsonl, TFDS files
+  * each shard's size and sha256 equal the manifest's
+  * each TFRecord frame is whole and both its CRCs (length and data) are valid
+  * each record parses as a tf.train.Example whose label id and class name agree
+  * records per shard, per split and per class equal the manifest's counts, and the
+    manifest's own sums add up (DESIGN §4 invariants)
+  * each .index line is the offset and length of the frame at that position
+  * TFDS dataset_info.json shard lengths equal the manifest's
+
+Exit status 0 when nothing is wrong, 1 with a report of every problem found, 2 when PATH is
+not a dataset at all.
+"""
+
+import argparse
+import hashlib
+import json
+import struct
+import sys
+
+from readers import layout, schema
+
+MAX_PROBLEMS_PER_FILE = 10   # a corrupt shard can fail every record; say so, not 10,000 times
+CHUNK = 1 << 20
+
+
+class NotADataset(Exception):
+    """PATH has no manifest.json and no LATEST, or the manifest cannot be read."""
+
+
+def masked_crc(data):
+    """TFRecord's masked CRC-32C of `data`."""
+    import google_crc32c
+
+    crc = google_crc32c.value(data)
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+class FrameError(ValueError):
+    """A TFRecord frame that is cut short or fails a CRC; `offset` is where the frame starts.
+
+    `frame_length` is set when only the record bytes are bad (the length was intact), so
+    reading can go on with the next frame.
+    """
+
+    def __init__(self, offset, message, frame_length=None):
+        super().__init__(f"offset {offset}: {message}")
+        self.offset, self.frame_length = offset, frame_length
+
+
+def read_frame(f, offset, check_crc=True):
+    """The record of the frame starting at `offset` of the open file `f`, or None at EOF.
+
+    Returns (record bytes, frame length). Raises FrameError when the frame is damaged.
+    """
+    header = f.read(12)
+    if not header:
+        return None
+    if len(header) < 12:
+        raise FrameError(offset, f"truncated frame header ({len(header)} of 12 bytes)")
+    length_bytes, (length_crc,) = header[:8], struct.unpack("<I", header[8:])
+    if check_crc and masked_crc(length_bytes) != length_crc:
+        raise FrameError(offset, "length CRC mismatch (frame header is corrupt)")
+    (length,) = struct.unpack("<Q", length_bytes)
+    body = f.read(length + 4)
+    if len(body) < length + 4:
+        raise FrameError(offset, f"truncated record: {length + 4} bytes expected, "
+                                 f"{len(body)} left in the file")
+    record, (data_crc,) = body[:length], struct.unpack("<I", body[length:])
+    if check_crc and masked_crc(record) != data_crc:
+        raise FrameError(offset, "data CRC mismatch (record bytes are corrupt)",
+                         frame_length=12 + length + 4)
+    return record, 12 + length + 4
+
+
+class _HashingReader:
+    """A file wrapper that sha256-hashes and counts every byte read through it."""
+
+    def __init__(self, f):
+        self.f, self.sha256, self.size = f, hashlib.sha256(), 0
+
+    def read(self, n):
+        data = self.f.read(n)
+        self.sha256.update(data)
+        self.size += len(data)
+        return data
+
+    def drain(self):
+        while True:
+            data = self.read(CHUNK)
+            if not data:
+                return
+
+
+def _example_fields(record):
+    """(label id, class name, encoded bytes, stored sha256) of a serialized Example."""
+    from tensorflow.core.example import example_pb2
+
+    feature = example_pb2.Example.FromString(record).features.feature
+
+    def one(key, kind):
+        values = getattr(feature[key], kind).value if key in feature else []
+        if len(values) != 1:
+            raise ValueError(f"{key} has {len(values)} values, expected 1")
+        return values[0]
+
+    return (one(schema.LABEL, "int64_list"), one(schema.TEXT, "bytes_list").decode(),
+            one(schema.ENCODED, "bytes_list"), one(schema.SHA256, "bytes_list").decode())
+
+
+class _Problems:
+    def __init__(self):
+        self.items = []
+
+    def add(self, where, message):
+        self.items.append(f"{where}: {message}")
+
+
+def _check_shard(gfile, vdir, shard, labels, label_offset, write_index, problems):
+    """Read one shard end to end; returns {class name: records} (None if unreadable)."""
+    rel = shard["path"]
+    path = layout.join(vdir, rel)
+    if not gfile.exists(path):
+        problems.add(rel, "missing (the manifest lists it)")
+        return None
+    counts, frames, shard_problems = {}, [], []
+    with gfile.GFile(path, "rb") as raw:
+        f = _HashingReader(raw)
+        offset = 0
+        while True:
+            try:
+                frame = read_frame(f, offset)
+            except FrameError as e:
+                if e.frame_length is None:
+                    shard_problems.append(f"record {len(frames)} at {e}; records after it "
+                                          "cannot be located")
+                    f.drain()
+                    break
+                shard_problems.append(f"record {len(frames)} at {e}")
+                frames.append((offset, e.frame_length))
+                offset += e.frame_length
+                continue
+            if frame is None:
+                break
+            record, frame_len = frame
+            k = len(frames)
+            frames.append((offset, frame_len))
+            offset += frame_len
+            try:
+                label, text, encoded, sha = _example_fields(record)
+            except Exception as e:
+                shard_problems.append(f"record {k}: not a valid Example ({e})")
+                continue
+            if not 0 <= label - label_offset < len(labels):
+                shard_problems.append(f"record {k}: label id {label} is outside the "
+                                      f"{len(labels)} classes")
+            elif labels[label - label_offset] != text:
+                shard_problems.append(f"record {k}: label id {label} is "
+                                      f"{labels[label - label_offset]!r} in the manifest but "
+                                      f"the record says {text!r}")
+            if hashlib.sha256(encoded).hexdigest() != sha:
+                shard_problems.append(f"record {k}: {schema.SHA256} does not match "
+                                      f"{schema.ENCODED}")
+            counts[text] = counts.get(text, 0) + 1
+    if f.size != shard.get("num_bytes", f.size):
+        shard_problems.insert(0, f"size {f.size} bytes, manifest says {shard['num_bytes']}")
+    if shard.get("sha256") and f.sha256.hexdigest() != shard["sha256"]:
+        shard_problems.insert(0, f"sha256 {f.sha256.hexdigest()[:12]}… does not match the "
+                                 f"manifest's {shard['sha256'][:12]}… (file changed or corrupt)")
+    if len(frames) != shard["num_examples"] and not any("cannot be located" in p
+                                                         for p in shard_problems):
+        shard_problems.append(f"{len(frames)} records, manifest says {shard['num_examples']}")
+    for p in shard_problems[:MAX_PROBLEMS_PER_FILE]:
+        problems.add(rel, p)
+    if len(shard_problems) > MAX_PROBLEMS_PER_FILE:
+        problems.add(rel, f"… and {len(shard_problems) - MAX_PROBLEMS_PER_FILE} more problems")
+    _check_index(gfile, path, rel, frames, write_index, problems)
+    return counts
+
+
+def _check_index(gfile, path, rel, frames, required, problems):
+    index = layout.index_name(path)
+    name = layout.index_name(rel)
+    if not gfile.exists(index):
+        if required:
+            problems.add(name, "missing (write_index is on for this version)")
+        return
+    with gfile.GFile(index, "r") as f:
+        lines = [l for l in f.read().splitlines() if l.strip()]
+    try:
+        entries = [tuple(int(x) for x in l.split()) for l in lines]
+    except ValueError:
+        problems.add(name, "not 'offset length' integer pairs")
+        return
+    if len(entries) != len(frames):
+        problems.add(name, f"{len(entries)} lines, the shard has {len(frames)} readable records")
+    bad = [k for k, (e, fr) in enumerate(zip(entries, frames)) if e != fr]
+    if bad:
+        k = bad[0]
+        problems.add(name, f"{len(bad)} line(s) disagree with the shard, first at line {k + 1}: "
+                           f"{' '.join(map(str, entries[k]))} vs frame at "
+                           f"{frames[k][0]} of length {frames[k][1]}")
+
+
+def _check_errors_file(gfile, vdir, manifest, problems):
+    errors = manifest.get("errors") or {}
+    rel = errors.get("path", layout.ERRORS)
+    path = layout.join(vdir, rel)
+    if not gfile.exists(path):
+        problems.add(rel, "missing (the manifest lists it)")
+        return
+    with gfile.GFile(path, "r") as f:
+        lines = [l for l in f.read().splitlines() if l.strip()]
+    if len(lines) != errors.get("count", len(lines)):
+        problems.add(rel, f"{len(lines)} lines, manifest errors.count is {errors['count']}")
+
+
+def _check_tfds(gfile, vdir, manifest, problems):
+    tfds = manifest.get("tfds")
+    if not tfds:
+        return
+    for rel in tfds.get("files", []):
+        if not gfile.exists(layout.join(vdir, rel)):
+            problems.add(rel, "missing (TFDS metadata the manifest lists)")
+    info_path = layout.join(vdir, "dataset_info.json")
+    if "dataset_info.json" in tfds.get("files", []) and gfile.exists(info_path):
+        with gfile.GFile(info_path, "r") as f:
+            info = json.load(f)
+        for s in info.get("splits", []):
+            split = manifest["splits"].get(s["name"])
+            want = [sh["num_examples"] for sh in split["shards"]] if split else None
+            got = [int(n) for n in s.get("shardLengths", [])]
+            if got != want:
+                problems.add("dataset_info.json", f"split {s['name']!r} shard lengths {got} "
+                                                  f"!= manifest {want}")
+
+
+def check(path):
+    """Verify a dataset root or version dir. Returns a dict: problems, version_dir, counts.
+
+    Raises NotADataset when there is no readable manifest at PATH.
+    """
+    import tensorflow as tf
+
+    gfile = tf.io.gfile
+    try:
+        vdir, manifest = layout.load_manifest(path)
+    except (FileNotFoundError, ValueError, tf.errors.OpError) as e:
+        raise NotADataset(str(e)) from e
+    problems = _Problems()
+    labels = list(manifest.get("labels", []))
+    label_offset = int(manifest.get("label_offset", 0))
+    write_index = bool((manifest.get("config") or {}).get("write_index", False))
+    files = records = 0
+    written = 0
+    for split, s in sorted(manifest.get("splits", {}).items()):
+        counted, readable = {}, True
+        for shard in s.get("shards", []):
+            counts = _check_shard(gfile, vdir, shard, labels, label_offset, write_index, problems)
+            files += 1
+            if counts is None:
+                readable = False
+                continue
+            for label, n in counts.items():
+                counted[label] = counted.get(label, 0) + n
+                records += n
+        shard_sum = sum(sh["num_examples"] for sh in s.get("shards", []))
+        if shard_sum != s["num_examples"]:
+            problems.add(f"manifest split {split!r}", f"num_examples {s['num_examples']} but its "
+                                                      f"shards add up to {shard_sum}")
+        bytes_sum = sum(sh.get("num_bytes", 0) for sh in s.get("shards", []))
+        if "num_bytes" in s and bytes_sum != s["num_bytes"]:
+            problems.add(f"manifest split {split!r}", f"num_bytes {s['num_bytes']} but its "
+                                                      f"shards add up to {bytes_sum}")
+        if sum(s.get("label_counts", {}).values()) != s["num_examples"]:
+            problems.add(f"manifest split {split!r}",
+                         f"label_counts add up to {sum(s['label_counts'].values())}, "
+                         f"num_examples is {s['num_examples']}")
+        if readable:
+            for label in sorted(set(counted) | set(s.get("label_counts", {}))):
+                want, got = s.get("label_counts", {}).get(label, 0), counted.get(label, 0)
+                if want != got:
+                    problems.add(f"split {split!r}",
+                                 f"class {label!r}: {got} records, manifest says {want}")
+            total = sum(counted.values())
+            if total != s["num_examples"]:
+                problems.add(f"split {split!r}",
+                             f"{total} records, manifest num_examples is {s['num_examples']}")
+        written += s["num_examples"]
+    acc = manifest.get("accounting")
+    if acc:
+        if acc.get("written") != written:
+            problems.add("manifest accounting", f"written {acc.get('written')} but the splits "
+                                                f"hold {written}")
+        parts = acc.get("duplicates", 0) + acc.get("failed", 0) + acc.get("written", 0)
+        if acc.get("listed") != parts:
+            problems.add("manifest accounting", f"listed {acc.get('listed')} != duplicates + "
+                                                f"failed + written = {parts}")
+    _check_errors_file(gfile, vdir, manifest, problems)
+    _check_tfds(gfile, vdir, manifest, problems)
+    return {"problems": problems.items, "version_dir": vdir, "version": manifest.get("version"),
+            "shards": files, "records": records}
+
+
+def verify(path):
+    """Verify a dataset root or version dir against its manifest; returns a list of problems.
+
+    An empty list means the dataset is intact. A PATH with no readable manifest is reported
+    as a single problem.
+    """
+    try:
+        return check(path)["problems"]
+    except NotADataset as e:
+        return [str(e)]
+
+
+def main(argv=None):
+    import os
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow loads
+    parser = argparse.ArgumentParser(
+        prog="python -m beam_pipeline.verify",
+        description="Check a dataset root or version directory against its manifest.json.")
+    parser.add_argument("path", help="dataset root (follows LATEST) or versions/V directory")
+    args = parser.parse_args(argv)
+    try:
+        result = check(args.path)
+    except NotADataset as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    where = result["version_dir"]
+    if not result["problems"]:
+        print(f"OK {where}: {result['shards']} shards, {result['records']} records; sizes, "
+              f"sha256, CRCs, counts and indexes match manifest.json")
+        return 0
+    print(f"FAILED {where}: {len(result['problems'])} problem(s)", file=sys.stderr)
+    for p in result["problems"]:
+        print(f"  - {p}", file=sys.stderr)
+    print("Rebuild the version (python -m beam_pipeline … --force) or restore the listed "
+          "files.", file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""Pipeline speed and memory, side by side with the baseline, in one run.
+
+    .venv/bin/python benchmarks/bench_pipeline.py [--small 5000] [--large 20000] [--repeat 1]
+
+Prints, for re-encode and pass-through, the images/s of this pipeline (DirectRunner,
+configs/local.yaml: one worker per core) and of benchmarks/baseline_pool.py on the same
+files, and the peak RSS of the largest process at --small and --large images (the target:
+no more than +10%). Targets (issue 2): re-encode >= 0.9x baseline, pass-through >= 0.7x.
+Medians over --repeat runs; the machine is shared, so read ratios, not absolutes.
+"""
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(__file__))
+from common import files_of, jpeg_tree, run_measured  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PY = sys.executable
+ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+
+
+def pipeline(src, out, *extra):
+    return [PY, "-m", "beam_pipeline", "--config", os.path.join(HERE, "..", "configs/local.yaml"),
+            "--input", src, "--output", out, "--no_transform", "--force",
+            "--splits", "train=1.0", *extra]
+
+
+def baseline(src, out, passthrough):
+    return [PY, os.path.join(HERE, "baseline_pool.py"), src, out] + (
+        ["--passthrough"] if passthrough else [])
+
+
+def measure(make_cmd, n, repeat):
+    runs = []
+    for _ in range(repeat):
+        tmp = tempfile.mkdtemp(prefix="bench-")
+        try:
+            runs.append(run_measured(make_cmd(os.path.join(tmp, "out")), env=ENV))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    seconds = statistics.median(r[0] for r in runs)
+    return {"img_s": n / seconds, "seconds": seconds,
+            "max_proc_rss": statistics.median(r[1] for r in runs),
+            "tree_rss": statistics.median(r[2] for r in runs)}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--small", type=int, default=5000)
+    ap.add_argument("--large", type=int, default=20000)
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--with_beam_sink", action="store_true",
+                    help="also run --sink beam (WriteToTFRecord) on the small set")
+    args = ap.parse_args()
+    small, large = jpeg_tree(args.small), jpeg_tree(args.large)
+    n_small, n_large = len(files_of(small)), len(files_of(large))
+    mb = sum(os.path.getsize(p) for p in files_of(large)) / 2**20
+    print(f"data: {n_large} JPEGs, {mb:.0f} MiB ({mb * 1024 / n_large:.0f} KiB each); "
+          f"{os.cpu_count()} cores; median of {args.repeat}")
+
+    rows = []
+
+    def row(name, result, base=None, target=None):
+        ratio = f"{result['img_s'] / base['img_s']:.2f}x" if base else ""
+        ok = "" if target is None else ("PASS" if result["img_s"] / base["img_s"] >= target
+                                        else "FAIL")
+        rows.append((name, result, ratio, f">= {target}x {ok}" if target else ""))
+
+    b_re = measure(lambda o: baseline(large, o, False), n_large, args.repeat)
+    p_re = measure(lambda o: pipeline(large, o, "--reencode", "always"), n_large, args.repeat)
+    b_pt = measure(lambda o: baseline(large, o, True), n_large, args.repeat)
+    p_pt = measure(lambda o: pipeline(large, o, "--reencode", "auto"), n_large, args.repeat)
+    p_small = measure(lambda o: pipeline(small, o, "--reencode", "auto"), n_small, args.repeat)
+    row("baseline Pool re-encode", b_re)
+    row("pipeline --reencode always", p_re, b_re, 0.9)
+    row("baseline Pool pass-through", b_pt)
+    row("pipeline --reencode auto", p_pt, b_pt, 0.7)
+    row(f"pipeline auto, {n_small} images", p_small)
+    if args.with_beam_sink:
+        row(f"pipeline --sink beam, {n_small}", measure(
+            lambda o: pipeline(small, o, "--sink", "beam"), n_small, args.repeat))
+
+    print(f"\n{'run':34}{'img/s':>8}{'sec':>8}{'max proc RSS':>14}{'tree RSS':>10}"
+          f"{'ratio':>8}  target")
+    for name, r, ratio, target in rows:
+        print(f"{name:34}{r['img_s']:8.0f}{r['seconds']:8.1f}{r['max_proc_rss'] / 2**30:12.2f}GB"
+              f"{r['tree_rss'] / 2**30:8.2f}GB{ratio:>8}  {target}")
+    growth = p_pt["max_proc_rss"] / p_small["max_proc_rss"] - 1
+    print(f"\npeak RSS of the largest process, {n_small} -> {n_large} images: "
+          f"{p_small['max_proc_rss'] / 2**30:.2f} -> {p_pt['max_proc_rss'] / 2**30:.2f} GB "
+          f"({growth:+.1%}; target <= +10%: {'PASS' if growth <= 0.10 else 'FAIL'})")
+
+
+if __name__ == "__main__":
+    main()

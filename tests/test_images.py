@@ -1,0 +1,419 @@
+"""Unit tests for beam_pipeline.images with known pixels (no Beam, no TensorFlow)."""
+
+import io
+import struct
+import zlib
+
+import numpy as np
+import pytest
+from PIL import Image, JpegImagePlugin
+
+from beam_pipeline import images, sample_data
+from beam_pipeline.images import EncodeOptions, ImageError
+
+RED, BLUE, WHITE = (255, 0, 0), (0, 0, 255), (255, 255, 255)
+
+
+# --- helpers ----------------------------------------------------------------------------------
+
+def save(img, fmt, **kw):
+    buf = io.BytesIO()
+    img.save(buf, fmt, **kw)
+    return buf.getvalue()
+
+
+def jpeg(img, **kw):
+    kw.setdefault("quality", 95)
+    return save(img, "JPEG", **kw)
+
+
+def opened(encoded):
+    return Image.open(io.BytesIO(encoded.data))
+
+
+def jpeg_markers(data):
+    """JPEG marker codes up to the first SOS (start of scan)."""
+    assert data[:2] == b"\xff\xd8", "not a JPEG"
+    markers, i = [], 2
+    while i < len(data):
+        assert data[i] == 0xFF
+        marker = data[i + 1]
+        markers.append(marker)
+        if marker == 0xDA:
+            break
+        i += 2 + struct.unpack(">H", data[i + 2:i + 4])[0]
+    return markers
+
+
+def assert_stored_form(encoded):
+    """What every stored image must be: a complete baseline RGB JPEG of the declared size."""
+    markers = jpeg_markers(encoded.data)
+    assert 0xC0 in markers, f"no baseline SOF0 marker: {[hex(m) for m in markers]}"
+    assert not {0xC1, 0xC2, 0xC3} & set(markers), "not baseline"
+    assert encoded.data.endswith(b"\xff\xd9")
+    img = opened(encoded)
+    assert img.format == "JPEG" and img.mode == "RGB"
+    assert not img.info.get("progressive") and not img.info.get("progression")
+    assert img.size == (encoded.width, encoded.height)
+    img.load()
+    assert np.asarray(img).shape == (encoded.height, encoded.width, 3)
+    assert img.getexif().get(images.EXIF_ORIENTATION, 1) == 1  # never rotated twice by viewers
+
+
+def close(actual, expected, tol):
+    return all(abs(a - e) <= tol for a, e in zip(actual, expected))
+
+
+def assert_close(actual, expected, tol=6):
+    assert close(actual, expected, tol), f"{actual} != {expected} (±{tol})"
+
+
+def convert(data, **opts):
+    encoded = images.convert(data, EncodeOptions(**opts))
+    assert_stored_form(encoded)
+    return encoded
+
+
+# --- EXIF orientation -------------------------------------------------------------------------
+# Stored image: 48 wide x 32 high, blue, with a red 16x16 block in its top-left corner.
+# Where that corner lands in the upright image follows the EXIF spec's definition of each value
+# ("row 0 is the visual …, column 0 is the visual …"), not Pillow's implementation.
+W, H = 48, 32
+EXPECTED_CORNER = {  # orientation -> (corner of the red block when viewed, size swapped?)
+    1: ("top-left", False),
+    2: ("top-right", False),     # mirrored horizontally
+    3: ("bottom-right", False),  # rotated 180
+    4: ("bottom-left", False),   # mirrored vertically
+    5: ("top-left", True),       # transposed (mirror + rotate 270 CW)
+    6: ("top-right", True),      # rotate 90 CW to view
+    7: ("bottom-right", True),   # transverse
+    8: ("bottom-left", True),    # rotate 90 CCW to view
+}
+
+
+def oriented_jpeg(orientation, size=(W, H)):
+    img = Image.new("RGB", size, BLUE)
+    img.paste(RED, (0, 0, 16, 16))
+    exif = Image.Exif()
+    exif[images.EXIF_ORIENTATION] = orientation
+    return jpeg(img, exif=exif)
+
+
+def corner_pixels(img, inset=4):
+    w, h = img.size
+    return {"top-left": img.getpixel((inset, inset)),
+            "top-right": img.getpixel((w - 1 - inset, inset)),
+            "bottom-left": img.getpixel((inset, h - 1 - inset)),
+            "bottom-right": img.getpixel((w - 1 - inset, h - 1 - inset))}
+
+
+@pytest.mark.parametrize("orientation", sorted(EXPECTED_CORNER))
+def test_exif_orientation_applied(orientation):
+    corner, swapped = EXPECTED_CORNER[orientation]
+    encoded = convert(oriented_jpeg(orientation))
+    assert (encoded.width, encoded.height) == ((H, W) if swapped else (W, H))
+    assert encoded.passed_through == (orientation == 1)
+    corners = corner_pixels(opened(encoded))
+    for name, pixel in corners.items():
+        assert_close(pixel, RED if name == corner else BLUE, tol=40)
+
+
+def test_exif_orientation_with_draft_resize():
+    # A big rotated JPEG shrunk through draft mode is still turned upright.
+    encoded = convert(oriented_jpeg(6, size=(800, 400)), max_side=100)
+    assert (encoded.width, encoded.height) == (50, 100)
+    # The red block (16/800 of the width) is now tiny; the far corner must be blue.
+    assert_close(corner_pixels(opened(encoded), inset=2)["bottom-left"], BLUE, tol=40)
+
+
+# --- colour modes -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("cmyk, rgb", [
+    ((0, 255, 255, 0), (255, 0, 0)),        # pure red
+    ((0, 0, 0, 255), (0, 0, 0)),            # black
+    ((0, 0, 0, 0), (255, 255, 255)),        # white
+    ((0, 128, 255, 64), (191, 95, 0)),      # (255 - C)(255 - K)/255
+])
+def test_cmyk_jpeg_to_rgb(cmyk, rgb):
+    data = jpeg(Image.new("CMYK", (16, 16), cmyk))
+    assert Image.open(io.BytesIO(data)).mode == "CMYK"
+    encoded = convert(data)
+    assert not encoded.passed_through
+    assert_close(opened(encoded).getpixel((8, 8)), rgb, tol=8)
+
+
+def test_grayscale_to_rgb():
+    img = Image.new("L", (32, 16), 30)
+    img.paste(220, (16, 0, 32, 16))
+    for data in (jpeg(img), save(img, "PNG")):
+        out = opened(convert(data))
+        assert_close(out.getpixel((4, 8)), (30, 30, 30), tol=4)
+        assert_close(out.getpixel((28, 8)), (220, 220, 220), tol=4)
+
+
+def test_bilevel_to_rgb():
+    img = Image.new("1", (16, 16), 0)
+    img.paste(1, (8, 0, 16, 16))
+    out = opened(convert(save(img, "PNG")))
+    assert_close(out.getpixel((2, 8)), (0, 0, 0), tol=8)
+    assert_close(out.getpixel((13, 8)), (255, 255, 255), tol=8)
+
+
+def test_palette_with_transparency_composited_on_white():
+    # Palette: 0 = red fully transparent, 1 = blue opaque, 2 = black at alpha 128.
+    img = Image.new("P", (48, 16), 0)
+    img.putpalette([255, 0, 0, 0, 0, 255, 0, 0, 0] + [0] * (253 * 3))
+    img.paste(1, (16, 0, 32, 16))
+    img.paste(2, (32, 0, 48, 16))
+    data = save(img, "PNG", transparency=bytes([0, 255, 128]))
+    assert Image.open(io.BytesIO(data)).mode == "P"
+    out = opened(convert(data))
+    assert_close(out.getpixel((8, 8)), WHITE)          # transparent red -> white, not red
+    assert_close(out.getpixel((24, 8)), BLUE)
+    grey = round(255 * (1 - 128 / 255))                # black over white at alpha 128
+    assert_close(out.getpixel((40, 8)), (grey,) * 3)
+
+
+def test_palette_single_transparent_index():
+    img = Image.new("P", (32, 16), 0)
+    img.putpalette([0, 255, 0, 0, 0, 255] + [0] * (254 * 3))
+    img.paste(1, (16, 0, 32, 16))
+    out = opened(convert(save(img, "GIF", transparency=0)))
+    assert_close(out.getpixel((8, 8)), WHITE)
+    assert_close(out.getpixel((24, 8)), BLUE)
+
+
+@pytest.mark.parametrize("alpha", [0, 128, 255])
+def test_rgba_composited_on_white(alpha):
+    colour = (200, 0, 40)
+    data = save(Image.new("RGBA", (16, 16), colour + (alpha,)), "PNG")
+    a = alpha / 255
+    expected = tuple(round(c * a + 255 * (1 - a)) for c in colour)
+    assert_close(opened(convert(data)).getpixel((8, 8)), expected, tol=5)
+
+
+def test_grey_with_alpha_composited_on_white():
+    data = save(Image.new("LA", (16, 16), (0, 64)), "PNG")
+    expected = round(255 * (1 - 64 / 255))
+    assert_close(opened(convert(data)).getpixel((8, 8)), (expected,) * 3, tol=5)
+
+
+def test_16_bit_grey_full_range_scaled():
+    values = [0, 32768, 65535, 257 * 100]          # -> 0, ~128, 255, 100
+    arr = np.zeros((16, 64), dtype=np.uint16)
+    for i, v in enumerate(values):
+        arr[:, 16 * i:16 * (i + 1)] = v
+    data = save(Image.fromarray(arr), "PNG")
+    assert Image.open(io.BytesIO(data)).mode.startswith("I")
+    out = opened(convert(data))
+    for i, expected in enumerate([0, 128, 255, 100]):
+        assert_close(out.getpixel((16 * i + 8, 8)), (expected,) * 3, tol=3)
+
+
+def test_16_bit_dark_image_is_not_stretched():
+    # A uniformly dark 16-bit image stays dark: scaling is by the format's range, not the max.
+    data = save(Image.fromarray(np.full((16, 16), 257 * 40, dtype=np.uint16)), "PNG")
+    assert_close(opened(convert(data)).getpixel((8, 8)), (40, 40, 40), tol=3)
+
+
+def test_16_bit_rgb_png():
+    # 16 bits per channel RGB(A) PNGs: Pillow reduces them to 8-bit; colour must survive.
+    arr = np.zeros((16, 16, 3), dtype=np.uint16)
+    png = _png_rgb16(arr + np.array([65535, 0, 32768], dtype=np.uint16))
+    assert_close(opened(convert(png)).getpixel((8, 8)), (255, 0, 128), tol=6)
+
+
+def _png_rgb16(arr):
+    """A 16-bit-per-channel RGB PNG written by hand (Pillow cannot save one)."""
+    h, w, _ = arr.shape
+    raw = b"".join(b"\0" + arr[y].astype(">u2").tobytes() for y in range(h))
+
+    def chunk(kind, body):
+        return (struct.pack(">I", len(body)) + kind + body
+                + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF))
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 16, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+
+
+def test_animated_gif_first_frame():
+    frames = [Image.new("RGB", (16, 16), RED).convert("P"),
+              Image.new("RGB", (16, 16), BLUE).convert("P")]
+    data = save(frames[0], "GIF", save_all=True, append_images=frames[1:], duration=50, loop=0)
+    assert getattr(Image.open(io.BytesIO(data)), "n_frames", 1) == 2
+    assert_close(opened(convert(data)).getpixel((8, 8)), RED, tol=8)
+
+
+def test_animated_png_first_frame():
+    data = save(Image.new("RGB", (16, 16), BLUE), "PNG", save_all=True,
+                append_images=[Image.new("RGB", (16, 16), RED)])
+    assert_close(opened(convert(data)).getpixel((8, 8)), BLUE, tol=8)
+
+
+def test_progressive_jpeg_reencoded_to_baseline():
+    data = jpeg(Image.new("RGB", (32, 24), (10, 120, 200)), progressive=True)
+    assert 0xC2 in jpeg_markers(data)
+    encoded = convert(data)  # assert_stored_form checks baseline
+    assert not encoded.passed_through and encoded.data != data
+    assert_close(opened(encoded).getpixel((16, 12)), (10, 120, 200), tol=6)
+
+
+# --- resize -----------------------------------------------------------------------------------
+
+def test_resize_by_max_side_png():
+    encoded = convert(save(Image.new("RGB", (64, 48), RED), "PNG"), max_side=32)
+    assert (encoded.width, encoded.height) == (32, 24)
+
+
+def test_no_upscale_and_pass_through_when_within_max_side():
+    data = jpeg(Image.new("RGB", (40, 30), RED))
+    encoded = convert(data, max_side=40)
+    assert encoded.passed_through and encoded.data == data
+
+
+@pytest.mark.parametrize("size, max_side, expected", [
+    ((2000, 1500), 100, (100, 75)),
+    ((998, 400), 500, (500, 200)),    # draft request must not round 500 down to 499
+    ((398, 100), 200, (200, 50)),
+    ((1000, 2000), 500, (250, 500)),
+])
+def test_resize_big_jpeg_uses_draft_mode(monkeypatch, size, max_side, expected):
+    calls = []
+    original = JpegImagePlugin.JpegImageFile.draft
+
+    def spy(self, mode, requested):
+        result = original(self, mode, requested)
+        calls.append((requested, self.size))
+        return result
+
+    monkeypatch.setattr(JpegImagePlugin.JpegImageFile, "draft", spy)
+    img = Image.new("RGB", size, (30, 160, 90))
+    img.paste(RED, (0, 0, size[0] // 2, size[1]))
+    encoded = convert(jpeg(img, quality=80), max_side=max_side)
+    assert (encoded.width, encoded.height) == expected
+    assert calls, "draft mode was not used"
+    if max(size) >= 2 * max_side:
+        assert max(calls[0][1]) < max(size), "draft did not decode at a reduced scale"
+    out = opened(encoded)
+    assert_close(out.getpixel((2, expected[1] // 2)), RED, tol=30)
+    assert_close(out.getpixel((expected[0] - 3, expected[1] // 2)), (30, 160, 90), tol=30)
+
+
+# --- pass-through and re-encode ---------------------------------------------------------------
+
+def test_pass_through_keeps_bytes_under_auto():
+    data = jpeg(Image.new("RGB", (32, 24), (90, 10, 200)))
+    encoded = convert(data)
+    assert encoded.passed_through and encoded.data == data
+    assert (encoded.width, encoded.height) == (32, 24)
+
+
+def test_reencode_always_changes_bytes():
+    data = jpeg(Image.new("RGB", (32, 24), (90, 10, 200)), quality=95)
+    encoded = convert(data, reencode="always", jpeg_quality=50)
+    assert not encoded.passed_through and encoded.data != data
+    assert_close(opened(encoded).getpixel((16, 12)), (90, 10, 200), tol=10)
+
+
+def test_non_jpeg_never_passed_through():
+    encoded = convert(save(Image.new("RGB", (16, 16), RED), "PNG"))
+    assert not encoded.passed_through
+
+
+@pytest.mark.parametrize("variant", sorted(set(sample_data.VARIANTS)))
+def test_every_sample_variant_gives_stored_form(variant):
+    data, _ = sample_data.encode(Image.new("RGB", (40, 24), (200, 100, 50)), variant)
+    encoded = convert(data)
+    assert (encoded.width, encoded.height) == (40, 24)  # the exif variant is stored rotated
+
+
+def test_decode_returns_upright_rgb():
+    img = images.decode(oriented_jpeg(8))
+    assert img.mode == "RGB" and img.size == (H, W)
+
+
+# --- rejections -------------------------------------------------------------------------------
+
+def reject(data, **opts):
+    with pytest.raises(ImageError) as info:
+        images.convert(data, EncodeOptions(**opts))
+    return info.value
+
+
+def test_zero_byte_file():
+    e = reject(b"")
+    assert (e.stage, e.reason) == ("read", "empty_file")
+
+
+def test_truncated_jpeg():
+    data = jpeg(Image.effect_noise((64, 64), 60).convert("RGB"))
+    e = reject(data[: len(data) // 2])
+    assert (e.stage, e.reason) == ("decode", "truncated")
+    assert e.detail
+
+
+def test_jpeg_truncated_inside_its_header():
+    data = jpeg(Image.effect_noise((64, 64), 60).convert("RGB"))
+    assert reject(data[:300]).reason == "truncated"
+
+
+def test_truncated_png():
+    data = save(Image.effect_noise((64, 64), 60), "PNG")
+    assert reject(data[: len(data) // 2]).reason == "truncated"
+
+
+def test_sample_broken_files():
+    expected = {"truncated.jpg": "truncated", "empty.jpg": "empty_file",
+                "not_an_image.jpg": "not_an_image"}
+    for name, data in sample_data.broken_files().items():
+        assert reject(data).reason == expected[name], name
+
+
+def test_text_named_jpg():
+    e = reject(b"this is a text file, not a JPEG\n")
+    assert (e.stage, e.reason) == ("decode", "not_an_image")
+
+
+def _png_header_only(width, height):
+    def chunk(kind, body):
+        return (struct.pack(">I", len(body)) + kind + body
+                + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF))
+
+    # IHDR claims the size; one tiny IDAT so Pillow identifies it; the pixels are missing.
+    return (b"\x89PNG\r\n\x1a\n"
+            + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"\0" * 64)))
+
+
+def test_decompression_bomb_header():
+    # 100 bytes claiming 100,000 x 100,000 pixels: rejected from the header, nothing allocated.
+    e = reject(_png_header_only(100_000, 100_000))
+    assert e.reason == "decompression_bomb"
+
+
+def test_decompression_bomb_just_over_pillow_limit():
+    e = reject(_png_header_only(10_000, 10_000))  # 1e8 > 89,478,485 default
+    assert e.reason == "decompression_bomb"
+
+
+def test_max_pixels_limit():
+    data = jpeg(Image.new("RGB", (20, 20), RED))
+    e = reject(data, max_pixels=399)
+    assert (e.stage, e.reason) == ("decode", "decompression_bomb")
+    assert "400" in e.detail
+    assert convert(data, max_pixels=400).passed_through
+
+
+def test_encode_options_validated():
+    for bad in ({"reencode": "never"}, {"jpeg_quality": 0}, {"jpeg_quality": 101},
+                {"max_side": -1}):
+        with pytest.raises(ValueError) as info:
+            EncodeOptions(**bad)
+        assert str(list(bad.values())[0]) in str(info.value)
+
+
+def test_max_pixels_above_pillows_default_is_honoured():
+    # --max_pixels 150M must accept a 100M-pixel header (Pillow's own default limit is ~89M);
+    # this one then fails for its missing pixels, not as a bomb.
+    e = reject(_png_header_only(10_000, 10_000), max_pixels=150_000_000)
+    assert e.reason != "decompression_bomb", e.detail

@@ -1,0 +1,173 @@
+"""Unit tests for beam_pipeline.records (Example + TFRecord framing) and beam_pipeline.plan."""
+
+import collections
+import hashlib
+import io
+
+import pytest
+import tensorflow as tf
+from PIL import Image
+
+from beam_pipeline import plan, records
+from beam_pipeline.images import Encoded
+from readers import schema
+
+
+def _encoded(colour=(10, 200, 30), size=(20, 12)):
+    buf = io.BytesIO()
+    Image.new("RGB", size, colour).save(buf, "JPEG", quality=90)
+    return Encoded(buf.getvalue(), size[1], size[0], True)
+
+
+# --- records ----------------------------------------------------------------------------------
+
+def test_make_example_round_trip_has_every_schema_key():
+    enc = _encoded()
+    record = records.make_example(enc, 7, "tulip", "tulip/ü 1.jpg")
+    parsed = tf.io.parse_single_example(record, schema.feature_spec())
+    assert set(parsed) == set(schema.FEATURES)
+    got = {k: v.numpy() for k, v in parsed.items()}
+    assert got[schema.ENCODED] == enc.data
+    assert got[schema.FORMAT] == b"JPEG"
+    assert got[schema.HEIGHT] == 12 and got[schema.WIDTH] == 20
+    assert got[schema.CHANNELS] == 3
+    assert got[schema.COLORSPACE] == b"RGB"
+    assert got[schema.LABEL] == 7
+    assert got[schema.TEXT] == b"tulip"
+    assert got[schema.FILENAME].decode() == "tulip/ü 1.jpg"
+    assert got[schema.SHA256] == hashlib.sha256(enc.data).hexdigest().encode()
+    image = tf.io.decode_jpeg(got[schema.ENCODED])
+    assert tuple(image.shape) == (12, 20, 3)
+    # Nothing beyond the schema: a reader's spec covers the whole record.
+    example = tf.train.Example.FromString(record)
+    assert set(example.features.feature) == set(schema.FEATURES)
+
+
+def test_schema_dtypes_match_the_stored_features():
+    example = tf.train.Example.FromString(records.make_example(_encoded(), 0, "a", "a/x.jpg"))
+    for key, dtype in schema.FEATURES.items():
+        kind = example.features.feature[key].WhichOneof("kind")
+        assert kind == {"string": "bytes_list", "int64": "int64_list"}[dtype], key
+
+
+def test_make_example_deterministic():
+    enc = _encoded()
+    first = records.make_example(enc, 1, "rose", "rose/1.jpg")
+    assert all(records.make_example(enc, 1, "rose", "rose/1.jpg") == first for _ in range(5))
+    assert records.make_example(enc, 2, "rose", "rose/1.jpg") != first
+
+
+def test_tfrecord_frames_read_by_tf_data(tmp_path):
+    payloads = [records.make_example(_encoded((i * 40, 0, 0)), i, f"c{i}", f"c{i}/x.jpg")
+                for i in range(3)] + [b"", b"x" * 70_000]
+    path = tmp_path / "frames.tfrecord"
+    path.write_bytes(b"".join(records.tfrecord_frame(p) for p in payloads))
+    # A corrupt CRC would make TFRecordDataset raise DataLossError.
+    read = [r.numpy() for r in tf.data.TFRecordDataset(str(path))]
+    assert read == payloads
+
+
+def test_tfrecord_frame_matches_tf_writer(tmp_path):
+    payload = records.make_example(_encoded(), 3, "x", "x/y.jpg")
+    path = str(tmp_path / "tf.tfrecord")
+    with tf.io.TFRecordWriter(path) as w:
+        w.write(payload)
+    with open(path, "rb") as f:
+        assert records.tfrecord_frame(payload) == f.read()
+
+
+# --- splits -----------------------------------------------------------------------------------
+
+def test_parse_splits_ok():
+    assert plan.parse_splits("train=0.8,validation=0.1,test=0.1") == (
+        ("train", 0.8), ("validation", 0.1), ("test", 0.1))
+    assert plan.parse_splits(" train = 1 ") == (("train", 1.0),)
+
+
+@pytest.mark.parametrize("text, named", [
+    ("train=0.8,validation=abc", "validation=abc"),
+    ("train", "train"),
+    ("train=0.5,test=0.4", "0.9"),
+    ("train=0.5,train=0.5", "train=0.5,train=0.5"),
+    ("train=1.5", "train=1.5"),
+    ("train=0,test=1", "train=0"),
+    ("tr ain=1", "tr ain=1"),
+    ("", "''"),
+])
+def test_parse_splits_errors_name_the_bad_value(text, named):
+    with pytest.raises(ValueError) as info:
+        plan.parse_splits(text)
+    assert named in str(info.value) and "--splits" in str(info.value)
+
+
+def test_assign_split_stable_and_proportional():
+    splits = plan.parse_splits("train=0.7,validation=0.2,test=0.1")
+    keys = [f"/data/class{i % 5}/img_{i:05d}.jpg" for i in range(5000)]
+    first = [plan.assign_split(k, splits) for k in keys]
+    assert first == [plan.assign_split(k, splits) for k in keys]
+    counts = collections.Counter(first)
+    assert set(counts) == {"train", "validation", "test"}
+    for name, fraction in splits:
+        assert abs(counts[name] / len(keys) - fraction) < 0.03, counts
+
+
+def test_assign_split_known_values_do_not_drift():
+    # Pinned: a change here would move images between splits across versions (DESIGN §5).
+    splits = plan.parse_splits("train=0.8,validation=0.1,test=0.1")
+    u = plan.unit_hash("split", "gs://b/cat/1.jpg")
+    expected = "train" if u < 0.8 else "validation" if u < 0.9 else "test"
+    assert plan.assign_split("gs://b/cat/1.jpg", splits) == expected
+    digest = hashlib.sha256("split\0gs://b/cat/1.jpg".encode()).digest()
+    assert u == int.from_bytes(digest[:8], "big") / 2.0**64
+
+
+def test_unit_hash_range():
+    values = [plan.unit_hash("x", str(i)) for i in range(1000)]
+    assert all(0 <= v < 1 for v in values) and len(set(values)) == 1000
+
+
+# --- shards -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("num_shards", [1, 2, 7, 16])
+def test_shard_of_in_range_and_spread(num_shards):
+    shards = [plan.shard_of("train", f"k{i}", num_shards) for i in range(2000)]
+    assert set(shards) == set(range(num_shards))
+    assert shards == [plan.shard_of("train", f"k{i}", num_shards) for i in range(2000)]
+
+
+def test_shard_depends_on_split():
+    a = [plan.shard_position("train", f"k{i}") for i in range(50)]
+    b = [plan.shard_position("test", f"k{i}") for i in range(50)]
+    assert a != b
+
+
+def test_auto_num_shards():
+    assert plan.auto_num_shards(0, 128) == 1
+    assert plan.auto_num_shards(128 * 2**20, 128) == 1
+    assert plan.auto_num_shards(128 * 2**20 + 1, 128) == 2
+    assert plan.auto_num_shards(3 * 2**20, 1, multiple_of=4) == 4
+
+
+# --- labels -----------------------------------------------------------------------------------
+
+def test_label_ids_sorted_by_default():
+    assert plan.label_ids({"tulip", "daisy", "rose"}) == ["daisy", "rose", "tulip"]
+
+
+def test_label_ids_keep_previous_and_append_new_sorted():
+    previous = ["rose", "daisy"]  # earlier version's order, not sorted
+    got = plan.label_ids({"daisy", "zinnia", "aster", "rose"}, previous)
+    assert got == ["rose", "daisy", "aster", "zinnia"]
+    # A class that vanished keeps its id.
+    assert plan.label_ids({"daisy"}, previous) == ["rose", "daisy"]
+
+
+def test_label_file_order_wins():
+    got = plan.label_ids({"daisy", "rose"}, previous=["rose", "daisy"],
+                         label_file=["tulip", "daisy", "rose"])
+    assert got == ["tulip", "daisy", "rose"]
+
+
+def test_image_ref_json_round_trip():
+    ref = plan.ImageRef("gs://b/x/ü.jpg", "gs://b/x/ü.jpg", "x/ü.jpg", "x", "train", 12, 3.5)
+    assert plan.ImageRef.from_json(ref.to_json()) == ref
