@@ -19,12 +19,17 @@ setuptools.setup(
         "tensorflow>=2.16,<3",
         "tensorflow-transform>=1.16",
         "pillow>=10",
+        "tensorflow-datasets>=4.9",  # TFDS metadata beside each version (builder_from_directory)
         "pyyaml>=6",
     ],
     extras_require={
-        "test": ["pytest", "gcp-storage-emulator", "tensorflow-datasets", "tfrecord",
+        "test": ["pytest", "gcp-storage-emulator", "tfrecord",
                  "matplotlib", "psutil"],
         "inspect": ["matplotlib"],
     },
-    entry_points={"console_scripts": ["image-tfrecords=beam_pipeline.cli:main"]},
+    entry_points={"console_scripts": [
+        "image-tfrecords=beam_pipeline.cli:main",
+        "image-tfrecords-verify=beam_pipeline.verify:main",
+        "image-tfrecords-inspect=beam_pipeline.inspect:main",
+    ]},
 )

@@ -39,13 +39,9 @@ def run(argv=None):
     fingerprint_config["label_file"] = label_file
     fingerprint = versions.fingerprint(refs, fingerprint_config, __version__)
     if previous and previous.get("input_fingerprint") == fingerprint and not build.force:
-        # Unfinished versions older than LATEST (killed or failed runs) can never be published.
-        removed = versions.prune(root, previous_version, 0)
         print(f"{root}: up to date (version {previous_version}, fingerprint unchanged); "
-              "nothing written. Use --force to rebuild."
-              + (f" Removed {len(removed)} unfinished version(s): {', '.join(removed)}."
-                 if removed else ""))
-        return {"status": "up_to_date", "version": previous_version, "removed": removed}
+              "nothing written. Use --force to rebuild.")
+        return {"status": "up_to_date", "version": previous_version}
 
     labels = plan.label_ids({r.label for r in refs}, previous["labels"] if previous else (),
                             label_file)
@@ -73,8 +69,11 @@ def run(argv=None):
     spec = dataclasses.replace(spec, listing_errors_path=errors_path)
 
     pipeline_options.view_as(SetupOptions).save_main_session = False
-    runner = pipeline_options.view_as(StandardOptions).runner or "DirectRunner"
-    waits = runner.split(".")[-1] in ("DirectRunner", "BundleBasedDirectRunner",
+    standard = pipeline_options.view_as(StandardOptions)
+    # No --runner: the DirectRunner's batch engine, named directly. Plain DirectRunner
+    # first tries to download and start Prism, whose workers and memory behave differently.
+    standard.runner = runner = standard.runner or "FnApiRunner"
+    waits = runner.split(".")[-1] in ("DirectRunner", "BundleBasedDirectRunner", "FnApiRunner",
                                       "SwitchingDirectRunner", "PrismRunner")
     progress_dir = layout.join(spec.tmp_dir, "progress") if waits else None
     print(f"Building {root} version {version}: {len(refs)} images "
@@ -86,7 +85,8 @@ def run(argv=None):
     p = beam.Pipeline(options=pipeline_options)
     _ = p | "ImagesToTFRecords" >> ImagesToTFRecords(
         listing_path, spec, build.encode_options(), sink=build.sink, progress_dir=progress_dir,
-        extra_files=_extra_files(build))
+        extra_files=_extra_files(build),
+        transform_image_size=build.transform_image_size if build.transform else 0)
     if not waits:
         result = p.run()
         template = pipeline_options.get_all_options().get("template_location")
@@ -266,6 +266,8 @@ def main(argv=None):
     if not verbose:
         for name in ("apache_beam", "absl", "tensorflow"):
             logging.getLogger(name).setLevel(logging.ERROR)
+        # Beam logs a failed bundle's traceback at ERROR; main prints its cause in one line.
+        logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
     try:
         result = run(argv)
     except UserError as e:

@@ -22,6 +22,8 @@ from readers import layout, schema
 CONTACT_SHEET = "contact_sheet.png"
 CLASS_COUNTS = "class_counts.png"
 SPLIT_ORDER = ("train", "validation", "test")
+MAX_CHART_INCHES = 24.0   # bar chart width cap (100 dpi)
+MAX_NAMED_CLASSES = 80    # beyond this, x ticks are class ids, not names
 
 
 def _ordered_splits(manifest):
@@ -57,7 +59,7 @@ def summary(manifest, version_dir=None):
     errors = manifest.get("errors") or {}
     if errors.get("count"):
         reasons = ", ".join(f"{r}: {n}" for r, n in
-                            sorted(errors.get("by_reason", {}).items(), key=lambda kv: -kv[1]))
+                            sorted(errors.get("by_reason", {}).items(), key=lambda kv: (-kv[1], kv[0])))
         lines.append(f"rejected {errors['count']} ({reasons}); see {errors.get('path')}")
     else:
         lines.append("rejected 0")
@@ -152,19 +154,27 @@ def class_counts_chart(manifest, path):
     plt = _pyplot()
     labels = list(manifest.get("labels", []))
     splits = _ordered_splits(manifest)
-    fig, ax = plt.subplots(figsize=(max(4.0, 0.6 * len(labels) * max(1, len(splits)) + 2), 4))
+    # Wide enough to read a few dozen classes; capped so 1,000 classes still make a sane PNG.
+    fig_width = min(MAX_CHART_INCHES, max(5.0, 0.4 * len(labels) * max(1, len(splits)) + 2.5))
+    fig, ax = plt.subplots(figsize=(fig_width, 4.5 if len(labels) > 8 else 4))
     width = 0.8 / max(1, len(splits))
     for j, s in enumerate(splits):
         counts = [manifest["splits"][s].get("label_counts", {}).get(l, 0) for l in labels]
         bars = ax.bar([i + (j - (len(splits) - 1) / 2) * width for i in range(len(labels))],
                       counts, width, label=f"{s} ({manifest['splits'][s]['num_examples']})")
-        ax.bar_label(bars, fontsize=7)
-    ax.set_xticks(range(len(labels)))
-    ax.set_xticklabels(labels, rotation=45 if len(labels) > 8 else 0, ha="right"
-                       if len(labels) > 8 else "center")
+        if len(labels) <= 20:
+            ax.bar_label(bars, fontsize=7)
+    if len(labels) <= MAX_NAMED_CLASSES:
+        ax.set_xticks(range(len(labels)))
+        ax.set_xticklabels(labels, rotation=45 if len(labels) > 8 else 0,
+                           ha="right" if len(labels) > 8 else "center",
+                           fontsize=9 if len(labels) <= 30 else 6)
+    else:
+        ax.set_xlabel(f"class id (0-{len(labels) - 1}; too many classes to name)")
     ax.set_ylabel("examples")
     ax.set_title(f"{manifest.get('name')} {manifest.get('version')}: examples per class")
-    ax.legend()
+    ax.margins(y=0.12)
+    ax.legend(title="split", loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     fig.tight_layout()
     _save(fig, path)
     plt.close(fig)

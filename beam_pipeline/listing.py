@@ -137,6 +137,8 @@ def _list_manifest(path):
                                        f"{path} row {n} needs both uri and label"))
             continue
         full = uri if "://" in uri or uri.startswith("/") else posixpath.join(base, uri)
+        if "://" not in full:  # one key per local file: data/./a.jpg, x/../data/a.jpg, data/a.jpg
+            full = posixpath.normpath(full)
         wanted.setdefault(full, []).append((uri, label, split))
     sizes = _stat_all(list(wanted))
     for full, entries in wanted.items():

@@ -142,6 +142,14 @@ def parse(argv):
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config")
     known, rest = pre.parse_known_args(argv)
+    if "-h" in rest or "--help" in rest:  # Beam's base PipelineOptions would print an empty help
+        helper = argparse.ArgumentParser(
+            prog="python -m beam_pipeline", description="Image files -> sharded TFRecords.",
+            epilog="Any other flag is a Beam pipeline option (e.g. --runner, --project).")
+        helper.add_argument("--config", help="YAML file of option: value defaults; flags win.")
+        BuildOptions._add_argparse_args(helper)
+        helper.print_help()
+        raise SystemExit(0)
     config_argv = config_to_argv(known.config) if known.config else []
     if any(a == "--input" or a.startswith("--input=") for a in rest):
         config_argv = [a for a in config_argv if not a.startswith("--input=")]

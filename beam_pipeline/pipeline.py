@@ -19,11 +19,12 @@ class ImagesToTFRecords(beam.PTransform):
     """Listing file -> shards written in parallel -> committed, published version."""
 
     def __init__(self, listing_path, spec, encode_options, sink="shards", progress_dir=None,
-                 extra_files=()):
+                 extra_files=(), transform_image_size=0):
         super().__init__()
         self.listing_path, self.spec = listing_path, spec
         self.encode_options, self.sink = encode_options, sink
         self.progress_dir, self.extra_files = progress_dir, extra_files
+        self.transform_image_size = transform_image_size  # 0: no tf.Transform analysis
 
     def expand(self, pbegin):
         spec = self.spec
@@ -45,4 +46,10 @@ class ImagesToTFRecords(beam.PTransform):
                      | "WriteShards" >> beam.ParDo(WriteShardFn(
                          spec.tmp_dir, spec.name, spec.num_shards, self.encode_options,
                          spec.write_index, self.progress_dir)))          # -> shard stats
-        return stats | "Commit" >> Commit(spec, self.extra_files)        # -> manifest
+        parts = ()
+        if self.transform_image_size:
+            from beam_pipeline.analyze import AnalyzeTrain
+
+            parts = (stats | "AnalyzeTrain" >> AnalyzeTrain(spec, self.transform_image_size),)
+            # -> [{"transform": {...}}] once VDIR/transform_fn/ is written
+        return stats | "Commit" >> Commit(spec, self.extra_files, parts)  # -> manifest

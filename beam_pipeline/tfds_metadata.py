@@ -23,7 +23,7 @@ from readers import layout, schema
 # manifest's format_version, and the build id goes into the description and metadata.json.
 TFDS_VERSION_PATTERN = "{format}.0.0"
 TFDS_FILES = ("dataset_info.json", "features.json", "metadata.json")
-LABELS_SUFFIX = ".labels.txt"  # ClassLabel names file, e.g. image-class-label.labels.txt
+LABELS_SUFFIX = ".labels.txt"  # ClassLabel names file: image-class-label.labels.txt
 
 
 def _feature(tfds, np, key, dtype, labels):
@@ -35,6 +35,8 @@ def _feature(tfds, np, key, dtype, labels):
         return tfds.features.Text()
     if dtype == "int64":
         return tfds.features.Scalar(dtype=np.int64)
+    if dtype in ("float", "float32"):
+        return tfds.features.Scalar(dtype=np.float32)
     raise ValueError(f"feature {key!r}: dtype {dtype!r} has no TFDS equivalent")
 
 
@@ -106,11 +108,9 @@ def write(version_dir, manifest):
         logging.warning("label_offset %s: TFDS ClassLabel ids start at 0; no TFDS metadata "
                         "written", manifest["label_offset"])
         return
-    import tensorflow as tf
-
     info = dataset_info(version_dir, manifest)
     info.write_to_directory(version_dir)
-    files = sorted(f for f in tf.io.gfile.listdir(version_dir)
-                   if f in TFDS_FILES or f.endswith(LABELS_SUFFIX))
+    # ClassLabel.save_metadata names the file after the feature path, '/' -> '-'.
+    files = sorted(TFDS_FILES + (schema.LABEL.replace("/", "-") + LABELS_SUFFIX,))
     empty = sorted(s for s, v in manifest["splits"].items() if not v["num_examples"])
     manifest["tfds"] = {"version": str(info.version), "files": files, "omitted_splits": empty}

@@ -43,13 +43,13 @@ def masked_crc(data):
 class FrameError(ValueError):
     """A TFRecord frame that is cut short or fails a CRC; `offset` is where the frame starts.
 
-    `frame_length` is set when only the record bytes are bad (the length was intact), so
-    reading can go on with the next frame.
+    `frame_length` and `record` are set when only the record bytes are bad (the length was
+    intact), so reading can go on with the next frame.
     """
 
-    def __init__(self, offset, message, frame_length=None):
+    def __init__(self, offset, message, frame_length=None, record=None):
         super().__init__(f"offset {offset}: {message}")
-        self.offset, self.frame_length = offset, frame_length
+        self.offset, self.frame_length, self.record = offset, frame_length, record
 
 
 def read_frame(f, offset, check_crc=True):
@@ -73,7 +73,7 @@ def read_frame(f, offset, check_crc=True):
     record, (data_crc,) = body[:length], struct.unpack("<I", body[length:])
     if check_crc and masked_crc(record) != data_crc:
         raise FrameError(offset, "data CRC mismatch (record bytes are corrupt)",
-                         frame_length=12 + length + 4)
+                         frame_length=12 + length + 4, record=record)
     return record, 12 + length + 4
 
 
@@ -121,13 +121,17 @@ class _Problems:
 
 
 def _check_shard(gfile, vdir, shard, labels, label_offset, write_index, problems):
-    """Read one shard end to end; returns {class name: records} (None if unreadable)."""
+    """Read one shard end to end.
+
+    Returns {class name: records}, or None when the shard is missing or could not be read to
+    its end (its records cannot all be counted).
+    """
     rel = shard["path"]
     path = layout.join(vdir, rel)
     if not gfile.exists(path):
         problems.add(rel, "missing (the manifest lists it)")
         return None
-    counts, frames, shard_problems = {}, [], []
+    counts, frames, shard_problems, complete = {}, [], [], True
     with gfile.GFile(path, "rb") as raw:
         f = _HashingReader(raw)
         offset = 0
@@ -135,15 +139,13 @@ def _check_shard(gfile, vdir, shard, labels, label_offset, write_index, problems
             try:
                 frame = read_frame(f, offset)
             except FrameError as e:
-                if e.frame_length is None:
-                    shard_problems.append(f"record {len(frames)} at {e}; records after it "
-                                          "cannot be located")
+                shard_problems.append(f"record {len(frames)} at {e}")
+                if e.frame_length is None:  # lost the frame boundaries: stop here
+                    shard_problems[-1] += "; records after it cannot be located"
+                    complete = False
                     f.drain()
                     break
-                shard_problems.append(f"record {len(frames)} at {e}")
-                frames.append((offset, e.frame_length))
-                offset += e.frame_length
-                continue
+                frame = e.record, e.frame_length  # only the bytes are bad: still count it
             if frame is None:
                 break
             record, frame_len = frame
@@ -171,18 +173,19 @@ def _check_shard(gfile, vdir, shard, labels, label_offset, write_index, problems
     if shard.get("sha256") and f.sha256.hexdigest() != shard["sha256"]:
         shard_problems.insert(0, f"sha256 {f.sha256.hexdigest()[:12]}… does not match the "
                                  f"manifest's {shard['sha256'][:12]}… (file changed or corrupt)")
-    if len(frames) != shard["num_examples"] and not any("cannot be located" in p
-                                                         for p in shard_problems):
+    if complete and len(frames) != shard["num_examples"]:
         shard_problems.append(f"{len(frames)} records, manifest says {shard['num_examples']}")
     for p in shard_problems[:MAX_PROBLEMS_PER_FILE]:
         problems.add(rel, p)
     if len(shard_problems) > MAX_PROBLEMS_PER_FILE:
         problems.add(rel, f"… and {len(shard_problems) - MAX_PROBLEMS_PER_FILE} more problems")
-    _check_index(gfile, path, rel, frames, write_index, problems)
-    return counts
+    _check_index(gfile, path, rel, frames, complete, write_index, problems)
+    return counts if complete else None
 
 
-def _check_index(gfile, path, rel, frames, required, problems):
+def _check_index(gfile, path, rel, frames, complete, required, problems):
+    """Each index line must be (offset, length) of the frame at that position; when the shard
+    could not be read to its end, only the lines for the frames that were read are compared."""
     index = layout.index_name(path)
     name = layout.index_name(rel)
     if not gfile.exists(index):
@@ -196,8 +199,8 @@ def _check_index(gfile, path, rel, frames, required, problems):
     except ValueError:
         problems.add(name, "not 'offset length' integer pairs")
         return
-    if len(entries) != len(frames):
-        problems.add(name, f"{len(entries)} lines, the shard has {len(frames)} readable records")
+    if complete and len(entries) != len(frames):
+        problems.add(name, f"{len(entries)} lines, the shard has {len(frames)} records")
     bad = [k for k, (e, fr) in enumerate(zip(entries, frames)) if e != fr]
     if bad:
         k = bad[0]
@@ -290,6 +293,9 @@ def check(path):
             if total != s["num_examples"]:
                 problems.add(f"split {split!r}",
                              f"{total} records, manifest num_examples is {s['num_examples']}")
+        else:
+            problems.add(f"split {split!r}", "records per class not counted: a shard is missing "
+                                             "or cannot be read to its end (see above)")
         written += s["num_examples"]
     acc = manifest.get("accounting")
     if acc:

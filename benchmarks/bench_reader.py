@@ -115,7 +115,7 @@ def child(which, root, batch_size, image_size):
 
     base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     ds_info = readers.info(root)
-    t0 = time.perf_counter()
+    cpu0, t0 = _cpu_seconds(), time.perf_counter()
     if which == "seed":
         images = sum(int(x.shape[0]) for x, _ in seed_pipeline(ds_info.version_dir))
     elif which == "ceiling":
@@ -126,10 +126,15 @@ def child(which, root, batch_size, image_size):
         ds = readers.make_dataset(root, "train", batch_size=batch_size, image_size=image_size,
                                   training=True)
         images = sum(int(x.shape[0]) for x, _ in ds)
-    seconds = time.perf_counter() - t0
-    print(json.dumps({"which": which, "images": images, "seconds": seconds,
+    seconds, cpu = time.perf_counter() - t0, _cpu_seconds() - cpu0
+    print(json.dumps({"which": which, "images": images, "seconds": seconds, "cpu": cpu,
                       "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                       "base_rss": base_rss}))
+
+
+def _cpu_seconds():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def main(argv=None):
@@ -166,12 +171,15 @@ def main(argv=None):
 
 def report(results):
     gb = 1 << 30
-    print(f"\n{'pipeline':<10}{'images':>8}{'seconds':>9}{'img/s':>8}{'peak RSS':>10}"
-          f"{'TF baseline':>13}")
+    print(f"\n{'pipeline':<10}{'images':>8}{'seconds':>9}{'img/s':>8}{'CPU ms/img':>12}"
+          f"{'peak RSS':>10}{'TF baseline':>13}")
     for r in results.values():
         r["rate"] = r["images"] / r["seconds"]
         print(f"{r['which']:<10}{r['images']:>8}{r['seconds']:>9.1f}{r['rate']:>8.0f}"
+              f"{1000 * r['cpu'] / r['images']:>12.2f}"
               f"{r['peak_rss'] / gb:>9.2f}G{r['base_rss'] / gb:>12.2f}G")
+    print(f"({os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}: on a shared machine "
+          "img/s moves with the load; CPU ms/img much less)")
     ours = results.get("ours")
     if not ours:
         return

@@ -52,8 +52,6 @@ def make_dataset(path, split="train", batch_size=128, image_size=224, training=N
     """
     ds_info = path if isinstance(path, info_lib.DatasetInfo) else info_lib.info(path)
     split_info = ds_info.split(split)
-    if transform:
-        return _transformed(ds_info, split_info)
     training = (split == "train") if training is None else bool(training)
     if deterministic is None:
         deterministic = not training or seed is not None
@@ -101,7 +99,7 @@ def make_dataset(path, split="train", batch_size=128, image_size=224, training=N
     else:
         decode = _eval_decoder(height, width, crop_fraction)
 
-    def to_example(*args):
+    def to_example(*args):  # (record[, seed]) -> (image [H, W, 3], label)
         image, label = decode(*args)
         image = tf.image.resize(image, [height, width], method="bilinear")  # float32 0..255
         if dtype == tf.uint8:
@@ -109,6 +107,9 @@ def make_dataset(path, split="train", batch_size=128, image_size=224, training=N
         else:
             image = tf.cast(image * (1.0 / 255.0), dtype)
         return image, tf.cast(label + label_shift, tf.int32)
+
+    if transform:
+        to_example = _transform_fn(ds_info, label_shift)
 
     ds = ds.map(to_example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
     if skip_corrupt:  # records that frame fine but fail to parse or decode
@@ -124,8 +125,9 @@ def make_dataset(path, split="train", batch_size=128, image_size=224, training=N
     return ds.with_options(options)
 
 
-def _transformed(ds_info, split_info):
-    """Hook for reading tf.Transform-preprocessed features (added with the TFT stage)."""
+def _transform_fn(ds_info, label_shift):
+    """Hook for the tf.Transform stage: a map fn (record[, seed]) -> (features, label) that
+    replaces decode/crop/resize; reading, sharding, shuffling and batching stay as they are."""
     raise NotImplementedError("make_dataset(transform=True) is not implemented yet: the "
                               "tf.Transform output is not part of the manifest contract")
 
@@ -165,10 +167,11 @@ def _shuffle_buffer(shuffle_buffer, split_info, num_records):
 def _shard_reader(record_shard, skip_corrupt, read_buffer_bytes):
     """A function (path, expected) -> Dataset of that file's records.
 
-    TFRecordDataset's DataLossError does not name the file, and the interleave hides which
-    one failed. So each file is read with ignore_errors (which ends the file at the first bad
-    frame), followed by an end marker that checks the count against the manifest: a short
-    file raises an error naming it, or with skip_corrupt, logs how many records were lost.
+    TFRecordDataset's DataLossError names no file, and the interleave hides which one failed.
+    So each file is read with ignore_errors (which ends the file at the first bad frame) and
+    compared with the record count in the manifest: a short file raises an error naming it,
+    or with skip_corrupt, logs how many records were lost. The strict check costs nothing per
+    record: the failing tail is only pulled if the file runs out before `expected`.
     """
 
     def read(path, expected):
@@ -176,37 +179,37 @@ def _shard_reader(record_shard, skip_corrupt, read_buffer_bytes):
         records = records.ignore_errors(log_warning=True)  # logs TF's own reason + offset
         if record_shard:
             records = records.shard(*record_shard)
+        if not skip_corrupt:
+            fail = tf.data.Dataset.from_tensors(path).map(lambda p: _short_file(p, expected))
+            return records.concatenate(fail).take(expected)
         marked = records.map(lambda r: (r, False)).concatenate(
             tf.data.Dataset.from_tensors((tf.constant(b""), True)))
         # -> (index in file, (record, is_end_marker))
 
         def keep(i, item):
-            _, is_end = item
-            return tf.cond(is_end, lambda: _check_count(path, i, expected, skip_corrupt),
-                           lambda: tf.constant(True))
+            is_end = item[1]
+            with tf.control_dependencies([tf.cond(
+                    is_end & (i < expected), lambda: _log_lost(path, i, expected), tf.no_op)]):
+                return tf.logical_not(is_end)
 
         return marked.enumerate().filter(keep).map(lambda i, item: item[0])
 
     return read
 
 
-def _check_count(path, got, expected, skip_corrupt):
-    """At a file's end marker: fail (or log) if fewer records came out than the manifest says."""
-    what = tf.strings.join([
-        path, ": read ", tf.strings.as_string(got), " of ", tf.strings.as_string(expected),
-        " records; the shard is corrupt (bad CRC), truncated, missing or does not match "
-        "manifest.json"])
-    if skip_corrupt:
-        with tf.control_dependencies([tf.cond(
-                tf.equal(got, expected), tf.no_op,
-                lambda: tf.print("WARNING readers: skip_corrupt: ", what, "; skipped ",
-                                 expected - got, " records", output_stream=tf.compat.v1.logging.warning,
-                                 sep=""))]):
-            return tf.constant(False)
-    check = tf.debugging.Assert(tf.equal(got, expected), [tf.strings.join([
-        what, ". Rebuild the dataset, or pass skip_corrupt=True to read past it."])])
+def _short_file(path, expected):
+    check = tf.debugging.Assert(False, [tf.strings.join([
+        path, ": fewer records than the ", tf.strings.as_string(expected), " in manifest.json; "
+        "the shard is corrupt (bad CRC), truncated or missing (TensorFlow logged the reason above). "
+        "Rebuild the dataset, or pass skip_corrupt=True to read past it."])])
     with tf.control_dependencies([check]):
-        return tf.constant(False)
+        return tf.constant(b"")
+
+
+def _log_lost(path, got, expected):
+    return tf.print("WARNING readers: skip_corrupt: ", path, ": read ", got, " of ", expected,
+                    " records, skipped ", expected - got, " (corrupt, truncated or missing)",
+                    sep="", output_stream=tf.compat.v1.logging.warning)
 
 
 def _decode_fields(record):

@@ -179,6 +179,25 @@ def _read_head(sock, buffered=b""):
     return head + b"\r\n\r\n", rest
 
 
+def _read_chunked(sock, data):
+    """Decode a chunked request body; `data` holds what was already read past the head."""
+    body = b""
+    while True:
+        while b"\r\n" not in data:
+            data += sock.recv(65536) or _eof()
+        size_line, _, data = data.partition(b"\r\n")
+        size = int(size_line.split(b";")[0], 16)
+        while len(data) < size + 2:
+            data += sock.recv(65536) or _eof()
+        if size == 0:
+            return body  # (no trailers from curl)
+        body, data = body + data[:size], data[size + 2:]
+
+
+def _eof():
+    raise ConnectionError("client closed the connection mid-request")
+
+
 def _header(head, name):
     for line in head.split(b"\r\n")[1:]:
         key, _, value = line.partition(b":")
@@ -212,16 +231,25 @@ class _ProxyHandler(socketserver.BaseRequestHandler):
     def handle(self):
         sock = self.request
         sock.settimeout(60)
-        head, _ = _read_head(sock)
+        head, rest = _read_head(sock)
         if head is None:
             return
         request_line = head.split(b"\r\n", 1)[0].decode("latin-1")
         method, _, target = request_line.partition(" ")
         target = target.rsplit(" ", 1)[0]
+        if method != "CONNECT":
+            # Plain-http proxying: the emulator's resumable-upload Location is http://<Host>/…
+            scheme, _, hostpath = target.partition("://")
+            host, _, path = hostpath.partition("/")
+            if scheme == "http" and host in GOOGLE_STORAGE_HOSTS:
+                origin = f"{method} /{path} {request_line.rsplit(' ', 1)[1]}".encode("latin-1")
+                self._relay(sock, host, origin + head[len(request_line):], rest)
+            else:
+                self._refuse(sock, request_line)
+            return
         host = target.rsplit(":", 1)[0]
-        if method != "CONNECT" or host not in GOOGLE_STORAGE_HOSTS:
-            self.server.refused.append(request_line)
-            sock.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
+        if host not in GOOGLE_STORAGE_HOSTS:
+            self._refuse(sock, request_line)
             return
         sock.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
         try:
@@ -229,33 +257,43 @@ class _ProxyHandler(socketserver.BaseRequestHandler):
         except (ssl.SSLError, OSError):
             return
         with tls:
-            self._relay_one(tls, host)
+            head, rest = _read_head(tls)
+            if head is not None:
+                self._relay(tls, host, head, rest)
 
-    def _relay_one(self, tls, host):
-        """One request through the tunnel to the emulator (which closes after each answer)."""
-        head, body = _read_head(tls)
-        if head is None:
-            return
+    def _refuse(self, sock, what):
+        self.server.refused.append(what)
+        sock.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+
+    def _relay(self, sock, host, head, body):
+        """One request to the emulator (which closes after each answer); answer copied back."""
         request_line = head.split(b"\r\n", 1)[0].decode("latin-1")
         path = request_line.split(" ")[1] if " " in request_line else ""
         if host == "www.googleapis.com" and not path.startswith(_STORAGE_PATHS):
-            self.server.refused.append(f"{host} {request_line}")
-            tls.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n"
-                        b"Connection: close\r\n\r\n")
+            self._refuse(sock, f"{host} {request_line}")
             return
-        length = int(_header(head, b"content-length") or 0)
-        while len(body) < length:
-            chunk = tls.recv(65536)
-            if not chunk:
-                return
-            body += chunk
+        if (_header(head, b"expect") or b"").lower() == b"100-continue":
+            sock.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")  # else curl waits a second
+        if (_header(head, b"transfer-encoding") or b"").lower() == b"chunked":
+            body = _read_chunked(sock, body)  # TF's resumable-upload PUTs are chunked
+        else:
+            length = int(_header(head, b"content-length") or 0)
+            while len(body) < length:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    return
+                body += chunk
+        # The emulator speaks HTTP/1.0 and reads Content-Length: hand it a plain request.
+        lines = [l for l in head.split(b"\r\n")[:-2] if l.split(b":")[0].strip().lower()
+                 not in (b"transfer-encoding", b"content-length", b"expect", b"proxy-connection")]
+        head = b"\r\n".join(lines + [b"Content-Length: %d" % len(body), b"", b""])
         with socket.create_connection(self.server.upstream, timeout=60) as up:
             up.sendall(head + body)
             while True:
                 chunk = up.recv(65536)
                 if not chunk:
                     break
-                tls.sendall(chunk)
+                sock.sendall(chunk)
         self.server.relayed += 1
 
 

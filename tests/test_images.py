@@ -223,15 +223,16 @@ def test_16_bit_rgb_png():
     assert_close(opened(convert(png)).getpixel((8, 8)), (255, 0, 128), tol=6)
 
 
+def _png_chunk(kind, body):
+    return (struct.pack(">I", len(body)) + kind + body
+            + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF))
+
+
 def _png_rgb16(arr):
     """A 16-bit-per-channel RGB PNG written by hand (Pillow cannot save one)."""
     h, w, _ = arr.shape
     raw = b"".join(b"\0" + arr[y].astype(">u2").tobytes() for y in range(h))
-
-    def chunk(kind, body):
-        return (struct.pack(">I", len(body)) + kind + body
-                + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF))
-
+    chunk = _png_chunk
     return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 16, 2, 0, 0, 0))
             + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
 
@@ -375,10 +376,7 @@ def test_text_named_jpg():
 
 
 def _png_header_only(width, height):
-    def chunk(kind, body):
-        return (struct.pack(">I", len(body)) + kind + body
-                + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF))
-
+    chunk = _png_chunk
     # IHDR claims the size; one tiny IDAT so Pillow identifies it; the pixels are missing.
     return (b"\x89PNG\r\n\x1a\n"
             + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))

@@ -262,6 +262,26 @@ def test_csv_and_jsonl_manifests(tmp_path):
                    str(data / "imgs" / "004.jpg"): ("train", "dog")}
 
 
+
+def test_same_file_via_two_manifests_is_one_key(tmp_path):
+    # 'imgs/000.jpg' from data/ and '../data/imgs/000.jpg' from lists/ are the same image: one
+    # key, so it is written once (and cannot land in two splits), and a different label for it
+    # is a conflict, not a second image.
+    from beam_pipeline import listing
+
+    data, lists = tmp_path / "data", tmp_path / "lists"
+    make_images(data, {"imgs": 2})
+    lists.mkdir()
+    (data / "a.csv").write_text("uri,label\nimgs/000.jpg,cat\nimgs/001.jpg,dog\n")
+    (lists / "b.jsonl").write_text(
+        json.dumps({"uri": "../data/imgs/000.jpg", "label": "cat"}) + "\n"
+        + json.dumps({"uri": "../data/./imgs/001.jpg", "label": "fox"}) + "\n")
+    refs, errors, duplicates, listed = listing.list_inputs([str(data / "a.csv"),
+                                                            str(lists / "b.jsonl")])
+    assert listed == 4 and duplicates == 1
+    assert sorted(os.path.basename(r.key) for r in refs) == ["000.jpg", "001.jpg"]
+    assert [e["reason"] for e in errors] == ["conflicting_duplicate"]
+
 def test_label_file_unknown_class(tmp_path):
     src = tmp_path / "src"
     make_images(src, {"cat": 2, "dog": 2, "owl": 1})

