@@ -258,6 +258,11 @@ def plan_split_order():
 def main(argv=None):
     """Console entry point: exit 0 only when a version was published (or was up to date)."""
     argv = sys.argv[1:] if argv is None else argv
+    if "-h" in argv or "--help" in argv:  # answer before Beam and TensorFlow load
+        from beam_pipeline.flags import help_parser
+
+        help_parser().print_help()
+        return 0
     verbose = any(a in ("--verbose", "--verbose=true") for a in argv)
     if not verbose:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow loads anywhere

@@ -6,18 +6,7 @@ import yaml
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_pipeline.errors import UserError
-
-
-def boolean(text):
-    """'true'/'false' (and friends) -> bool, so flags, YAML and template strings agree."""
-    if isinstance(text, bool):
-        return text
-    value = str(text).strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, not {text!r}")
+from beam_pipeline.flags import add_build_args, boolean  # noqa: F401 — boolean is public here
 
 
 class BuildOptions(PipelineOptions):
@@ -25,45 +14,7 @@ class BuildOptions(PipelineOptions):
 
     @classmethod
     def _add_argparse_args(cls, parser):
-        add = parser.add_argument
-        add("--input", action="append", default=None,
-            help="Image directory (DIR/<class>/… or DIR/<split>/<class>/…), glob, or .csv/.jsonl "
-                 "manifest with columns uri,label[,split]; local or gs://. Repeatable.")
-        add("--output", default=None, help="Dataset root, local dir or gs://bucket/prefix.")
-        add("--name", default="images", help="Dataset name used in shard file names.")
-        add("--splits", default="train=0.8,validation=0.1,test=0.1",
-            help="Split fractions for images whose split is not fixed by layout or manifest.")
-        add("--num_shards", type=int, default=0,
-            help="Shards per split; 0 = auto, ~--target_shard_mb each.")
-        add("--target_shard_mb", type=float, default=128.0, help="Target shard size for auto.")
-        add("--max_side", type=int, default=0,
-            help="Resize images whose longer side exceeds this; 0 = never.")
-        add("--reencode", choices=("auto", "always"), default="auto",
-            help="auto: store baseline RGB JPEGs byte for byte; always: re-encode every image.")
-        add("--jpeg_quality", type=int, default=90, help="JPEG quality when encoding (1-100).")
-        add("--max_pixels", type=int, default=89_478_485,
-            help="Reject images with more pixels than this (decompression bombs).")
-        add("--max_error_rate", type=float, default=0.01,
-            help="Fail without publishing when more than this fraction of inputs is rejected.")
-        add("--label_file", default=None,
-            help="Text file with one class name per line; line order gives the label ids.")
-        add("--sink", choices=("shards", "beam"), default="shards",
-            help="shards: group paths, one DoFn writes each shard (default); "
-                 "beam: beam.io.WriteToTFRecord, for comparison.")
-        add("--write_index", type=boolean, default=True,
-            help="Write a DALI/tfrecord-style .index file next to each shard.")
-        add("--transform", type=boolean, default=True,
-            help="Run the tensorflow-transform analysis over the train split.")
-        add("--no_transform", dest="transform", action="store_false",
-            help="Same as --transform=false.")
-        add("--transform_image_size", type=int, default=224,
-            help="Image size the transform graph resizes to.")
-        add("--force", type=boolean, nargs="?", const=True, default=False,
-            help="Rebuild even when inputs and options are unchanged.")
-        add("--keep_versions", type=int, default=0,
-            help="After publishing, keep this many newest complete versions; 0 = keep all.")
-        add("--verbose", type=boolean, nargs="?", const=True, default=False,
-            help="Show tracebacks and Beam's logging.")
+        add_build_args(parser)
 
     def validate_build(self):
         """Check values where they are set, naming the bad one."""
@@ -111,7 +62,7 @@ NOT_FINGERPRINTED = {"input", "output", "force", "keep_versions", "verbose"}
 
 def _own_actions():
     parser = argparse.ArgumentParser()
-    BuildOptions._add_argparse_args(parser)
+    add_build_args(parser)
     return [a for a in parser._actions if a.dest != "help"]
 
 
@@ -143,12 +94,9 @@ def parse(argv):
     pre.add_argument("--config")
     known, rest = pre.parse_known_args(argv)
     if "-h" in rest or "--help" in rest:  # Beam's base PipelineOptions would print an empty help
-        helper = argparse.ArgumentParser(
-            prog="python -m beam_pipeline", description="Image files -> sharded TFRecords.",
-            epilog="Any other flag is a Beam pipeline option (e.g. --runner, --project).")
-        helper.add_argument("--config", help="YAML file of option: value defaults; flags win.")
-        BuildOptions._add_argparse_args(helper)
-        helper.print_help()
+        from beam_pipeline.flags import help_parser
+
+        help_parser().print_help()
         raise SystemExit(0)
     config_argv = config_to_argv(known.config) if known.config else []
     if any(a == "--input" or a.startswith("--input=") for a in rest):

@@ -9,7 +9,6 @@ Targets (issue 3): >= 2.5x the seed pipeline, >= 0.65x the ceiling, peak RSS <= 
 """
 
 import argparse
-import hashlib
 import io
 import json
 import os

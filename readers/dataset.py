@@ -16,7 +16,7 @@ from readers import schema
 log = logging.getLogger(__name__)
 
 READ_BUFFER_BYTES = 8 << 20  # per open shard; large reads keep gs:// throughput up
-SHUFFLE_BUFFER_BYTES = 256 << 20  # default shuffle buffer holds ~this many serialized bytes
+SHUFFLE_BUFFER_BYTES = 128 << 20  # default shuffle buffer: ~this many serialized bytes
 CROP_FRACTION = 0.875  # eval center crop, as the TPU ImageNet reference (224 of 256)
 _KEYS = (schema.ENCODED, schema.LABEL)
 
@@ -38,7 +38,7 @@ def make_dataset(path, split="train", batch_size=128, image_size=224, training=N
       Each input pipeline reads a disjoint subset of the shard files; with fewer files
       than pipelines, every pipeline reads all files and keeps every n-th record.
     dtype: uint8 keeps 0..255; a float dtype is scaled to [0, 1].
-    shuffle_buffer: records (serialized) to shuffle over; default ~256 MiB worth.
+    shuffle_buffer: records (serialized) to shuffle over; default ~128 MiB worth (>= 1024).
     repeat: False (one epoch, known cardinality), True (forever) or an epoch count.
     drop_remainder: default `training`, so every training batch has a static shape.
     deterministic: default: order is fixed unless training without a seed.

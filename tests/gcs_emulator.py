@@ -4,7 +4,7 @@ Import the fixtures into a test module (tests/conftest.py is not ours to edit):
 
     from gcs_emulator import gcs, gcs_bucket  # noqa: F401  (pytest fixtures)
 
-`gcs` (session): starts `python -m gcp_storage_emulator start` in a subprocess on a free
+`gcs` (module): starts `python -m gcp_storage_emulator start` in a subprocess on a free
 127.0.0.1 port, in memory, and points every Google client in this process and its children
 at it. `gcs_bucket` (function): a fresh, empty bucket name for one test.
 
@@ -29,12 +29,14 @@ How the clients are kept local and fast:
   - Every other CONNECT (any other host, any non-storage path) is refused with 403: whatever
     still tried to reach Google fails at once, nothing leaves the machine.
 
-The variables are set for the whole session (subprocesses started by Beam inherit them) and
-restored afterwards.
+The variables are set while a test module uses the fixture (subprocesses started by Beam
+inherit them) and restored afterwards. Beam caches the credentials it found per process; they
+are fake but harmless (nothing else here talks to GCS).
 """
 
 import contextlib
 import datetime
+import gc
 import json
 import pathlib
 import socket
@@ -387,7 +389,13 @@ def run_emulator(workdir):
             env = emulator_env(endpoint, fake_credentials_file(workdir), proxy.url, ca)
             for key, value in env.items():
                 mp.setenv(key, value)
-            yield GcsEmulator(endpoint, proxy)
+            try:
+                yield GcsEmulator(endpoint, proxy)
+            finally:
+                # A failed upload's writer retries its upload when it is garbage-collected;
+                # let that happen now, while the server answers (404, at once), not at exit
+                # against a closed port (connection errors are retried for ~2 minutes).
+                gc.collect()
     finally:
         proc.terminate()
         try:
@@ -397,9 +405,10 @@ def run_emulator(workdir):
             proc.wait()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def gcs(tmp_path_factory):
-    """A running GCS emulator for the session, with the environment pointing at it."""
+    """A running GCS emulator for one test module, with the environment pointing at it
+    (restored when the module is done, so other test files never see it)."""
     with run_emulator(tmp_path_factory.mktemp("gcs_emulator")) as emulator:
         yield emulator
 

@@ -8,6 +8,7 @@ directly; TensorFlow's gs:// filesystem (used by readers/ and by the TFDS metada
 reaches it through the fixture's TLS bridge, because its endpoints are compiled in.
 """
 
+import gc
 import hashlib
 import json
 
@@ -143,3 +144,4 @@ def test_unwritable_gcs_output_is_one_clear_error(gcs, gcs_bucket, tmp_path,  # 
     make_images(tmp_path / "in", {"cat": 1})
     with pytest.raises(UserError, match="not writable"):
         cli.run(["--input", str(tmp_path / "in"), "--output", "gs://no-such-bucket-4/ds"] + ARGS)
+    gc.collect()  # the failed writer retries on finalization: now, while the emulator is up

@@ -1,0 +1,196 @@
+"""Dataflow submission, proven offline (issue 4).
+
+The CLI runs with `--runner DataflowRunner … --template_location gs://…` against the storage
+emulator (tests/gcs_emulator.py). That makes Beam do everything a real submission does up to
+the service call: build the Runner v2 job description, build the sdist from setup.py, stage it
+and the pipeline proto to --staging_location, and write the job file to the template location;
+with a template location Beam does not call the Dataflow API at all (nothing is stubbed). The
+Dataflow service itself cannot run here, so what is checked is what it would receive.
+"""
+
+import hashlib
+import json
+import logging
+import pathlib
+import re
+import shutil
+import sys
+import tarfile
+import io
+
+import pytest
+
+from gcs_emulator import gcs, gcs_bucket  # noqa: F401  (pytest fixtures)
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+PROJECT, REGION = "demo-project", "us-central1"
+IMAGE = "us-central1-docker.pkg.dev/demo-project/images/image-tfrecords-worker:2.77.0"
+
+
+@pytest.fixture
+def source_copy(tmp_path):
+    """setup.py + the packages, copied: the sdist build writes egg-info next to setup.py, and
+    the shared working tree is not ours to litter."""
+    src = tmp_path / "src"
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    for package in ("beam_pipeline", "readers"):
+        shutil.copytree(REPO / package, src / package, ignore=ignore)
+    shutil.copy(REPO / "setup.py", src / "setup.py")
+    return src
+
+
+@pytest.fixture
+def quiet_main_logging():
+    """cli.main quiets these loggers for a console run; put them back for the other tests."""
+    names = ("apache_beam", "absl", "tensorflow")
+    levels = {n: logging.getLogger(n).level for n in names}
+    yield
+    for n, level in levels.items():
+        logging.getLogger(n).setLevel(level)
+
+
+def _upload_images(gcs, bucket, tmp_path, make_images):  # noqa: F811
+    make_images(tmp_path / "in", {"daisy": 2, "rose": 2})
+    gcs.upload_tree(tmp_path / "in", f"gs://{bucket}/in")
+    return f"gs://{bucket}/in"
+
+
+def _cloud_args(bucket):
+    return ["--project", PROJECT, "--region", REGION,
+            "--temp_location", f"gs://{bucket}/dataflow/tmp",
+            "--staging_location", f"gs://{bucket}/dataflow/staging",
+            "--template_location", f"gs://{bucket}/templates/flowers.json"]
+
+
+def _staged(gcs, location):
+    """'storage.googleapis.com/bucket/path' (as in a job file) -> bytes from the emulator."""
+    return gcs.read("gs://" + location.split("storage.googleapis.com/", 1)[1])
+
+
+def _pipeline_proto(data):
+    from apache_beam.portability.api import beam_runner_api_pb2
+
+    proto = beam_runner_api_pb2.Pipeline()
+    proto.ParseFromString(data)
+    return proto
+
+
+def test_dataflow_job_with_setup_file(gcs, gcs_bucket, tmp_path, make_images,  # noqa: F811
+                                      source_copy, quiet_main_logging, capsys):
+    from beam_pipeline import cli
+
+    source = _upload_images(gcs, gcs_bucket, tmp_path, make_images)
+    root = f"gs://{gcs_bucket}/datasets/flowers"
+    code = cli.main(["--config", str(REPO / "configs" / "dataflow.yaml"),
+                     "--input", source, "--output", root, "--name", "flowers",
+                     "--num_shards", "3", "--no_transform",
+                     "--setup_file", str(source_copy / "setup.py")] + _cloud_args(gcs_bucket))
+    assert code == 0
+    assert "no job started" in capsys.readouterr().out
+
+    job = gcs.read_json(f"gs://{gcs_bucket}/templates/flowers.json")
+    env = job["environment"]
+    options = env["sdkPipelineOptions"]["options"]
+    # Where and how it runs: from the command line and configs/dataflow.yaml
+    assert (options["project"], options["region"]) == (PROJECT, REGION)
+    assert options["runner"] == "DataflowRunner"
+    pool = env["workerPools"][0]
+    assert pool["machineType"] == "n2-standard-4"
+    assert pool["diskSizeGb"] == 50
+    assert pool["autoscalingSettings"]["maxNumWorkers"] == 20
+    assert "use_runner_v2" in env["experiments"]
+    # The build options travel with the job (the workers and the commit step read them)
+    assert options["input"] == [source] and options["output"] == root
+    assert (options["name"], options["num_shards"], options["transform"]) == ("flowers", 3, False)
+    assert options["max_error_rate"] == 0.01 and options["write_index"] is True
+
+    # Staged: the sdist built from setup.py, and the pipeline proto the job file points to.
+    packages = {p["name"]: p["location"] for p in pool["packages"]}
+    assert "workflow.tar.gz" in packages
+    with tarfile.open(fileobj=io.BytesIO(_staged(gcs, packages["workflow.tar.gz"]))) as sdist:
+        names = {n.split("/", 1)[1] for n in sdist.getnames() if "/" in n}
+        pkg_info = sdist.extractfile(next(n for n in sdist.getnames()
+                                          if n.endswith("/PKG-INFO") and n.count("/") == 1))
+        assert "Name: image-tfrecords" in pkg_info.read().decode()
+    assert {"setup.py", "beam_pipeline/shards.py", "beam_pipeline/commit.py",
+            "readers/dataset.py", "readers/layout.py"} <= names
+    proto_bytes = gcs.read(options["pipelineUrl"])
+    assert hashlib.sha256(proto_bytes).hexdigest() == options["pipelineProtoHash"]
+    proto = _pipeline_proto(proto_bytes)
+
+    steps = {t.unique_name for t in proto.components.transforms.values()}
+    for step in ("ReadListing", "Plan", "GroupByShard", "WriteShards", "Commit/AllShards",
+                 "Commit/WriteManifest"):
+        assert f"ImagesToTFRecords/{step}" in steps, step
+    # The workers' environment: the default Beam image for this SDK, plus the staged sdist
+    (environment,) = proto.components.environments.values()
+    assert any(d.role_urn.endswith("staging_to:v1") and b"workflow.tar.gz" in d.role_payload
+               for d in environment.dependencies)
+    _assert_graph_scales(proto)
+
+    # The launcher wrote the listing the job reads; nothing is published until the job runs.
+    listing = [u for u in gcs.list(f"{root}/") if u.endswith("/.tmp/listing.jsonl")]
+    assert len(listing) == 1 and len(gcs.read(listing[0]).decode().splitlines()) == 4
+    assert not gcs.exists(f"{root}/LATEST")
+    assert not [r for r in gcs.proxy.refused if "google" in r], gcs.proxy.refused
+
+
+def _assert_graph_scales(proto):
+    """No step gathers images or records on one worker: exactly two groupings, one keyed by
+    shard over small per-image refs (Plan's output), one over shard stats (the commit)."""
+    transforms = proto.components.transforms
+    producer = {}
+    for t in transforms.values():
+        if not t.subtransforms:
+            for pcoll in t.outputs.values():
+                producer[pcoll] = t
+    groupings = sorted(
+        (t.unique_name, producer[next(iter(t.inputs.values()))].unique_name)
+        for t in transforms.values() if t.spec.urn == "beam:transform:group_by_key:v1")
+    assert groupings == [
+        ("ImagesToTFRecords/Commit/AllShards/AllShards/CombinePerKey/GroupByKey",
+         "ImagesToTFRecords/Commit/AllShards/AllShards/KeyWithVoid"),
+        ("ImagesToTFRecords/GroupByShard", "ImagesToTFRecords/Plan"),
+    ]
+    # ... and the commit's combine is fed by the shard writer, i.e. one small dict per shard.
+    key_with_void = next(t for t in transforms.values()
+                         if t.unique_name.endswith("AllShards/KeyWithVoid"))
+    assert producer[next(iter(key_with_void.inputs.values()))].unique_name == \
+        "ImagesToTFRecords/WriteShards"
+
+
+def test_dataflow_job_with_custom_container(gcs, gcs_bucket, tmp_path, make_images):  # noqa: F811
+    """--sdk_container_image instead of --setup_file: the job names the image, stages no sdist."""
+    from beam_pipeline import cli
+
+    source = _upload_images(gcs, gcs_bucket, tmp_path, make_images)
+    result = cli.run(["--runner", "DataflowRunner", "--input", source,
+                      "--output", f"gs://{gcs_bucket}/ds", "--no_transform",
+                      "--machine_type", "n2-standard-4", "--max_num_workers", "5",
+                      "--sdk_container_image", IMAGE] + _cloud_args(gcs_bucket))
+    assert result["status"] == "submitted" and result["job_id"] is None
+    assert result["template"] == f"gs://{gcs_bucket}/templates/flowers.json"
+
+    env = gcs.read_json(result["template"])["environment"]
+    pool = env["workerPools"][0]
+    assert [i["containerImage"] for i in pool["sdkHarnessContainerImages"]] == [IMAGE]
+    assert "workflow.tar.gz" not in {p["name"] for p in pool["packages"]}
+    assert pool["autoscalingSettings"]["maxNumWorkers"] == 5
+
+
+def test_worker_dockerfile_matches_pinned_versions():
+    """The custom container must carry the Beam version (and Python minor) the job is built
+    with, or the Dataflow workers refuse / mis-decode the pipeline."""
+    import apache_beam
+
+    dockerfile = (REPO / "docker" / "worker.Dockerfile").read_text()
+    python, beam = re.search(r"^FROM apache/beam_python(\d+\.\d+)_sdk:(\S+)\s*$", dockerfile,
+                             re.M).groups()
+    pinned = re.search(r"^apache-beam==(\S+)$", (REPO / "constraints.txt").read_text(),
+                       re.M).group(1)
+    assert beam == pinned == apache_beam.__version__
+    assert python == f"{sys.version_info.major}.{sys.version_info.minor}"
+    assert IMAGE.endswith(f":{pinned}")
+    for source in re.findall(r"^COPY (.+) \S+$", dockerfile, re.M):
+        for path in source.split():
+            assert (REPO / path).exists(), path
