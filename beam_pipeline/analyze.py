@@ -26,6 +26,7 @@ import logging
 
 import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
+from tensorflow_transform.beam.experimental import PTransformAnalyzer  # loads TensorFlow
 
 from readers import schema
 from readers import transform as transform_lib
@@ -40,6 +41,9 @@ def raw_feature_spec():
     return schema.feature_spec(RAW_KEYS)
 
 
+DCT_METHOD = "INTEGER_ACCURATE"  # libjpeg's ISLOW, as Pillow: TF's default (IFAST) is ~1 level off
+
+
 def _ratio_decode(jpeg, min_side):
     """One JPEG -> uint8 [h, w, 3] decoded at 1/8, 1/4, 1/2 or full size (libjpeg DCT scaling).
 
@@ -52,7 +56,7 @@ def _ratio_decode(jpeg, min_side):
     short = tf.minimum(shape[0], shape[1])
 
     def at(ratio):
-        return lambda: tf.io.decode_jpeg(jpeg, channels=3, ratio=ratio)
+        return lambda: tf.io.decode_jpeg(jpeg, channels=3, ratio=ratio, dct_method=DCT_METHOD)
 
     return tf.cond(short >= 8 * min_side, at(8), lambda: tf.cond(
         short >= 4 * min_side, at(4), lambda: tf.cond(short >= 2 * min_side, at(2), at(1))))
@@ -76,7 +80,7 @@ def decode_and_resize(jpeg, image_size):
     import tensorflow as tf
 
     def one(data):
-        image = tf.cast(tf.io.decode_jpeg(data, channels=3), tf.float32)
+        image = tf.cast(tf.io.decode_jpeg(data, channels=3, dct_method=DCT_METHOD), tf.float32)
         return tf.image.resize(image, [image_size, image_size], method="bilinear",
                                antialias=True)
 
@@ -84,8 +88,9 @@ def decode_and_resize(jpeg, image_size):
         [image_size, image_size, 3], tf.float32))
 
 
-def make_preprocessing_fn(image_size, min_side=ANALYSIS_MIN_SIDE):
+def make_preprocessing_fn(image_size, labels, min_side=ANALYSIS_MIN_SIDE):
     """The TFT preprocessing_fn: raw parsed features -> {"image", "label"} (module docstring)."""
+    labels = tuple(labels)
 
     def preprocessing_fn(inputs):
         import tensorflow as tf
@@ -93,28 +98,87 @@ def make_preprocessing_fn(image_size, min_side=ANALYSIS_MIN_SIDE):
 
         jpeg = inputs[schema.ENCODED]  # [B] string
         label = inputs[schema.LABEL]   # [B] int64
-        # Analysis only: [B, 7] = (n, mean rgb, mean square rgb) at reduced resolution.
+
         def moments_of(one_jpeg):
             return _image_moments(one_jpeg, min_side)
 
+        # Analysis only: [B, 7] = (n, n * mean rgb, n * mean square rgb) at reduced resolution,
+        # summed over the split by one TFT analyzer (float64) -> [7].
         moments = tf.map_fn(moments_of, jpeg, fn_output_signature=tf.TensorSpec([7], tf.float64))
         n = moments[:, 0:1]
-        total = tft.sum(n, name="pixel_count")                                 # scalar
-        sums = tft.sum(n * moments[:, 1:4], reduce_instance_dims=False, name="pixel_sum")
-        squares = tft.sum(n * moments[:, 4:7], reduce_instance_dims=False,
-                          name="pixel_square_sum")                              # [3] each
-        mean = tf.math.divide_no_nan(sums, total)
-        var = tf.maximum(tf.math.divide_no_nan(squares, total) - tf.square(mean), 0.0)
+        sums = tft.sum(tf.concat([n, n * moments[:, 1:]], axis=1), reduce_instance_dims=False,
+                       name="pixel_moments")
+        mean = tf.math.divide_no_nan(sums[1:4], sums[0])
+        var = tf.maximum(tf.math.divide_no_nan(sums[4:7], sums[0]) - tf.square(mean), 0.0)
         std = tf.where(var > 0, tf.sqrt(var), tf.ones_like(var))  # no data: identity scale
-        # Label names with their train frequencies, as metadata only: ids stay the records'.
-        tft.vocabulary(inputs[schema.TEXT], vocab_filename=transform_lib.LABEL_VOCABULARY,
-                       store_frequency=True, name="label_vocabulary")
+        # Label frequencies by the records' own ids: an asset, line i = class id i.
+        vocabulary, = tft.experimental.ptransform_analyzer(
+            [label], LabelVocabulary(labels), [tf.string], [[]],
+            output_asset_default_values=[b""], name="label_vocabulary")
+        tft.annotate_asset(transform_lib.LABEL_VOCABULARY, transform_lib.LABEL_VOCABULARY)
+        del vocabulary  # tracked as an asset; the graph does not use it
 
         image = decode_and_resize(jpeg, image_size)
         image = (image - tf.cast(mean, tf.float32)) / tf.cast(std, tf.float32)
         return {transform_lib.IMAGE: image, transform_lib.LABEL: tf.identity(label)}
 
     return preprocessing_fn
+
+
+class _CountLabels(beam.CombineFn):
+    """Batches of label ids ([B] int64 arrays) -> counts per id, int64 [num_labels]."""
+
+    def __init__(self, num_labels):
+        self.num_labels = num_labels
+
+    def create_accumulator(self):
+        import numpy as np
+
+        return np.zeros(self.num_labels, np.int64)
+
+    def add_input(self, counts, batch):
+        import numpy as np
+
+        ids = np.asarray(batch[0]).reshape(-1)
+        return counts + np.bincount(ids, minlength=self.num_labels)[:self.num_labels]
+
+    def merge_accumulators(self, accumulators):
+        return sum(accumulators, self.create_accumulator())
+
+    def extract_output(self, counts):
+        return counts
+
+
+def _write_vocabulary(counts, labels, temp_dir):
+    """counts -> path of a '<count> <name>' file, line i = class id i (TFT copies it to assets)."""
+    import uuid
+
+    import numpy as np
+
+    from beam_pipeline import versions
+
+    path = "/".join([temp_dir, uuid.uuid4().hex, transform_lib.LABEL_VOCABULARY])
+    versions.write_bytes(path, "".join(f"{int(c)} {name}\n"
+                                       for c, name in zip(counts, labels)).encode())
+    return np.array(path.encode())
+
+
+class LabelVocabulary(PTransformAnalyzer):
+    """TFT ptransform analyzer: batches of label ids -> the vocabulary asset path.
+
+    Counts by the ids already in the records (never re-assigned), names from the label map.
+    TFT gives it `base_temp_dir` for the file it then copies into transform_fn/assets.
+    """
+
+    def __init__(self, labels):
+        super().__init__()
+        self.labels = tuple(labels)
+
+    def expand(self, batches):
+        return (batches                                        # -> ([B] label ids,)
+                | "Count" >> beam.CombineGlobally(_CountLabels(len(self.labels)))
+                # -> int64 [num_labels]
+                | "Write" >> beam.Map(_write_vocabulary, self.labels, self.base_temp_dir))
 
 
 def train_shard_files(stats, split):
@@ -163,7 +227,8 @@ class AnalyzeTrain(beam.PTransform):
         with tft_beam.Context(temp_dir=f"{spec.tmp_dir}/{TFT_TEMP}", force_tf_compat_v1=False):
             transform_fn = ((batches, source.TensorAdapterConfig())
                             | "AnalyzeDataset" >> tft_beam.AnalyzeDataset(
-                                make_preprocessing_fn(self.image_size, self.min_side)))
+                                make_preprocessing_fn(self.image_size, spec.labels,
+                                                      self.min_side)))
             # -> (saved transform graph in the temp dir, transformed metadata)
             written = transform_fn | "WriteTransformFn" >> tft_beam.WriteTransformFn(spec.vdir)
             # -> [None] once VDIR/transform_fn and VDIR/transformed_metadata exist
@@ -181,11 +246,11 @@ def manifest_part(_, vdir, labels, image_size, min_side, split):
 
     tft_output = tft.TFTransformOutput(vdir)
     mean, std = transform_lib.normalization(tft_output)
-    counts = transform_lib.read_label_vocabulary(tft_output)
-    unknown = sorted(set(counts) - set(labels))
-    if unknown:  # the vocabulary came from the records' own label text
-        raise ValueError(f"label vocabulary has classes {unknown} that are not in the label "
-                         f"map {list(labels)}")
+    vocabulary = transform_lib.read_label_vocabulary(tft_output)  # [(name, count)] by id
+    if [name for name, _ in vocabulary] != list(labels):
+        raise ValueError(f"label vocabulary {[n for n, _ in vocabulary]} does not follow the "
+                         f"label map {list(labels)}")
+    counts = dict(vocabulary)
     return {"transform": {
         "transform_fn": tft.TFTransformOutput.TRANSFORM_FN_DIR,
         "transformed_metadata": tft.TFTransformOutput.TRANSFORMED_METADATA_DIR,
@@ -210,7 +275,7 @@ def manifest_part(_, vdir, labels, image_size, min_side, split):
         "label_vocabulary": {
             "path": f"{tft.TFTransformOutput.TRANSFORM_FN_DIR}/assets/"
                     f"{transform_lib.LABEL_VOCABULARY}",
-            "format": "'<train count> <class name>' per line, most frequent first",
+            "format": "'<train count> <class name>' per line; line i is label id i",
             "train_counts": {name: counts.get(name, 0) for name in labels},
         },
     }}

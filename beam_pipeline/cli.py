@@ -75,6 +75,7 @@ def run(argv=None):
     standard.runner = runner = standard.runner or "FnApiRunner"
     waits = runner.split(".")[-1] in ("DirectRunner", "BundleBasedDirectRunner", "FnApiRunner",
                                       "SwitchingDirectRunner", "PrismRunner")
+    waits = waits or _workers_in_launcher(pipeline_options, runner.split(".")[-1])
     progress_dir = layout.join(spec.tmp_dir, "progress") if waits else None
     print(f"Building {root} version {version}: {len(refs)} images "
           f"({sum(r.size for r in refs) / 2**20:.1f} MiB) in "
@@ -107,6 +108,19 @@ def run(argv=None):
     _print_summary(root, vdir, manifest, seconds)
     return {"status": "published", "version": version, "manifest": manifest,
             "version_dir": vdir, "seconds": seconds}
+
+
+def _workers_in_launcher(pipeline_options, runner):
+    """Flink/Spark with a local master default to LOOPBACK: the SDK workers live in this
+    process, so the launcher must wait (its exit would kill the job)."""
+    options = pipeline_options.get_all_options()
+    if options.get("environment_type"):
+        return options["environment_type"].upper() == "LOOPBACK"
+    if runner == "FlinkRunner":
+        return options.get("flink_master") in ("[auto]", "[local]")
+    if runner == "SparkRunner":
+        return str(options.get("spark_master_url") or "").startswith("local")
+    return False
 
 
 def _job_id(result):

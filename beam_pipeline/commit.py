@@ -113,8 +113,10 @@ def commit(shard_stats, spec, extra_files=(), manifest_parts=()):
         manifest.update(part)
     for extra in extra_files:  # hooks that add files next to the manifest (TFDS, TFT, …)
         extra(vdir, manifest)
-    _delete_tree(spec.tmp_dir)
     versions.write_json(layout.join(vdir, layout.MANIFEST), manifest)  # now it is complete
+    # Only now: a retried commit (say the manifest write failed) must still find the
+    # listing errors in .tmp/, or its errors.jsonl and accounting would silently lose them.
+    _delete_tree(spec.tmp_dir)
 
     published = versions.publish(spec.root, spec.version)
     if published != spec.version:

@@ -32,7 +32,7 @@ TARGET = 1.25
 def build(src, out, transform):
     return [PY, "-m", "beam_pipeline", "--config", os.path.join(REPO, "configs/local.yaml"),
             "--input", src, "--output", out, "--force",
-            "--transform" if transform else "--no_transform"]
+            "--transform=true" if transform else "--no_transform"]
 
 
 def full_resolution_stats(vdir, manifest):

@@ -8,8 +8,8 @@
 #
 # Build from the repository root (BuildKit sends only the files COPY names):
 #   docker build -f docker/worker.Dockerfile \
-#     -t us-central1-docker.pkg.dev/PROJECT/REPOSITORY/image-tfrecords-worker:2.77.0 .
-#   docker push us-central1-docker.pkg.dev/PROJECT/REPOSITORY/image-tfrecords-worker:2.77.0
+#     -t us-central1-docker.pkg.dev/PROJECT/dataflow/image-tfrecords-worker:2.77.0 .
+#   docker push us-central1-docker.pkg.dev/PROJECT/dataflow/image-tfrecords-worker:2.77.0
 # Then submit with --sdk_container_image=<that tag> (docs/dataflow.md).
 FROM apache/beam_python3.11_sdk:2.77.0
 

@@ -18,7 +18,7 @@ model), so build the model that embeds the layer with `tf_keras`.
 
 IMAGE = "image"          # transformed feature names
 LABEL = "label"
-LABEL_VOCABULARY = "label_vocabulary"  # transform_fn/assets/<this>: "<count> <name>" lines
+LABEL_VOCABULARY = "label_vocabulary"  # transform_fn/assets/<this>: "<count> <name>", by id
 _SERVING_KEYS = ("image/encoded",)      # what a served request has to carry
 
 
@@ -86,20 +86,16 @@ def normalization(tft_output):
 
 
 def read_label_vocabulary(tft_output):
-    """{class name: train count} from the label vocabulary asset (most frequent first)."""
+    """[(class name, train count)] from the label vocabulary asset; index i is label id i."""
     import tensorflow as tf
 
     path = tft_output.vocabulary_file_by_name(LABEL_VOCABULARY)
     if not path:
         raise FileNotFoundError(f"{tft_output.transform_savedmodel_dir}: no "
                                 f"{LABEL_VOCABULARY} asset")
-    counts = {}
     with tf.io.gfile.GFile(path, "r") as f:
-        for line in f.read().splitlines():
-            if line.strip():
-                count, _, name = line.partition(" ")
-                counts[name] = int(count)
-    return counts
+        rows = [line.partition(" ") for line in f.read().split("\n") if line]
+    return [(name, int(count)) for count, _, name in rows]
 
 
 def serving_signatures(model, tft_output):

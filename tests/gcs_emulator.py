@@ -22,10 +22,13 @@ How the clients are kept local and fast:
 * HTTP(S)_PROXY -> `GoogleProxy`, a loopback CONNECT proxy; NO_PROXY=127.0.0.1,localhost so
   the clients above talk to the emulator directly. The proxy is a guard and a bridge:
   - TensorFlow's gs:// filesystem (tf.io.gfile, TFRecordDataset) has no endpoint setting: its
-    URLs are compiled in (https://www.googleapis.com/storage/v1/…, https://storage.googleapis.com/…).
+    URLs are compiled in (https://www.googleapis.com/storage/v1/…,
+    https://storage.googleapis.com/…).
     It does honour HTTPS_PROXY, CURL_CA_BUNDLE and GOOGLE_AUTH_TOKEN_FOR_TESTING, so the proxy
     terminates TLS for those two host names with a certificate from a throw-away CA made here
-    (CURL_CA_BUNDLE points at it) and relays *storage* requests to the emulator.
+    (CURL_CA_BUNDLE points at it) and relays *storage* requests to the emulator. It also
+    relays plain-http requests to those hosts: the emulator's resumable-upload Location is
+    http://<Host header>/…, which TensorFlow then PUTs through the proxy.
   - Every other CONNECT (any other host, any non-storage path) is refused with 403: whatever
     still tried to reach Google fails at once, nothing leaves the machine.
 

@@ -9,14 +9,13 @@ Dataflow service itself cannot run here, so what is checked is what it would rec
 """
 
 import hashlib
-import json
+import io
 import logging
 import pathlib
 import re
 import shutil
 import sys
 import tarfile
-import io
 
 import pytest
 
@@ -194,3 +193,23 @@ def test_worker_dockerfile_matches_pinned_versions():
     for source in re.findall(r"^COPY (.+) \S+$", dockerfile, re.M):
         for path in source.split():
             assert (REPO / path).exists(), path
+
+
+@pytest.mark.parametrize("argv, waits", [
+    (["--runner", "FlinkRunner"], True),                    # embedded Flink: LOOPBACK
+    (["--runner", "FlinkRunner", "--flink_master", "jm:8081",
+      "--environment_type", "DOCKER"], False),
+    (["--runner", "FlinkRunner", "--flink_master", "jm:8081"], False),
+    (["--runner", "SparkRunner"], True),                    # local[4]: LOOPBACK
+    (["--runner", "SparkRunner", "--spark_master_url", "spark://m:7077"], False),
+    (["--runner", "PortableRunner", "--environment_type", "LOOPBACK"], True),
+    (["--runner", "DataflowRunner"], False),
+])
+def test_launcher_waits_when_workers_live_in_it(argv, waits):
+    """A non-waiting launcher returns after submission; with LOOPBACK workers (Beam's default
+    for a local Flink/Spark master) that would kill the job, so the CLI waits instead."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from beam_pipeline import cli
+
+    assert cli._workers_in_launcher(PipelineOptions(argv), argv[1]) is waits

@@ -145,3 +145,41 @@ def test_unwritable_gcs_output_is_one_clear_error(gcs, gcs_bucket, tmp_path,  # 
     with pytest.raises(UserError, match="not writable"):
         cli.run(["--input", str(tmp_path / "in"), "--output", "gs://no-such-bucket-4/ds"] + ARGS)
     gc.collect()  # the failed writer retries on finalization: now, while the emulator is up
+
+
+def test_commit_retried_after_failed_manifest_write_keeps_listing_errors(  # noqa: F811
+        gcs, gcs_bucket, monkeypatch):
+    """A retried commit (the manifest write failed once) must publish the same accounting."""
+    from beam_pipeline import commit, versions
+
+    root, version = f"gs://{gcs_bucket}/ds", "20260105T000000Z"
+    vdir = f"{root}/versions/{version}"
+    listing_errors = f"{vdir}/.tmp/listing_errors.jsonl"
+    gcs.upload_bytes(listing_errors, b'{"uri": "gs://x/a.jpg", "stage": "read", '
+                                     b'"reason": "not_found", "detail": "gone"}\n')
+    temp = f"{vdir}/.tmp/p-train.tfrecord-00000-of-00001.abc"
+    gcs.upload_bytes(temp, b"frame")
+    stats = [{"split": "train", "shard": 0, "temp": temp,
+              "num_examples": 1, "num_bytes": 5, "sha256": hashlib.sha256(b"frame").hexdigest(),
+              "label_counts": {"cat": 1}, "errors": [], "passed_through": 1}]
+    spec = commit.CommitSpec(
+        root=root, version=version, name="p", labels=("cat",), num_shards={"train": 1},
+        listed=2, duplicates=0, listing_errors_path=listing_errors, input_fingerprint="sha256:x",
+        config={}, generator={}, max_error_rate=1.0, keep_versions=0, write_index=False)
+
+    real_write_json, calls = versions.write_json, []
+
+    def flaky_write_json(path, obj):
+        calls.append(path)
+        if len(calls) == 1:
+            raise OSError("transient GCS error")
+        return real_write_json(path, obj)
+
+    monkeypatch.setattr(versions, "write_json", flaky_write_json)
+    with pytest.raises(OSError):
+        commit.commit(stats, spec)
+    manifest = commit.commit(stats, spec)  # the runner's retry of the same bundle
+    assert manifest["accounting"] == dict(manifest["accounting"], listed=2, failed=1, written=1)
+    assert len(gcs.read(f"{vdir}/errors.jsonl").splitlines()) == 1
+    assert gcs.read_json(f"{root}/LATEST")["version"] == version
+    assert not [u for u in gcs.list(f"{vdir}/") if "/.tmp/" in u]
