@@ -26,14 +26,16 @@ import logging
 
 import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
 from tensorflow_transform.beam.experimental import PTransformAnalyzer  # loads TensorFlow
 
 from readers import schema
 from readers import transform as transform_lib
 
-ANALYSIS_MIN_SIDE = 32  # shorter side of the reduced-resolution decode used for statistics
+ANALYSIS_MIN_SIDE = 64  # shorter side of the reduced-resolution decode used for statistics
 RAW_KEYS = (schema.ENCODED, schema.LABEL, schema.TEXT)  # what the analysis parses
 TFT_TEMP = "tft"  # under the version's temp dir; deleted by commit
+BATCH_SIZE = 64  # records per analysis batch: bounds memory whatever the JPEG sizes
 
 
 def raw_feature_spec():
@@ -68,11 +70,13 @@ def _image_moments(jpeg, min_side):
 
     shape = tf.io.extract_jpeg_shape(jpeg)
     pixels = tf.reshape(tf.cast(_ratio_decode(jpeg, min_side), tf.float32), [-1, 3])
-    # float32 means of one small image are exact to ~1e-6; the dataset sums are float64.
+    # Centred in float32 (accurate to ~1e-6 of the variance), combined in float64.
     means = tf.reduce_mean(pixels, axis=0)
-    squares = tf.reduce_mean(tf.square(pixels), axis=0)
+    variances = tf.reduce_mean(tf.square(pixels - means), axis=0)
+    means = tf.cast(means, tf.float64)
+    squares = tf.cast(variances, tf.float64) + tf.square(means)
     count = tf.cast(shape[0] * shape[1], tf.float64)[None]
-    return tf.concat([count, tf.cast(means, tf.float64), tf.cast(squares, tf.float64)], 0)
+    return tf.concat([count, means, squares], 0)
 
 
 def decode_and_resize(jpeg, image_size):
@@ -111,12 +115,13 @@ def make_preprocessing_fn(image_size, labels, min_side=ANALYSIS_MIN_SIDE):
         mean = tf.math.divide_no_nan(sums[1:4], sums[0])
         var = tf.maximum(tf.math.divide_no_nan(sums[4:7], sums[0]) - tf.square(mean), 0.0)
         std = tf.where(var > 0, tf.sqrt(var), tf.ones_like(var))  # no data: identity scale
-        # Label frequencies by the records' own ids: an asset, line i = class id i.
-        vocabulary, = tft.experimental.ptransform_analyzer(
-            [label], LabelVocabulary(labels), [tf.string], [[]],
-            output_asset_default_values=[b""], name="label_vocabulary")
+        # Label frequencies by the records' own ids (line i = class id i) and the same pixel
+        # statistics in float64, as two assets the manifest is filled from.
+        tft.experimental.ptransform_analyzer(
+            [label, moments], TrainSummary(labels), [tf.string, tf.string], [[], []],
+            output_asset_default_values=[b"", b"{}"], name="train_summary")
         tft.annotate_asset(transform_lib.LABEL_VOCABULARY, transform_lib.LABEL_VOCABULARY)
-        del vocabulary  # tracked as an asset; the graph does not use it
+        tft.annotate_asset(transform_lib.STATISTICS, transform_lib.STATISTICS)
 
         image = decode_and_resize(jpeg, image_size)
         image = (image - tf.cast(mean, tf.float32)) / tf.cast(std, tf.float32)
@@ -125,8 +130,8 @@ def make_preprocessing_fn(image_size, labels, min_side=ANALYSIS_MIN_SIDE):
     return preprocessing_fn
 
 
-class _CountLabels(beam.CombineFn):
-    """Batches of label ids ([B] int64 arrays) -> counts per id, int64 [num_labels]."""
+class _Summarize(beam.CombineFn):
+    """Batches (label ids [B], moments [B, 7]) -> (counts per id [K], n-weighted sums [7])."""
 
     def __init__(self, num_labels):
         self.num_labels = num_labels
@@ -134,40 +139,68 @@ class _CountLabels(beam.CombineFn):
     def create_accumulator(self):
         import numpy as np
 
-        return np.zeros(self.num_labels, np.int64)
+        return np.zeros(self.num_labels, np.int64), np.zeros(7, np.float64)
 
-    def add_input(self, counts, batch):
+    def add_input(self, accumulator, batch):
         import numpy as np
 
-        ids = np.asarray(batch[0]).reshape(-1)
-        return counts + np.bincount(ids, minlength=self.num_labels)[:self.num_labels]
+        counts, sums = accumulator
+        ids, moments = np.asarray(batch[0]).reshape(-1), np.asarray(batch[1], np.float64)
+        counts = counts + np.bincount(ids, minlength=self.num_labels)[:self.num_labels]
+        n = moments[:, :1]
+        return counts, sums + np.concatenate([n, n * moments[:, 1:]], axis=1).sum(axis=0)
 
     def merge_accumulators(self, accumulators):
-        return sum(accumulators, self.create_accumulator())
+        counts, sums = self.create_accumulator()
+        for c, s in accumulators:
+            counts, sums = counts + c, sums + s
+        return counts, sums
 
-    def extract_output(self, counts):
-        return counts
+    def extract_output(self, accumulator):
+        return accumulator
 
 
-def _write_vocabulary(counts, labels, temp_dir):
-    """counts -> path of a '<count> <name>' file, line i = class id i (TFT copies it to assets)."""
+def _write_vocabulary(summary, labels, temp_dir):
+    """-> path of a '<count> <name>' file, line i = class id i (TFT copies it to assets)."""
+    counts, _ = summary
+    return _write_asset(temp_dir, transform_lib.LABEL_VOCABULARY, "".join(
+        f"{int(c)} {name}\n" for c, name in zip(counts, labels)))
+
+
+def _write_statistics(summary, temp_dir):
+    """-> path of a JSON file with the train split's pixel statistics (float64)."""
+    import json
+
+    import numpy as np
+
+    counts, sums = summary
+    total = max(sums[0], 1.0)
+    mean = sums[1:4] / total
+    std = np.sqrt(np.maximum(sums[4:7] / total - mean * mean, 0.0))
+    return _write_asset(temp_dir, transform_lib.STATISTICS, json.dumps({
+        "num_images": int(counts.sum()), "num_pixels": int(sums[0]),
+        "mean": mean.tolist(), "std": [float(v) if v > 0 else 1.0 for v in std]}))
+
+
+def _write_asset(temp_dir, name, text):
     import uuid
 
     import numpy as np
 
     from beam_pipeline import versions
 
-    path = "/".join([temp_dir, uuid.uuid4().hex, transform_lib.LABEL_VOCABULARY])
-    versions.write_bytes(path, "".join(f"{int(c)} {name}\n"
-                                       for c, name in zip(counts, labels)).encode())
+    path = "/".join([temp_dir, uuid.uuid4().hex, name])
+    versions.write_bytes(path, text.encode())
     return np.array(path.encode())
 
 
-class LabelVocabulary(PTransformAnalyzer):
-    """TFT ptransform analyzer: batches of label ids -> the vocabulary asset path.
+class TrainSummary(PTransformAnalyzer):
+    """TFT ptransform analyzer: (label ids, image moments) batches -> two asset paths.
 
-    Counts by the ids already in the records (never re-assigned), names from the label map.
-    TFT gives it `base_temp_dir` for the file it then copies into transform_fn/assets.
+    label_vocabulary: counts by the ids already in the records (never re-assigned), names
+    from the label map; pixel_statistics.json: what the tft.sum analyzer computes, in
+    float64, for the manifest (no need to load the saved graph to learn the numbers).
+    TFT gives it `base_temp_dir` and copies both files into transform_fn/assets.
     """
 
     def __init__(self, labels):
@@ -175,10 +208,36 @@ class LabelVocabulary(PTransformAnalyzer):
         self.labels = tuple(labels)
 
     def expand(self, batches):
-        return (batches                                        # -> ([B] label ids,)
-                | "Count" >> beam.CombineGlobally(_CountLabels(len(self.labels)))
-                # -> int64 [num_labels]
-                | "Write" >> beam.Map(_write_vocabulary, self.labels, self.base_temp_dir))
+        summary = (batches                                     # -> ([B] ids, [B, 7] moments)
+                   | "Summarize" >> beam.CombineGlobally(_Summarize(len(self.labels))))
+        # -> (int64 [K] counts, float64 [7] sums)
+        return (summary | "WriteVocabulary" >> beam.Map(
+                    _write_vocabulary, self.labels, self.base_temp_dir),
+                summary | "WriteStatistics" >> beam.Map(_write_statistics, self.base_temp_dir))
+
+
+def read_tfrecords(path):
+    """One TFRecord file (the shard writer's framing) -> its records, CRCs checked.
+
+    A plain generator rather than ReadAllFromTFRecord: no reshuffle, so the analysis fuses
+    with the shard writer's stage and runs in the worker that just wrote the file.
+    """
+    import struct
+
+    from beam_pipeline.records import _masked_crc
+
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        while True:
+            header = f.read(12)
+            if not header:
+                return
+            length, length_crc = struct.unpack("<QI", header)
+            data = f.read(length)
+            (data_crc,) = struct.unpack("<I", f.read(4))
+            if (len(header) != 12 or length_crc != _masked_crc(header[:8])
+                    or len(data) != length or data_crc != _masked_crc(data)):
+                raise IOError(f"{path}: corrupt TFRecord frame")
+            yield data
 
 
 def train_shard_files(stats, split):
@@ -219,10 +278,9 @@ class AnalyzeTrain(beam.PTransform):
         batches = (shard_stats
                    | "TrainShardFiles" >> beam.FlatMap(train_shard_files, self.split)
                    # -> temp shard path
-                   | "ReadTrainRecords" >> beam.io.ReadAllFromTFRecord(
-                       compression_type=CompressionTypes.UNCOMPRESSED)
+                   | "ReadTrainRecords" >> beam.FlatMap(read_tfrecords)
                    # -> serialized tf.Example
-                   | "ToRecordBatches" >> source.BeamSource())
+                   | "ToRecordBatches" >> source.BeamSource(batch_size=BATCH_SIZE))
                    # -> pyarrow.RecordBatch of the RAW_KEYS columns
         with tft_beam.Context(temp_dir=f"{spec.tmp_dir}/{TFT_TEMP}", force_tf_compat_v1=False):
             transform_fn = ((batches, source.TensorAdapterConfig())
@@ -237,15 +295,12 @@ class AnalyzeTrain(beam.PTransform):
 
 
 def manifest_part(_, vdir, labels, image_size, min_side, split):
-    """Read back what was written -> {"transform": {...}} for manifest.json.
-
-    mean/std are read by running the saved graph (readers.transform.normalization), which
-    also proves it loads and runs before the version is published.
-    """
+    """Read back the two small assets just written -> {"transform": {...}} for manifest.json."""
     import tensorflow_transform as tft
 
-    tft_output = tft.TFTransformOutput(vdir)
-    mean, std = transform_lib.normalization(tft_output)
+    tft_output = tft.TFTransformOutput(vdir)  # reads metadata only; the graph is not loaded
+    statistics = transform_lib.read_statistics(tft_output)
+    mean, std = statistics["mean"], statistics["std"]
     vocabulary = transform_lib.read_label_vocabulary(tft_output)  # [(name, count)] by id
     if [name for name, _ in vocabulary] != list(labels):
         raise ValueError(f"label vocabulary {[n for n, _ in vocabulary]} does not follow the "
@@ -267,7 +322,8 @@ def manifest_part(_, vdir, labels, image_size, min_side, split):
         "std": [round(float(v), 4) for v in std],
         "statistics": {
             "split": split,
-            "num_images": sum(counts.values()),
+            "num_images": statistics["num_images"],
+            "num_pixels": statistics["num_pixels"],
             "weighting": "every pixel of the stored image (RGB, 0..255)",
             "resolution": f"JPEG DCT-scaled decode (1/2, 1/4 or 1/8) keeping the shorter "
                           f"side >= {min_side} px",

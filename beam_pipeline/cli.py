@@ -62,10 +62,11 @@ def run(argv=None):
         listing_errors_path="", input_fingerprint=fingerprint, config=config,
         generator=_generator(), max_error_rate=build.max_error_rate,
         keep_versions=build.keep_versions, write_index=build.write_index)
-    listing_path = layout.join(spec.tmp_dir, "listing.jsonl")
     errors_path = layout.join(spec.tmp_dir, "listing_errors.jsonl")
-    versions.write_bytes(listing_path, "".join(r.to_json() + "\n" for r in refs).encode())
     versions.write_bytes(errors_path, "".join(json.dumps(e) + "\n" for e in errors).encode())
+    shard_listings = _write_shard_listings(spec.tmp_dir, plan.partition(refs, num_shards))
+    n_images, n_bytes, n_rejected = len(refs), sum(r.size for r in refs), len(errors)
+    del refs, errors  # the job reads the listing files; keep the launcher's memory flat
     spec = dataclasses.replace(spec, listing_errors_path=errors_path)
 
     pipeline_options.view_as(SetupOptions).save_main_session = False
@@ -77,15 +78,15 @@ def run(argv=None):
                                       "SwitchingDirectRunner", "PrismRunner")
     waits = waits or _workers_in_launcher(pipeline_options, runner.split(".")[-1])
     progress_dir = layout.join(spec.tmp_dir, "progress") if waits else None
-    print(f"Building {root} version {version}: {len(refs)} images "
-          f"({sum(r.size for r in refs) / 2**20:.1f} MiB) in "
+    print(f"Building {root} version {version}: {n_images} images "
+          f"({n_bytes / 2**20:.1f} MiB) in "
           f"{', '.join(f'{s}: {n} shard(s)' for s, n in sorted(num_shards.items()))}; "
-          f"{len(errors)} rejected while listing, {duplicates} duplicate(s).", flush=True)
+          f"{n_rejected} rejected while listing, {duplicates} duplicate(s).", flush=True)
 
     start = time.monotonic()
     p = beam.Pipeline(options=pipeline_options)
     _ = p | "ImagesToTFRecords" >> ImagesToTFRecords(
-        listing_path, spec, build.encode_options(), sink=build.sink, progress_dir=progress_dir,
+        shard_listings, spec, build.encode_options(), sink=build.sink, progress_dir=progress_dir,
         extra_files=_extra_files(build),
         transform_image_size=build.transform_image_size if build.transform else 0)
     if not waits:
@@ -100,7 +101,7 @@ def run(argv=None):
         print(f"Submitted to {runner}: version {version} is published to {root}/LATEST by the "
               f"job's last step. Job id: {job_id}")
         return {"status": "submitted", "version": version, "result": result, "job_id": job_id}
-    with _ProgressPrinter(progress_dir, len(refs)):
+    with _ProgressPrinter(progress_dir, n_images):
         p.run().wait_until_finish()
     seconds = time.monotonic() - start
     vdir, manifest = layout.version_dir(root, version), None
@@ -130,6 +131,21 @@ def _job_id(result):
         return job_id() if callable(job_id) else job_id
     except Exception:
         return None
+
+
+def _write_shard_listings(tmp_dir, shards):
+    """One JSONL file of ImageRefs per shard -> [(split, shard, path)] for the job to fan out."""
+    import concurrent.futures
+
+    from beam_pipeline import versions
+    from readers import layout
+
+    jobs = [(split, shard, layout.join(tmp_dir, "listing", f"{split}-{shard:05d}.jsonl"),
+             "".join(r.to_json() + "\n" for r in refs).encode())
+            for (split, shard), refs in shards.items()]
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:  # many small objects on gs://
+        list(pool.map(lambda job: versions.write_bytes(job[2], job[3]), jobs))
+    return [(split, shard, path) for split, shard, path, _ in jobs]
 
 
 def _check_writable(root):

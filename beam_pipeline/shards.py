@@ -17,6 +17,7 @@ from apache_beam.metrics import Metrics
 
 from beam_pipeline import images, records
 from beam_pipeline.errors import error_record
+from beam_pipeline.plan import ImageRef
 from readers import layout
 
 READ_AHEAD = 16  # images fetched concurrently: hides gs:// latency, bounds memory
@@ -34,15 +35,23 @@ def _fetch(uri):
         return None, e
 
 
+def read_listing(path):
+    """A shard's listing file -> [ImageRef] in shard order."""
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        return [ImageRef.from_json(line) for line in f.read().decode().splitlines() if line]
+
+
 class WriteShardFn(beam.DoFn):
-    """((split, shard), [(position, ImageRef, label_id)]) -> one shard-stats dict.
+    """(split, shard, listing file) -> one shard-stats dict.
 
     The shard goes to a unique temp name; commit renames the temp files of the attempts
     that succeeded, so a retried bundle never leaves a duplicate or partial shard.
     """
 
-    def __init__(self, tmp_dir, name, num_shards, encode_options, write_index, progress_dir=None):
+    def __init__(self, tmp_dir, name, num_shards, label_ids, encode_options, write_index,
+                 progress_dir=None):
         self.tmp_dir, self.name, self.num_shards = tmp_dir, name, num_shards
+        self.label_ids = label_ids
         self.encode_options, self.write_index = encode_options, write_index
         self.progress_dir = progress_dir
         self.written = Metrics.counter("images", "written")
@@ -50,15 +59,14 @@ class WriteShardFn(beam.DoFn):
         self.passed_through = Metrics.counter("images", "passed_through")
 
     def setup(self):
-        from tensorflow.core.example import example_pb2  # noqa: F401 — load TF once, up front
         self.pool = concurrent.futures.ThreadPoolExecutor(READ_AHEAD)
 
     def teardown(self):
         self.pool.shutdown(wait=False)
 
     def process(self, element):
-        (split, shard), items = element
-        items = sorted(items, key=lambda item: item[0])  # by hash position: deterministic
+        split, shard, listing = element
+        refs = read_listing(listing)  # already in shard order: output is deterministic
         final = layout.shard_name(self.name, split, shard, self.num_shards[split])
         attempt = uuid.uuid4().hex[:12]
         temp = layout.join(self.tmp_dir, f"{final}.{attempt}")
@@ -68,8 +76,8 @@ class WriteShardFn(beam.DoFn):
         digest, offsets = hashlib.sha256(), []
         progress = _Progress(self.progress_dir, f"{final}.{attempt}")
         with FileSystems.create(temp) as out:
-            for (_, ref, label_id), (data, read_error) in zip(
-                    items, _read_ahead(self.pool, [ref.uri for _, ref, _ in items])):
+            for ref, (data, read_error) in zip(refs, _read_ahead(self.pool,
+                                                                 [r.uri for r in refs])):
                 try:
                     if read_error is not None:
                         raise images.ImageError("read", "unreadable",
@@ -82,7 +90,8 @@ class WriteShardFn(beam.DoFn):
                     progress.tick()
                     continue
                 frame = records.tfrecord_frame(
-                    records.make_example(encoded, label_id, ref.label, ref.filename))
+                    records.make_example(encoded, self.label_ids[ref.label], ref.label,
+                                         ref.filename))
                 out.write(frame)
                 digest.update(frame)
                 offsets.append((stats["num_bytes"], len(frame)))

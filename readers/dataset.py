@@ -48,7 +48,9 @@ def make_dataset(path, split="train", batch_size=128, image_size=224, training=N
     skip_corrupt: a corrupt or truncated shard loses its remaining records (a TFRecord
       stream cannot resync) with a logged count, instead of failing; cardinality is then
       unknown.
-    transform: reserved for tf.Transform outputs.
+    transform: apply the version's saved tf.Transform graph (readers/transform.py) instead
+      of crop/flip/resize: `(images [B, S, S, 3] float32, normalized; labels [B] int64)`,
+      S = the build's --transform_image_size; image_size, dtype and crop_fraction are unused.
     """
     ds_info = path if isinstance(path, info_lib.DatasetInfo) else info_lib.info(path)
     split_info = ds_info.split(split)
@@ -128,8 +130,9 @@ def make_dataset(path, split="train", batch_size=128, image_size=224, training=N
 def _transform_fn(ds_info, label_shift):
     """Hook for the tf.Transform stage: a map fn (record[, seed]) -> (features, label) that
     replaces decode/crop/resize; reading, sharding, shuffling and batching stay as they are."""
-    raise NotImplementedError("make_dataset(transform=True) is not implemented yet: the "
-                              "tf.Transform output is not part of the manifest contract")
+    from readers import transform as transform_lib
+
+    return transform_lib.record_fn(transform_lib.load(ds_info), label_shift)
 
 
 def _host_files(split_info, input_context, seed):

@@ -19,6 +19,7 @@ model), so build the model that embeds the layer with `tf_keras`.
 IMAGE = "image"          # transformed feature names
 LABEL = "label"
 LABEL_VOCABULARY = "label_vocabulary"  # transform_fn/assets/<this>: "<count> <name>", by id
+STATISTICS = "pixel_statistics.json"   # transform_fn/assets/<this>: the train pixel statistics
 _SERVING_KEYS = ("image/encoded",)      # what a served request has to carry
 
 
@@ -96,6 +97,19 @@ def read_label_vocabulary(tft_output):
     with tf.io.gfile.GFile(path, "r") as f:
         rows = [line.partition(" ") for line in f.read().split("\n") if line]
     return [(name, int(count)) for count, _, name in rows]
+
+
+def read_statistics(tft_output):
+    """The train split's pixel statistics asset: {num_images, num_pixels, mean, std} (RGB)."""
+    import json
+
+    import tensorflow as tf
+
+    path = tft_output.vocabulary_file_by_name(STATISTICS)  # any named asset, not only vocabs
+    if not path:
+        raise FileNotFoundError(f"{tft_output.transform_savedmodel_dir}: no {STATISTICS} asset")
+    with tf.io.gfile.GFile(path, "r") as f:
+        return json.load(f)
 
 
 def serving_signatures(model, tft_output):

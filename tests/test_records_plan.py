@@ -171,3 +171,19 @@ def test_label_file_order_wins():
 def test_image_ref_json_round_trip():
     ref = plan.ImageRef("gs://b/x/ü.jpg", "gs://b/x/ü.jpg", "x/ü.jpg", "x", "train", 12, 3.5)
     assert plan.ImageRef.from_json(ref.to_json()) == ref
+
+
+def test_serialize_example_equals_tensorflow_deterministic_serialization():
+    """Our encoder must give exactly TF's bytes (the writer does not import TensorFlow)."""
+    import tensorflow as tf
+
+    cases = [records.make_example(_encoded(), 7, "tulip", "tulip/ü 1.jpg"),
+             records.make_example(_encoded((1, 2, 3)), 0, "", ""),
+             records.make_example(_encoded(), 2**40, "x" * 300, "y/" * 200)]
+    for ours in cases:
+        example = tf.train.Example.FromString(ours)
+        assert example.SerializeToString(deterministic=True) == ours
+    negative = records.serialize_example({"a": -5, "b": b"\x00\xff"})
+    parsed = tf.train.Example.FromString(negative)
+    assert parsed.features.feature["a"].int64_list.value == [-5]
+    assert parsed.SerializeToString(deterministic=True) == negative
