@@ -1,8 +1,8 @@
 """The tf.Transform branch of the job: train-split statistics and the one transform graph.
 
-    shard stats ──(train temp shards)──> serialized tf.Examples ──> RecordBatches
-        ──AnalyzeDataset(preprocessing_fn)──> transform_fn ──WriteTransformFn──> VDIR/transform_fn/,
-                                                                          VDIR/transformed_metadata/
+    shard stats ──(train temp shards, read in the worker that wrote them)──> tf.Examples
+        ──> RecordBatches ──AnalyzeDataset(preprocessing_fn)──> transform_fn
+        ──WriteTransformFn──> VDIR/transform_fn/, VDIR/transformed_metadata/
         ──> one manifest part {"transform": {...}} that Commit waits for
 
 It reads back the records the shard writer just wrote (temp files, renamed only at commit),
@@ -13,13 +13,17 @@ the records: nothing is listed, fetched or converted twice, and TFT never assign
 parsed record keys (readers/schema.py); its outputs are model-ready:
   image  float32 [S, S, 3] = (resize(decode_jpeg(image/encoded), S×S) - mean) / std
   label  int64 [] = image/class/label, unchanged
-where mean/std are per-channel (RGB, 0..255) over every pixel of the train images, each
-pixel of the stored image weighted equally. The analysis decodes each JPEG with libjpeg's
-DCT scaling (the same thing as Pillow's draft mode) at 1/2, 1/4 or 1/8 size, the smallest
-whose shorter side is still >= `min_side` (32 px) and weights each image by its full pixel
-count; on ~500×375 photos-like JPEGs that changes the mean by < 1 level and the std by < 1.5%
-against a full-resolution decode (see docs/transform.md), for ~3× less decode work. The
-output branch (full decode + resize) is not run during analysis.
+mean/std are per channel (RGB, 0..255) over every pixel of the train images (each pixel of
+the stored image weighs the same), summed by one `tft.sum` analyzer in float64. To keep the
+pass cheap each JPEG is decoded with libjpeg's DCT scaling (what Pillow's draft mode does)
+at 1/2, 1/4 or 1/8 size: the smallest whose shorter side is still >= S/4 (at least 32 px),
+weighted by its full pixel count. Against a full-resolution decode that moves the mean by
+< 0.4 levels and lowers the std by 1.5-12.5% (docs/transform.md has the measurements).
+A `ptransform_analyzer` (TrainSummary) writes the label vocabulary with train frequencies, in
+id order, and the same statistics as JSON: the manifest is filled from those two assets.
+The output branch (full decode + resize) does not run during the analysis.
+Both decodes use libjpeg's accurate integer DCT, as Pillow does (TF's default, the fast
+DCT, shifts channel means by ~1 level).
 """
 
 import logging
@@ -32,7 +36,20 @@ from tensorflow_transform.beam.experimental import PTransformAnalyzer  # loads T
 from readers import schema
 from readers import transform as transform_lib
 
-ANALYSIS_MIN_SIDE = 64  # shorter side of the reduced-resolution decode used for statistics
+ANALYSIS_MIN_SIDE = 32  # never analyse at a shorter side below this many pixels
+
+
+def analysis_min_side(image_size):
+    """Shortest side the analysis decodes at: a quarter of the model's input size (>= 32 px).
+
+    The model sees every image resized to image_size, which already drops fine detail: on
+    ~500 px photos its inputs have a 2-10% lower std than the full-resolution image, and the
+    1/4-scale decode this picks for them a 1.5-12.5% lower one (docs/transform.md), for about
+    a third of the decode work.
+    """
+    return max(ANALYSIS_MIN_SIDE, image_size // 4)
+
+
 RAW_KEYS = (schema.ENCODED, schema.LABEL, schema.TEXT)  # what the analysis parses
 TFT_TEMP = "tft"  # under the version's temp dir; deleted by commit
 BATCH_SIZE = 64  # records per analysis batch: bounds memory whatever the JPEG sizes
@@ -92,9 +109,10 @@ def decode_and_resize(jpeg, image_size):
         [image_size, image_size, 3], tf.float32))
 
 
-def make_preprocessing_fn(image_size, labels, min_side=ANALYSIS_MIN_SIDE):
+def make_preprocessing_fn(image_size, labels, min_side=None):
     """The TFT preprocessing_fn: raw parsed features -> {"image", "label"} (module docstring)."""
     labels = tuple(labels)
+    min_side = min_side or analysis_min_side(image_size)
 
     def preprocessing_fn(inputs):
         import tensorflow as tf
@@ -254,10 +272,11 @@ def train_shard_files(stats, split):
 class AnalyzeTrain(beam.PTransform):
     """PCollection of shard stats -> one manifest part, after VDIR/transform_fn/ is written."""
 
-    def __init__(self, spec, image_size, min_side=ANALYSIS_MIN_SIDE, split="train"):
+    def __init__(self, spec, image_size, min_side=None, split="train"):
         super().__init__()
         if image_size < 1:
             raise ValueError(f"transform image_size must be >= 1, not {image_size}")
+        min_side = min_side or analysis_min_side(image_size)
         if min_side < 1:
             raise ValueError(f"analysis min_side must be >= 1, not {min_side}")
         self.spec, self.image_size, self.min_side, self.split = spec, image_size, min_side, split

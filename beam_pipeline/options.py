@@ -34,6 +34,8 @@ class BuildOptions(PipelineOptions):
              f"--max_error_rate {self.max_error_rate}: must be between 0 and 1"),
             (self.keep_versions >= 0, f"--keep_versions {self.keep_versions}: must be >= 0"),
             (self.max_pixels > 0, f"--max_pixels {self.max_pixels}: must be > 0"),
+            (self.transform_image_size > 0,
+             f"--transform_image_size {self.transform_image_size}: must be > 0"),
         ]
         for ok, message in checks:
             if not ok:

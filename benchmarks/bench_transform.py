@@ -96,7 +96,8 @@ def main(argv=None):
         print(f"  manifest mean {t['mean']}  std {t['std']}  ({t['statistics']['resolution']})")
         if args.accuracy:
             mean, std = full_resolution_stats(vdir, manifest)
-            print(f"  full-res mean {[round(v, 4) for v in mean]}  std {[round(v, 4) for v in std]}")
+            print(f"  full-res mean {[round(float(v), 4) for v in mean]}  "
+                  f"std {[round(float(v), 4) for v in std]}")
             print(f"  |mean diff| max {max(abs(a - b) for a, b in zip(t['mean'], mean)):.3f} "
                   f"levels; std diff max "
                   f"{max(abs(a - b) / b for a, b in zip(t['std'], std)):.2%}")
