@@ -7,6 +7,7 @@ decoding just the crop window (`decode_and_crop_jpeg`) and parallel interleaved 
 
 import logging
 import random
+import sys
 
 import tensorflow as tf
 
@@ -212,7 +213,7 @@ def _short_file(path, expected):
 def _log_lost(path, got, expected):
     return tf.print("WARNING readers: skip_corrupt: ", path, ": read ", got, " of ", expected,
                     " records, skipped ", expected - got, " (corrupt, truncated or missing)",
-                    sep="", output_stream=tf.compat.v1.logging.warning)
+                    sep="", output_stream=sys.stderr)  # not via logging: data loss is never muted
 
 
 def _decode_fields(record):
