@@ -19,7 +19,6 @@ from beam_pipeline.errors import UserError, error_record
 def run(argv=None):
     """Build one dataset version. Returns a dict describing what happened."""
     import apache_beam as beam
-    from apache_beam.io.filesystems import FileSystems
     from apache_beam.options.pipeline_options import SetupOptions, StandardOptions
 
     from beam_pipeline import listing, options as opts, plan, versions
@@ -43,31 +42,23 @@ def run(argv=None):
               "nothing written. Use --force to rebuild.")
         return {"status": "up_to_date", "version": previous_version}
 
-    labels = plan.label_ids({r.label for r in refs}, previous["labels"] if previous else (),
-                            label_file)
-    known = set(labels)
-    errors += [error_record(r.uri, "read", "unknown_label",
-                            f"class {r.label!r} is not in --label_file {build.label_file}")
-               for r in refs if r.label not in known]
-    refs = [r for r in refs if r.label in known]
-    splits = plan.parse_splits(build.splits)
-    refs = [r if r.split else dataclasses.replace(r, split=plan.assign_split(r.key, splits))
-            for r in refs]
+    refs, errors, labels = _assign_labels_and_splits(refs, errors, build, previous, label_file)
     num_shards = _num_shards(refs, build, pipeline_options)
 
     version = versions.claim_version(root)  # unique even when two runs start in one second
+    tmp_dir = layout.join(layout.version_dir(root, version), ".tmp")  # = CommitSpec.tmp_dir
     spec = CommitSpec(
         root=root, version=version, name=build.name, labels=tuple(labels),
         num_shards=num_shards, listed=listed, duplicates=duplicates,
-        listing_errors_path="", input_fingerprint=fingerprint, config=config,
+        listing_errors_path=layout.join(tmp_dir, "listing_errors.jsonl"),
+        input_fingerprint=fingerprint, config=config,
         generator=_generator(), max_error_rate=build.max_error_rate,
         keep_versions=build.keep_versions, write_index=build.write_index)
-    errors_path = layout.join(spec.tmp_dir, "listing_errors.jsonl")
-    versions.write_bytes(errors_path, "".join(json.dumps(e) + "\n" for e in errors).encode())
+    versions.write_bytes(spec.listing_errors_path,
+                         "".join(json.dumps(e) + "\n" for e in errors).encode())
     shard_listings = _write_shard_listings(spec.tmp_dir, plan.partition(refs, num_shards))
     n_images, n_bytes, n_rejected = len(refs), sum(r.size for r in refs), len(errors)
     del refs, errors  # the job reads the listing files; keep the launcher's memory flat
-    spec = dataclasses.replace(spec, listing_errors_path=errors_path)
 
     pipeline_options.view_as(SetupOptions).save_main_session = False
     standard = pipeline_options.view_as(StandardOptions)
@@ -104,11 +95,27 @@ def run(argv=None):
     with _ProgressPrinter(progress_dir, n_images):
         p.run().wait_until_finish()
     seconds = time.monotonic() - start
-    vdir, manifest = layout.version_dir(root, version), None
+    vdir = layout.version_dir(root, version)
     manifest = versions.read_json(layout.join(vdir, layout.MANIFEST))
     _print_summary(root, vdir, manifest, seconds)
     return {"status": "published", "version": version, "manifest": manifest,
             "version_dir": vdir, "seconds": seconds}
+
+
+def _assign_labels_and_splits(refs, errors, build, previous, label_file):
+    """Label ids (stable across versions) and a split for every ref; unknown labels -> errors."""
+    from beam_pipeline import plan
+
+    labels = plan.label_ids({r.label for r in refs}, previous["labels"] if previous else (),
+                            label_file)
+    known = set(labels)
+    errors = errors + [error_record(r.uri, "read", "unknown_label",
+                                    f"class {r.label!r} is not in --label_file {build.label_file}")
+                       for r in refs if r.label not in known]
+    splits = plan.parse_splits(build.splits)
+    refs = [r if r.split else dataclasses.replace(r, split=plan.assign_split(r.key, splits))
+            for r in refs if r.label in known]
+    return refs, errors, labels
 
 
 def _workers_in_launcher(pipeline_options, runner):

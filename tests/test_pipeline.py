@@ -97,7 +97,10 @@ def test_manifest_invariants(built_dataset):
     assert m["accounting"]["listed"] == 39 and m["accounting"]["written"] == 36
     assert m["accounting"]["failed"] == 3 and m["accounting"]["duplicates"] == 0
     assert set(m["splits"]) <= {"train", "validation", "test"}
-    assert all(len(s["shards"]) == 2 for s in m["splits"].values())
+    # --num_shards 2, but never more shards than a split has images (keys are tmp paths, so
+    # a small split's size varies from run to run)
+    assert len(m["splits"]["train"]["shards"]) == 2
+    assert all(1 <= len(s["shards"]) <= 2 for s in m["splits"].values())
     assert built_dataset["version_dir"] == layout.version_dir(built_dataset["root"], m["version"])
 
 
