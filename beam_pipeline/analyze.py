@@ -240,22 +240,16 @@ def read_tfrecords(path):
     A plain generator rather than ReadAllFromTFRecord: no reshuffle, so the analysis fuses
     with the shard writer's stage and runs in the worker that just wrote the file.
     """
-    import struct
-
-    from beam_pipeline.records import _masked_crc
+    from beam_pipeline.records import FrameError, read_frame
 
     with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-        while True:
-            header = f.read(12)
-            if not header:
-                return
-            length, length_crc = struct.unpack("<QI", header)
-            data = f.read(length)
-            (data_crc,) = struct.unpack("<I", f.read(4))
-            if (len(header) != 12 or length_crc != _masked_crc(header[:8])
-                    or len(data) != length or data_crc != _masked_crc(data)):
-                raise IOError(f"{path}: corrupt TFRecord frame")
-            yield data
+        offset = 0
+        try:
+            while (frame := read_frame(f, offset)) is not None:
+                yield frame[0]
+                offset += frame[1]
+        except FrameError as e:
+            raise IOError(f"{path}: corrupt TFRecord frame at {e}") from e
 
 
 def train_shard_files(stats, split):

@@ -6,7 +6,7 @@ is why `--sink shards` is the default (DESIGN §1). The benchmark compares the t
 """
 
 import hashlib
-import struct
+import io
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -48,14 +48,15 @@ def shard_stats(path, split, write_index):
              "temp": path, "num_examples": 0, "num_bytes": len(data), "label_counts": {},
              "errors": [], "sha256": hashlib.sha256(data).hexdigest()}
     offset, offsets = 0, []
-    while offset < len(data):
-        (length,) = struct.unpack_from("<Q", data, offset)
-        example = example_pb2.Example.FromString(data[offset + 12: offset + 12 + length])
-        label = example.features.feature[schema.TEXT].bytes_list.value[0].decode()
-        stats["label_counts"][label] = stats["label_counts"].get(label, 0) + 1
-        stats["num_examples"] += 1
-        offsets.append((offset, length + 16))
-        offset += length + 16
+    with io.BytesIO(data) as f:
+        while (frame := records.read_frame(f, offset)) is not None:
+            record, frame_length = frame
+            example = example_pb2.Example.FromString(record)
+            label = example.features.feature[schema.TEXT].bytes_list.value[0].decode()
+            stats["label_counts"][label] = stats["label_counts"].get(label, 0) + 1
+            stats["num_examples"] += 1
+            offsets.append((offset, frame_length))
+            offset += frame_length
     if write_index:
         stats["index_temp"] = path + layout.INDEX_SUFFIX
         with FileSystems.create(stats["index_temp"]) as f:

@@ -70,7 +70,7 @@ def summary(manifest, version_dir=None):
 
 def _record_at(gfile, shard_path, position, index):
     """The serialized Example at `position` of a shard: seek via its index, else scan."""
-    from beam_pipeline.verify import read_frame
+    from beam_pipeline.records import read_frame
 
     with gfile.GFile(shard_path, "rb") as f:
         if index is not None:
