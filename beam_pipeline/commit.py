@@ -116,7 +116,7 @@ def commit(shard_stats, spec, extra_files=(), manifest_parts=()):
     versions.write_json(layout.join(vdir, layout.MANIFEST), manifest)  # now it is complete
     # Only now: a retried commit (say the manifest write failed) must still find the
     # listing errors in .tmp/, or its errors.jsonl and accounting would silently lose them.
-    _delete_tree(spec.tmp_dir)
+    versions.delete_tree(spec.tmp_dir)
 
     published = versions.publish(spec.root, spec.version)
     if published != spec.version:
@@ -161,17 +161,6 @@ def _read_lines(path):
         return []
     with FileSystems.open(path) as f:
         return [l for l in f.read().decode().splitlines() if l.strip()]
-
-
-def _delete_tree(directory):
-    try:
-        paths = [m.path for m in FileSystems.match([directory + "/**"])[0].metadata_list]
-    except Exception:
-        paths = []
-    if paths:
-        FileSystems.delete(paths)
-    if not directory.startswith("gs://") and FileSystems.exists(directory):
-        FileSystems.delete([directory])
 
 
 class Commit(beam.PTransform):

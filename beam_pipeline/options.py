@@ -18,7 +18,7 @@ class BuildOptions(PipelineOptions):
 
     def validate_build(self):
         """Check values where they are set, naming the bad one."""
-        from beam_pipeline import images, plan
+        from beam_pipeline import plan
 
         if not self.input:
             raise UserError("--input is required (a directory, glob or .csv/.jsonl manifest)")

@@ -114,14 +114,21 @@ def list_versions(root):
 
 
 def delete_version(root, version):
-    vdir = layout.version_dir(root, version)
+    delete_tree(layout.version_dir(root, version))
+
+
+def delete_tree(directory):
+    """Delete a local directory, or every object under a gs:// prefix; missing is fine."""
+    if not directory.startswith("gs://"):
+        if FileSystems.exists(directory):
+            FileSystems.delete([directory])  # LocalFileSystem removes the whole tree
+        return
     try:
-        FileSystems.delete([vdir + "/"]) if vdir.startswith("gs://") else FileSystems.delete([vdir])
-    except Exception:
-        # GCS has no directories: delete the objects under the prefix instead.
-        paths = [m.path for m in FileSystems.match([vdir + "/**"])[0].metadata_list]
-        if paths:
-            FileSystems.delete(paths)
+        paths = [m.path for m in FileSystems.match([directory + "/**"])[0].metadata_list]
+    except Exception:  # nothing matched
+        paths = []
+    if paths:
+        FileSystems.delete(paths)
 
 
 def fingerprint(refs, config, package_version):

@@ -108,7 +108,7 @@ def test_build_and_read_on_gcs(gcs, gcs_bucket, tmp_path, make_images):  # noqa:
 def test_versions_delete_and_prune_on_gcs(gcs, gcs_bucket):  # noqa: F811
     """GCS has no directories: deleting a version or the temp dir must remove every object
     under the prefix, nested ones included."""
-    from beam_pipeline import commit, versions
+    from beam_pipeline import versions
 
     root = f"gs://{gcs_bucket}/ds"
     old, broken, new = "20260101T000000Z", "20260102T000000Z", "20260103T000000Z"
@@ -130,7 +130,7 @@ def test_versions_delete_and_prune_on_gcs(gcs, gcs_bucket):  # noqa: F811
 
     gcs.upload_bytes(f"{root}/versions/{new}/.tmp/a/b/c", b"1")
     gcs.upload_bytes(f"{root}/versions/{new}/.tmp/d", b"1")
-    commit._delete_tree(f"{root}/versions/{new}/.tmp")
+    versions.delete_tree(f"{root}/versions/{new}/.tmp")
     assert sorted(gcs.list(f"{root}/versions/")) == [
         f"{root}/versions/{new}/manifest.json",
         f"{root}/versions/{new}/x-train.tfrecord-00000-of-00001"]
