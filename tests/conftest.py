@@ -10,6 +10,7 @@ Treat `built_dataset` as read-only: it is shared by every test in the session. C
 """
 
 import io
+import logging
 import os
 
 import pytest
@@ -107,3 +108,14 @@ def built_dataset(sample_images, tmp_path_factory):
     result = cli.run(["--input", sample_images, "--output", root] + BUILT_ARGS)
     assert result["status"] == "published", result
     return dict(result, root=root, input=sample_images)
+
+
+@pytest.fixture(autouse=True)
+def restore_logger_levels():
+    """cli.main quiets Beam/TF loggers process-wide, as a console run should; give every
+    other test its levels back."""
+    names = ("apache_beam", "absl", "tensorflow")
+    levels = {n: logging.getLogger(n).level for n in names}
+    yield
+    for n, level in levels.items():
+        logging.getLogger(n).setLevel(level)

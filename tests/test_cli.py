@@ -1,6 +1,5 @@
 """The command line: exit codes and one-line errors (issue 2, "The CLI")."""
 
-import logging
 import os
 import pathlib
 import subprocess
@@ -15,16 +14,6 @@ from tests.conftest import make_images
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 FAST = ["--no_transform", "--num_shards", "1"]
-
-
-@pytest.fixture(autouse=True)
-def restore_logger_levels():
-    """main() quiets Beam/TF loggers process-wide; give later tests their levels back."""
-    names = ("apache_beam", "absl", "tensorflow")
-    levels = {n: logging.getLogger(n).level for n in names}
-    yield
-    for n, level in levels.items():
-        logging.getLogger(n).setLevel(level)
 
 
 @pytest.fixture(scope="module")

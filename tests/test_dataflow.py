@@ -10,7 +10,6 @@ Dataflow service itself cannot run here, so what is checked is what it would rec
 
 import hashlib
 import io
-import logging
 import pathlib
 import re
 import shutil
@@ -36,16 +35,6 @@ def source_copy(tmp_path):
         shutil.copytree(REPO / package, src / package, ignore=ignore)
     shutil.copy(REPO / "setup.py", src / "setup.py")
     return src
-
-
-@pytest.fixture
-def quiet_main_logging():
-    """cli.main quiets these loggers for a console run; put them back for the other tests."""
-    names = ("apache_beam", "absl", "tensorflow")
-    levels = {n: logging.getLogger(n).level for n in names}
-    yield
-    for n, level in levels.items():
-        logging.getLogger(n).setLevel(level)
 
 
 def _upload_images(gcs, bucket, tmp_path, make_images):  # noqa: F811
@@ -75,7 +64,7 @@ def _pipeline_proto(data):
 
 
 def test_dataflow_job_with_setup_file(gcs, gcs_bucket, tmp_path, make_images,  # noqa: F811
-                                      source_copy, quiet_main_logging, capsys):
+                                      source_copy, capsys):
     from beam_pipeline import cli
 
     source = _upload_images(gcs, gcs_bucket, tmp_path, make_images)
