@@ -21,7 +21,7 @@ def run(argv=None):
     import apache_beam as beam
     from apache_beam.options.pipeline_options import SetupOptions, StandardOptions
 
-    from beam_pipeline import listing, options as opts, plan, versions
+    from beam_pipeline import listing, options as opts, plan, tfds_metadata, versions
     from beam_pipeline.commit import CommitSpec
     from beam_pipeline.pipeline import ImagesToTFRecords
     from readers import layout
@@ -78,7 +78,7 @@ def run(argv=None):
     p = beam.Pipeline(options=pipeline_options)
     _ = p | "ImagesToTFRecords" >> ImagesToTFRecords(
         shard_listings, spec, build.encode_options(), sink=build.sink, progress_dir=progress_dir,
-        extra_files=_extra_files(build),
+        extra_files=(tfds_metadata.write,),  # TFDS dataset_info.json etc. beside the manifest
         transform_image_size=build.transform_image_size if build.transform else 0)
     if not waits:
         result = p.run()
@@ -199,12 +199,6 @@ def _num_shards(refs, build, pipeline_options):
         n = build.num_shards or plan.auto_num_shards(size, build.target_shard_mb, workers)
         shards[split] = max(1, min(n, count))
     return shards
-
-
-def _extra_files(build):
-    from beam_pipeline import tfds_metadata  # TFDS dataset_info.json etc. beside the manifest
-
-    return (tfds_metadata.write,)
 
 
 def _generator():

@@ -98,12 +98,6 @@ def dataset_info(version_dir, manifest):
 
 def write(version_dir, manifest):
     """Commit hook: write the TFDS files into `version_dir` and list them in the manifest."""
-    try:
-        import tensorflow_datasets  # noqa: F401
-    except ImportError:
-        logging.warning("tensorflow-datasets is not installed: no TFDS metadata written "
-                        "(pip install tensorflow-datasets)")
-        return
     if int(manifest.get("label_offset", 0)) != 0:
         logging.warning("label_offset %s: TFDS ClassLabel ids start at 0; no TFDS metadata "
                         "written", manifest["label_offset"])

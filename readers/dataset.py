@@ -102,17 +102,10 @@ def make_dataset(path, split="train", batch_size=128, image_size=224, training=N
     else:
         decode = _eval_decoder(height, width, crop_fraction)
 
-    def to_example(*args):  # (record[, seed]) -> (image [H, W, 3], label)
-        image, label = decode(*args)
-        image = tf.image.resize(image, [height, width], method="bilinear")  # float32 0..255
-        if dtype == tf.uint8:
-            image = tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
-        else:
-            image = tf.cast(image * (1.0 / 255.0), dtype)
-        return image, tf.cast(label + label_shift, tf.int32)
-
     if transform:
         to_example = _transform_fn(ds_info, label_shift)
+    else:
+        to_example = _resized(decode, height, width, dtype, label_shift)
 
     ds = ds.map(to_example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
     if skip_corrupt:  # records that frame fine but fail to parse or decode
@@ -159,6 +152,21 @@ def _host_files(split_info, input_context, seed):
                 split_info.name, len(shards), n, n)
     counts = [len(range(index, s.num_examples, n)) for s in shards]
     return [s.path for s in shards], counts, (n, index)
+
+
+def _resized(decode, height, width, dtype, label_shift):
+    """(record[, seed]) -> (image [H, W, 3] in dtype, label): decode, resize, scale."""
+
+    def to_example(*args):
+        image, label = decode(*args)
+        image = tf.image.resize(image, [height, width], method="bilinear")  # float32 0..255
+        if dtype == tf.uint8:
+            image = tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
+        else:
+            image = tf.cast(image * (1.0 / 255.0), dtype)
+        return image, tf.cast(label + label_shift, tf.int32)
+
+    return to_example
 
 
 def _shuffle_buffer(shuffle_buffer, split_info, num_records):

@@ -236,14 +236,19 @@ def test_an_older_version_is_never_published_over_a_newer_one(tmp_path):
     assert versions.list_versions(root)[old] is True
 
 
-def test_runs_starting_in_the_same_second_get_different_versions(tmp_path, monkeypatch):
-    root = str(tmp_path / "ds")
-    ids = iter(["20260101T000000Z", "20260101T000000Z", "20260101T000001Z"])
+def assert_same_second_claims_differ(root, monkeypatch, prefix):
+    """Two runs whose clocks say the same second: the second claim moves to the next id."""
+    ids = iter([prefix + "0Z", prefix + "0Z", prefix + "1Z"])
     monkeypatch.setattr(versions, "new_version_id", lambda now=None: next(ids))
     monkeypatch.setattr(versions.time, "sleep", lambda s: None)
-    assert versions.claim_version(root) == "20260101T000000Z"
-    assert versions.claim_version(root) == "20260101T000001Z"
+    assert versions.claim_version(root) == prefix + "0Z"
+    assert versions.claim_version(root) == prefix + "1Z"
     monkeypatch.undo()
+
+
+def test_runs_starting_in_the_same_second_get_different_versions(tmp_path, monkeypatch):
+    root = str(tmp_path / "ds")
+    assert_same_second_claims_differ(root, monkeypatch, "20260101T00000")
 
     # For real: three runs released at once (same second, most likely) never share a version.
     barrier, got = threading.Barrier(3), []
@@ -277,12 +282,7 @@ def test_regeneration_cycle_on_gcs(gcs, gcs_bucket, tmp_path, monkeypatch):  # n
     assert objects(gcs, gcs_bucket) == before, "an up-to-date run wrote to the bucket"
 
     # Two ids claimed in one second on an object store: the claim objects keep them apart.
-    ids = iter(["29990101T000000Z", "29990101T000000Z", "29990101T000001Z"])
-    monkeypatch.setattr(versions, "new_version_id", lambda now=None: next(ids))
-    monkeypatch.setattr(versions.time, "sleep", lambda s: None)
-    assert versions.claim_version(root) == "29990101T000000Z"
-    assert versions.claim_version(root) == "29990101T000001Z"
-    monkeypatch.undo()
+    assert_same_second_claims_differ(root, monkeypatch, "29990101T00000")
     for v in ("29990101T000000Z", "29990101T000001Z"):  # drop them: they'd outrank the build
         versions.delete_version(root, v)
 
