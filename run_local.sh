@@ -12,7 +12,7 @@ if [ $# -gt 0 ]; then
 fi
 
 rm -rf sample_data
-"$VENV/bin/python" -m beam_pipeline.sample_data sample_data
+"$VENV/bin/python" -m beam_pipeline.tools.sample_data sample_data
 "$VENV/bin/python" -m beam_pipeline --config configs/local.yaml \
   --input sample_data --output out --name shapes --force \
   --max_error_rate 0.05  # the sample's 3 broken files (of 123) show the dead-letter output

@@ -19,6 +19,7 @@ setuptools.setup(
         "tensorflow>=2.16,<3",
         "tensorflow-transform>=1.16",
         "pillow>=10",
+        "simplejpeg>=1.8",  # libjpeg-turbo: strict decode (corrupt data is an error), fast codec
         "tensorflow-datasets>=4.9",  # TFDS metadata beside each version (builder_from_directory)
         "pyyaml>=6",
     ],
@@ -29,7 +30,7 @@ setuptools.setup(
     },
     entry_points={"console_scripts": [
         "image-tfrecords=beam_pipeline.cli:main",
-        "image-tfrecords-verify=beam_pipeline.verify:main",
-        "image-tfrecords-inspect=beam_pipeline.inspect:main",
+        "image-tfrecords-verify=beam_pipeline.tools.verify:main",
+        "image-tfrecords-inspect=beam_pipeline.tools.inspect:main",
     ]},
 )

@@ -30,6 +30,9 @@ def add_build_args(parser):
     add("--target_shard_mb", type=float, default=128.0, help="Target shard size for auto.")
     add("--max_side", type=int, default=0,
         help="Resize images whose longer side exceeds this; 0 = never.")
+    add("--validate", choices=("decode", "header"), default="decode",
+        help="decode: fully decode every image and reject JPEG data that loses pixels "
+             "(default); header: only check headers, for inputs you trust.")
     add("--reencode", choices=("auto", "always"), default="auto",
         help="auto: store baseline RGB JPEGs byte for byte; always: re-encode every image.")
     add("--jpeg_quality", type=int, default=90, help="JPEG quality when encoding (1-100).")
@@ -44,8 +47,9 @@ def add_build_args(parser):
              "beam: beam.io.WriteToTFRecord, for comparison.")
     add("--write_index", type=boolean, default=True,
         help="Write a DALI/tfrecord-style .index file next to each shard.")
-    add("--transform", type=boolean, default=True,
-        help="Run the tensorflow-transform analysis over the train split.")
+    add("--transform", type=boolean, nargs="?", const=True, default=False,
+        help="Also compute tensorflow-transform statistics and a transform graph (off by "
+             "default: the default build and reader never need it).")
     add("--no_transform", dest="transform", action="store_false",
         help="Same as --transform=false.")
     add("--transform_image_size", type=int, default=224,

@@ -26,12 +26,15 @@ class ImageError(ValueError):
 class EncodeOptions:
     max_side: int = 0            # resize when the longer side exceeds this; 0 = never
     reencode: str = "auto"       # auto: keep good JPEGs byte for byte; always: re-encode
+    validate: str = "decode"     # decode: full strict decode of every input; header: trust it
     jpeg_quality: int = 90
     max_pixels: int = Image.MAX_IMAGE_PIXELS  # decompression-bomb limit
 
     def __post_init__(self):
         if self.reencode not in ("auto", "always"):
             raise ValueError(f"reencode must be 'auto' or 'always', not {self.reencode!r}")
+        if self.validate not in ("decode", "header"):
+            raise ValueError(f"validate must be 'decode' or 'header', not {self.validate!r}")
         if not 1 <= self.jpeg_quality <= 100:
             raise ValueError(f"jpeg_quality must be in 1..100, not {self.jpeg_quality}")
         if self.max_side < 0:

@@ -49,7 +49,7 @@ class BuildOptions(PipelineOptions):
     def encode_options(self):
         from beam_pipeline.images import EncodeOptions
 
-        return EncodeOptions(max_side=self.max_side, reencode=self.reencode,
+        return EncodeOptions(max_side=self.max_side, reencode=self.reencode, validate=self.validate,
                              jpeg_quality=self.jpeg_quality, max_pixels=self.max_pixels)
 
     def build_config(self):

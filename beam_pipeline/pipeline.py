@@ -26,7 +26,7 @@ class ImagesToTFRecords(beam.PTransform):
         spec = self.spec
         label_ids = {label: i for i, label in enumerate(spec.labels)}
         if self.sink == "beam":
-            from beam_pipeline.beam_sink import WriteWithBeamSink
+            from beam_pipeline.tools.beam_sink import WriteWithBeamSink
 
             stats = (pbegin
                      | "ListingFiles" >> beam.Create([path for _, _, path in self.shard_listings])

@@ -3,7 +3,7 @@
 * `make_images(root, spec)` (a plain function, also exposed as the `make_images` fixture)
   writes an ImageFolder tree in milliseconds.
 * `built_dataset` (session-scoped) runs the real CLI once on the DirectRunner over
-  `beam_pipeline.sample_data.generate(..., per_class=12)` and returns what `cli.run` returned.
+  `beam_pipeline.tools.sample_data.generate(..., per_class=12)` and returns what `cli.run` returned.
 
 Treat `built_dataset` as read-only: it is shared by every test in the session. Copy it
 (`shutil.copytree(built_dataset["root"], tmp_path / "copy")`) before changing anything.
@@ -75,7 +75,7 @@ def sample_images(tmp_path_factory):
     """A directory made by `sample_data.generate(dir, per_class=12)`: 3 classes x 12 images in
     every variant (JPEG, progressive, PNG, gray, CMYK, palette, EXIF, 16-bit, RGBA, GIF) plus
     the 3 broken files of `sample_data.broken_files()` under circle/. Read-only."""
-    from beam_pipeline import sample_data
+    from beam_pipeline.tools import sample_data
 
     directory = tmp_path_factory.mktemp("sample_images")
     sample_data.generate(str(directory), per_class=12)

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from PIL import Image, JpegImagePlugin
 
-from beam_pipeline import images, sample_data
+from beam_pipeline import images
+from beam_pipeline.tools import sample_data
 from beam_pipeline.images import EncodeOptions, ImageError
 
 RED, BLUE, WHITE = (255, 0, 0), (0, 0, 255), (255, 255, 255)

@@ -1,4 +1,4 @@
-"""`python -m beam_pipeline.inspect`: summary text and two sensible PNGs (issue 7)."""
+"""`python -m beam_pipeline.tools.inspect`: summary text and two sensible PNGs (issue 7)."""
 
 import os
 import shutil
@@ -6,7 +6,7 @@ import shutil
 import pytest
 from PIL import Image
 
-from beam_pipeline import inspect as inspect_cmd
+from beam_pipeline.tools import inspect as inspect_cmd
 from readers import layout
 
 

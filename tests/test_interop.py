@@ -169,7 +169,7 @@ def test_tfrecord_package_reads_shards_through_index(built_dataset):
 def test_random_access_record_at_index_offset_k_is_kth_example(built_dataset):
     import tensorflow as tf
 
-    from beam_pipeline import verify
+    from beam_pipeline.tools import verify
 
     total = 0
     for _, path, sh in _shards(built_dataset, min_records=1):

@@ -1,4 +1,4 @@
-"""`python -m beam_pipeline.verify`: a clean build passes; damage is caught and named (issue 7)."""
+"""`python -m beam_pipeline.tools.verify`: a clean build passes; damage is caught and named (issue 7)."""
 
 import json
 import os
@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from beam_pipeline import verify
+from beam_pipeline.tools import verify
 from readers import layout
 
 

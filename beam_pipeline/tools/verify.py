@@ -1,4 +1,4 @@
-"""Check a dataset against its manifest: `python -m beam_pipeline.verify PATH`.
+"""Check a dataset against its manifest: `python -m beam_pipeline.tools.verify PATH`.
 
 PATH is a dataset root (LATEST is followed once) or a version directory, local or gs://.
 Checked, file by file and record by record, with no trust in anything but manifest.json:
@@ -284,7 +284,7 @@ def main(argv=None):
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow loads
     parser = argparse.ArgumentParser(
-        prog="python -m beam_pipeline.verify",
+        prog="python -m beam_pipeline.tools.verify",
         description="Check a dataset root or version directory against its manifest.json.")
     parser.add_argument("path", help="dataset root (follows LATEST) or versions/V directory")
     args = parser.parse_args(argv)

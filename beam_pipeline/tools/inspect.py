@@ -1,4 +1,4 @@
-"""Look at a dataset before training on it: `python -m beam_pipeline.inspect PATH --out DIR`.
+"""Look at a dataset before training on it: `python -m beam_pipeline.tools.inspect PATH --out DIR`.
 
 Prints the manifest summary (splits, classes, counts, rejected inputs by reason) and writes
 two PNGs into DIR:
@@ -219,7 +219,7 @@ def main(argv=None):
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow loads
     parser = argparse.ArgumentParser(
-        prog="python -m beam_pipeline.inspect",
+        prog="python -m beam_pipeline.tools.inspect",
         description="Print a dataset's manifest summary and write a contact sheet and a "
                     "class-count chart (PNG).")
     parser.add_argument("path", help="dataset root (follows LATEST) or versions/V directory")

@@ -1,4 +1,4 @@
-"""A small, deterministic sample image set: `python -m beam_pipeline.sample_data DIR`.
+"""A small, deterministic sample image set: `python -m beam_pipeline.tools.sample_data DIR`.
 
 Three classes a model can learn (circle, square, triangle on noisy backgrounds), in the
 formats real folders hold (baseline and progressive JPEG, PNG, grayscale, CMYK, palette
@@ -108,5 +108,5 @@ def generate(root, per_class=40, seed=0):
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: python -m beam_pipeline.sample_data DIR")
+        sys.exit("usage: python -m beam_pipeline.tools.sample_data DIR")
     print(f"wrote {generate(sys.argv[1])} files to {sys.argv[1]}")
