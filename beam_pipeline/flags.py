@@ -50,7 +50,7 @@ def add_build_args(parser):
     add("--transform", type=boolean, nargs="?", const=True, default=False,
         help="Also compute tensorflow-transform statistics and a transform graph (off by "
              "default: the default build and reader never need it).")
-    add("--no_transform", dest="transform", action="store_false",
+    add("--no_transform", dest="transform", action="store_false", default=False,
         help="Same as --transform=false.")
     add("--transform_image_size", type=int, default=224,
         help="Image size the transform graph resizes to.")
