@@ -4,18 +4,19 @@ Everything that must happen for a version to exist (commit, manifest, LATEST) ru
 the job; this launcher only prepares, submits and, for runners that wait, reports.
 """
 
-import dataclasses
 import json
 import logging
 import os
 import sys
+import tempfile
 import threading
 import time
 
-from beam_pipeline import __version__
+from beam_pipeline import __version__, lock
 from beam_pipeline.errors import UserError, error_record
 
 
+@lock.release_on_exit  # the lock taken below is released however run() ends
 def run(argv=None):
     """Build one dataset version. Returns a dict describing what happened."""
     import apache_beam as beam
@@ -29,36 +30,46 @@ def run(argv=None):
     pipeline_options, build = opts.parse(argv)
     root = build.output.rstrip("/")
     _check_writable(root)
+    lock.acquire(root, wait=build.wait)  # one build per root: exit 2 (or --wait) if held
 
-    refs, errors, duplicates, listed = listing.list_inputs(build.input)
     config = build.build_config()
     previous_version, previous = versions.latest(root)
     fingerprint_config = {k: v for k, v in config.items() if k not in opts.NOT_FINGERPRINTED}
     label_file = _read_label_file(build.label_file) if build.label_file else None
     fingerprint_config["label_file"] = label_file
-    fingerprint = versions.fingerprint(refs, fingerprint_config, __version__)
-    if previous and previous.get("input_fingerprint") == fingerprint and not build.force:
-        print(f"{root}: up to date (version {previous_version}, fingerprint unchanged); "
-              "nothing written. Use --force to rebuild.")
-        return {"status": "up_to_date", "version": previous_version}
+    with tempfile.TemporaryDirectory(prefix="image-tfrecords-") as scratch:
+        # Listing -> sorted by key on disk (dedupe, fingerprint) -> by shard hash on disk.
+        errors_path = os.path.join(scratch, "listing_errors.jsonl")
+        with open(errors_path, "w") as errors_file:
+            planned = plan.plan_listing(
+                listing.iter_inputs(build.input), plan.parse_splits(build.splits),
+                versions.Fingerprint(fingerprint_config, __version__),
+                set(label_file) if label_file else None, scratch,
+                lambda e: errors_file.write(json.dumps(e) + "\n"))
+        if (previous and previous.get("input_fingerprint") == planned.fingerprint
+                and not build.force):
+            print(f"{root}: up to date (version {previous_version}, fingerprint unchanged); "
+                  "nothing written. Use --force to rebuild.")
+            return {"status": "up_to_date", "version": previous_version}
 
-    refs, errors, labels = _assign_labels_and_splits(refs, errors, build, previous, label_file)
-    num_shards = _num_shards(refs, build, pipeline_options)
-
-    version = versions.claim_version(root)  # unique even when two runs start in one second
-    tmp_dir = layout.join(layout.version_dir(root, version), ".tmp")  # = CommitSpec.tmp_dir
-    spec = CommitSpec(
-        root=root, version=version, name=build.name, labels=tuple(labels),
-        num_shards=num_shards, listed=listed, duplicates=duplicates,
-        listing_errors_path=layout.join(tmp_dir, "listing_errors.jsonl"),
-        input_fingerprint=fingerprint, config=config,
-        generator=_generator(), max_error_rate=build.max_error_rate,
-        keep_versions=build.keep_versions, write_index=build.write_index)
-    versions.write_bytes(spec.listing_errors_path,
-                         "".join(json.dumps(e) + "\n" for e in errors).encode())
-    shard_listings = _write_shard_listings(spec.tmp_dir, plan.partition(refs, num_shards))
-    n_images, n_bytes, n_rejected = len(refs), sum(r.size for r in refs), len(errors)
-    del refs, errors  # the job reads the listing files; keep the launcher's memory flat
+        labels = plan.label_ids(planned.labels_present, previous["labels"] if previous else (),
+                                label_file)
+        num_shards = _num_shards(planned.per_split, build, pipeline_options)
+        version = versions.claim_version(root)  # unique even when two runs start in one second
+        tmp_dir = layout.join(layout.version_dir(root, version), ".tmp")  # = CommitSpec.tmp_dir
+        spec = CommitSpec(
+            root=root, version=version, name=build.name, labels=tuple(labels),
+            num_shards=num_shards, listed=planned.listed, duplicates=planned.duplicates,
+            listing_errors_path=layout.join(tmp_dir, "listing_errors.jsonl"),
+            input_fingerprint=planned.fingerprint, config=config,
+            generator=_generator(), max_error_rate=build.max_error_rate,
+            keep_versions=build.keep_versions, write_index=build.write_index)
+        versions.copy_local_file(errors_path, spec.listing_errors_path)
+        shards_index = _write_shard_listings(
+            spec.tmp_dir, plan.iter_shards(planned.by_position, num_shards))
+        planned.by_position.close()
+    n_images, n_bytes, n_rejected = planned.num_images, planned.num_bytes, planned.errors
+    duplicates = planned.duplicates
 
     pipeline_options.view_as(SetupOptions).save_main_session = False
     standard = pipeline_options.view_as(StandardOptions)
@@ -77,10 +88,11 @@ def run(argv=None):
     start = time.monotonic()
     p = beam.Pipeline(options=pipeline_options)
     _ = p | "ImagesToTFRecords" >> ImagesToTFRecords(
-        shard_listings, spec, build.encode_options(), sink=build.sink, progress_dir=progress_dir,
+        shards_index, spec, build.encode_options(), sink=build.sink, progress_dir=progress_dir,
         extra_files=(tfds_metadata.write,),  # TFDS dataset_info.json etc. beside the manifest
         transform_image_size=build.transform_image_size if build.transform else 0)
     if not waits:
+        lock.hand_off(root, version)  # the job outlives us: its commit stage releases the lock
         result = p.run()
         template = pipeline_options.get_all_options().get("template_location")
         if template:  # Dataflow wrote the job file and started nothing: there is no job id
@@ -100,22 +112,6 @@ def run(argv=None):
     _print_summary(root, vdir, manifest, seconds)
     return {"status": "published", "version": version, "manifest": manifest,
             "version_dir": vdir, "seconds": seconds}
-
-
-def _assign_labels_and_splits(refs, errors, build, previous, label_file):
-    """Label ids (stable across versions) and a split for every ref; unknown labels -> errors."""
-    from beam_pipeline import plan
-
-    labels = plan.label_ids({r.label for r in refs}, previous["labels"] if previous else (),
-                            label_file)
-    known = set(labels)
-    errors = errors + [error_record(r.uri, "read", "unknown_label",
-                                    f"class {r.label!r} is not in --label_file {build.label_file}")
-                       for r in refs if r.label not in known]
-    splits = plan.parse_splits(build.splits)
-    refs = [r if r.split else dataclasses.replace(r, split=plan.assign_split(r.key, splits))
-            for r in refs if r.label in known]
-    return refs, errors, labels
 
 
 def _workers_in_launcher(pipeline_options, runner):
@@ -141,18 +137,31 @@ def _job_id(result):
 
 
 def _write_shard_listings(tmp_dir, shards):
-    """One JSONL file of ImageRefs per shard -> [(split, shard, path)] for the job to fan out."""
+    """(split, shard, [ImageRef]) stream -> one JSONL listing file per shard, 16 writes in
+    flight (many small objects on gs://) -> the path of the shard index the job reads.
+
+    The job reads that index file rather than having the list inlined in its graph:
+    Dataflow rejects job descriptions over ~10 MB.
+    """
     import concurrent.futures
 
     from beam_pipeline import versions
     from readers import layout
 
-    jobs = [(split, shard, layout.join(tmp_dir, "listing", f"{split}-{shard:05d}.jsonl"),
-             "".join(r.to_json() + "\n" for r in refs).encode())
-            for (split, shard), refs in shards.items()]
-    with concurrent.futures.ThreadPoolExecutor(16) as pool:  # many small objects on gs://
-        list(pool.map(lambda job: versions.write_bytes(job[2], job[3]), jobs))
-    return [(split, shard, path) for split, shard, path, _ in jobs]
+    index, in_flight = [], []
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        for split, shard, refs in shards:
+            path = layout.join(tmp_dir, "listing", f"{split}-{shard:05d}.jsonl")
+            data = "".join(r.to_json() + "\n" for r in refs).encode()
+            in_flight.append(pool.submit(versions.write_bytes, path, data))
+            index.append(json.dumps([split, shard, path]) + "\n")
+            if len(in_flight) >= 32:
+                in_flight.pop(0).result()
+        for future in in_flight:
+            future.result()
+    index_path = layout.join(tmp_dir, "shards.jsonl")
+    versions.write_bytes(index_path, "".join(index).encode())
+    return index_path
 
 
 def _check_writable(root):
@@ -183,17 +192,13 @@ def _read_label_file(path):
     return names
 
 
-def _num_shards(refs, build, pipeline_options):
+def _num_shards(per_split, build, pipeline_options):
     """Per split: --num_shards, or auto by size; never more shards than images."""
     from apache_beam.options.pipeline_options import DirectOptions
 
     from beam_pipeline import plan
 
     workers = pipeline_options.view_as(DirectOptions).direct_num_workers or os.cpu_count() or 1
-    per_split = {}
-    for r in refs:
-        count, size = per_split.get(r.split, (0, 0))
-        per_split[r.split] = (count + 1, size + r.size)
     shards = {}
     for split, (count, size) in per_split.items():
         n = build.num_shards or plan.auto_num_shards(size, build.target_shard_mb, workers)

@@ -12,7 +12,7 @@ import logging
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from beam_pipeline import versions
+from beam_pipeline import catalog, versions
 from readers import layout, schema
 
 
@@ -60,12 +60,16 @@ def commit(shard_stats, spec, extra_files=(), manifest_parts=()):
     of the job (e.g. the transform analysis) merged into the manifest.
     """
     vdir = spec.vdir
+    done = layout.join(vdir, layout.MANIFEST)
+    if versions.exists(done):  # run again after it wrote the manifest (a runner's retry):
+        return _publish(spec, versions.read_json(done))  # publish only, rewrite nothing
     listing_errors = [json.loads(l) for l in _read_lines(spec.listing_errors_path)]
     errors = listing_errors + [e for s in shard_stats for e in s["errors"]]
     written = sum(s["num_examples"] for s in shard_stats)
     _write_errors(layout.join(vdir, layout.ERRORS), errors)
     rate = len(errors) / max(spec.listed, 1)
     if rate > spec.max_error_rate:
+        _release_lock(spec)
         raise ErrorRateExceeded(
             f"{len(errors)} of {spec.listed} inputs rejected ({rate:.1%}) exceeds --max_error_rate "
             f"{spec.max_error_rate:g}; nothing published; see {layout.join(vdir, layout.ERRORS)}")
@@ -84,6 +88,7 @@ def commit(shard_stats, spec, extra_files=(), manifest_parts=()):
             "label_counts": {label: counts.get(label, 0) for label in spec.labels},
             "shards": shards,
         }
+    catalog_rows = _merge_catalog(shard_stats, spec)
     for label in spec.labels:
         if not any(s["label_counts"].get(label) for s in splits.values()):
             logging.warning("class %r has no images in this version; its id is kept", label)
@@ -103,12 +108,18 @@ def commit(shard_stats, spec, extra_files=(), manifest_parts=()):
         "labels": list(spec.labels),
         "label_offset": 0,
         "features": dict(schema.FEATURES),
+        "key_scheme": layout.KEY_SCHEME,
         "splits": splits,
         "accounting": {"listed": spec.listed, "duplicates": spec.duplicates,
                        "failed": len(errors), "written": written,
                        "passed_through": sum(s.get("passed_through", 0) for s in shard_stats)},
         "errors": {"path": layout.ERRORS, "count": len(errors), "by_reason": reasons},
     }
+    if catalog_rows is not None:
+        manifest["catalog"] = {"path": layout.CATALOG, "rows": catalog_rows}
+    # Distinct processes that ran the shard writer (0 with --sink beam, which does not say).
+    manifest["build"] = {"writer_processes": len({s["writer"] for s in shard_stats
+                                                  if s.get("writer")})}
     for part in manifest_parts:
         manifest.update(part)
     for extra in extra_files:  # hooks that add files next to the manifest (TFDS, TFT, …)
@@ -117,13 +128,27 @@ def commit(shard_stats, spec, extra_files=(), manifest_parts=()):
     # Only now: a retried commit (say the manifest write failed) must still find the
     # listing errors in .tmp/, or its errors.jsonl and accounting would silently lose them.
     versions.delete_tree(spec.tmp_dir)
+    return _publish(spec, manifest)
 
+
+def _publish(spec, manifest):
+    """Move LATEST forward to this complete version, prune, release a handed-off lock."""
     published = versions.publish(spec.root, spec.version)
     if published != spec.version:
+        _release_lock(spec)
         raise PublishRefused(f"version {published} was published while {spec.version} was "
                              f"being built; {spec.version} is complete but not published")
     versions.prune(spec.root, spec.version, spec.keep_versions)
+    _release_lock(spec)
     return manifest
+
+
+def _release_lock(spec):
+    """A job submitted by a launcher that did not wait holds ROOT/.lock: done with it now.
+    (A waiting launcher's lock is its own to release; this leaves it alone.)"""
+    from beam_pipeline import lock
+
+    lock.release_submitted(spec.root, spec.version)
 
 
 def _commit_shard(stats, spec, split, shard):
@@ -140,6 +165,19 @@ def _commit_shard(stats, spec, split, shard):
         _rename(stats["index_temp"], layout.index_name(final))
     return {"path": final_name, "num_examples": stats["num_examples"],
             "num_bytes": stats["num_bytes"], "sha256": stats["sha256"]}
+
+
+def _merge_catalog(shard_stats, spec):
+    """Per-shard catalog fragments, in split and shard order -> VDIR/catalog.parquet.
+
+    Returns its row count, or None when the sink wrote no fragments (--sink beam).
+    """
+    fragments = [s["catalog_temp"] for s in sorted(shard_stats, key=lambda s: (s["split"],
+                                                                              s["shard"]))
+                 if s.get("catalog_temp")]
+    if not fragments:
+        return None
+    return catalog.merge(fragments, layout.join(spec.vdir, layout.CATALOG))
 
 
 def _rename(temp, final):

@@ -58,6 +58,8 @@ def add_build_args(parser):
         help="Rebuild even when inputs and options are unchanged.")
     add("--keep_versions", type=int, default=0,
         help="After publishing, keep this many newest complete versions; 0 = keep all.")
+    add("--wait", type=boolean, nargs="?", const=True, default=False,
+        help="When another build holds --output, wait for it instead of exiting with status 2.")
     add("--verbose", type=boolean, nargs="?", const=True, default=False,
         help="Show tracebacks and Beam's logging.")
 

@@ -59,7 +59,7 @@ class BuildOptions(PipelineOptions):
 
 
 # Options that change where or whether a build happens, not what it produces.
-NOT_FINGERPRINTED = {"input", "output", "force", "keep_versions", "verbose"}
+NOT_FINGERPRINTED = {"input", "output", "force", "keep_versions", "verbose", "wait"}
 
 
 def _own_actions():

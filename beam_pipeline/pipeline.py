@@ -1,5 +1,7 @@
 """The job as one composite transform whose expand reads like DESIGN §1."""
 
+import json
+
 import apache_beam as beam
 
 from beam_pipeline.commit import Commit
@@ -8,16 +10,17 @@ from beam_pipeline.shards import WriteShardFn
 
 
 class ImagesToTFRecords(beam.PTransform):
-    """Per-shard listing files -> shards written in parallel -> committed, published version.
+    """Shard index -> shards written in parallel -> committed, published version.
 
     The launcher has already planned every image (label, split, shard) and written one small
-    listing file per shard, in shard order; so nothing per-image is grouped here at all.
+    listing file per shard, in shard order, and an index of those files; so nothing
+    per-image is grouped here at all, and the job graph stays small at any scale.
     """
 
-    def __init__(self, shard_listings, spec, encode_options, sink="shards", progress_dir=None,
+    def __init__(self, shards_index, spec, encode_options, sink="shards", progress_dir=None,
                  extra_files=(), transform_image_size=0):
         super().__init__()
-        self.shard_listings, self.spec = shard_listings, spec  # [(split, shard, listing path)]
+        self.shards_index, self.spec = shards_index, spec  # JSONL of [split, shard, listing]
         self.encode_options, self.sink = encode_options, sink
         self.progress_dir, self.extra_files = progress_dir, extra_files
         self.transform_image_size = transform_image_size  # 0: no tf.Transform analysis
@@ -25,23 +28,28 @@ class ImagesToTFRecords(beam.PTransform):
     def expand(self, pbegin):
         spec = self.spec
         label_ids = {label: i for i, label in enumerate(spec.labels)}
+        shards = (pbegin
+                  | "ShardIndex" >> beam.Create([self.shards_index])
+                  | "ReadShardIndex" >> beam.io.ReadAllFromText()
+                  | "ParseShard" >> beam.Map(parse_shard_line)
+                  # -> (split, shard, listing file of that shard's ImageRefs)
+                  | "ToWorkers" >> beam.Reshuffle())
         if self.sink == "beam":
             from beam_pipeline.tools.beam_sink import WriteWithBeamSink
 
-            stats = (pbegin
-                     | "ListingFiles" >> beam.Create([path for _, _, path in self.shard_listings])
+            stats = (shards
+                     | "ListingFiles" >> beam.MapTuple(lambda split, shard, listing: listing)
                      | "ReadListings" >> beam.io.ReadAllFromText()
                      | "ParseRefs" >> beam.Map(ImageRef.from_json)       # -> ImageRef
                      | "WriteWithBeamSink" >> WriteWithBeamSink(spec, label_ids,
                                                                 self.encode_options))
         else:
-            stats = (pbegin
-                     | "ListShards" >> beam.Create(self.shard_listings)  # reshuffled to workers
-                     # -> (split, shard, listing file of that shard's ImageRefs)
+            stats = (shards
                      | "WriteShards" >> beam.ParDo(WriteShardFn(
                          spec.tmp_dir, spec.name, spec.num_shards, label_ids,
-                         self.encode_options, spec.write_index, self.progress_dir)))
-            # -> shard stats (one small dict per shard)
+                         self.encode_options, spec.write_index, self.progress_dir,
+                         moments=bool(self.transform_image_size))))
+            # -> shard stats (one small dict per shard; with --transform, + pixel_moments)
         parts = ()
         if self.transform_image_size:
             from beam_pipeline.analyze import AnalyzeTrain
@@ -49,3 +57,9 @@ class ImagesToTFRecords(beam.PTransform):
             parts = (stats | "AnalyzeTrain" >> AnalyzeTrain(spec, self.transform_image_size),)
             # -> [{"transform": {...}}] once VDIR/transform_fn/ is written
         return stats | "Commit" >> Commit(spec, self.extra_files, parts)  # -> manifest
+
+
+def parse_shard_line(line):
+    """A shard index line -> (split, shard, listing file path)."""
+    split, shard, listing = json.loads(line)
+    return split, shard, listing

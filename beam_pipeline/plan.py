@@ -15,22 +15,24 @@ SPLIT_NAMES = ("train", "validation", "test")
 
 @dataclasses.dataclass(frozen=True, order=True)
 class ImageRef:
-    """One listed input: small enough to group and shuffle by the million."""
+    """One listed input: small, and streamed through the launcher, never held all at once."""
 
-    key: str                      # identity: the input's full uri
-    uri: str
-    filename: str                 # relative to its input root (image/filename)
+    key: str                      # identity: path relative to its input root (image/filename)
+    uri: str                      # where to read it: absolute local path or gs:// uri
     label: str
     split: Optional[str] = None   # fixed by layout or manifest column, else hashed
     size: int = 0
-    mtime: float = 0.0            # mtime or GCS update time; only for the fingerprint
+    mtime: float = 0.0            # mtime or GCS update time; for the fingerprint and catalog
 
     def to_json(self):
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+        return json.dumps(dataclasses.astuple(self))
 
     @classmethod
     def from_json(cls, line):
-        return cls(**json.loads(line))
+        return cls(*json.loads(line))
+
+    def with_key(self, key):
+        return dataclasses.replace(self, key=key)
 
 
 def unit_hash(*parts):
@@ -77,6 +79,18 @@ def shard_position(split, key):
     return unit_hash("shard", split, key)
 
 
+def shard_sort_key(split, key):
+    """A text key that sorts like (split, shard_position): 16 hex digits of the same hash."""
+    digest = hashlib.sha256("\0".join(("shard", split, key)).encode()).digest()
+    return f"{split} {digest[:8].hex()}"
+
+
+def position_of(sort_key):
+    """shard_sort_key -> (split, shard_position)."""
+    split, _, hex_position = sort_key.rpartition(" ")
+    return split, int(hex_position, 16) / 2.0**64
+
+
 def shard_of(split, key, num_shards):
     return min(int(shard_position(split, key) * num_shards), num_shards - 1)
 
@@ -104,3 +118,98 @@ def label_ids(present, previous=(), label_file=None):
         return list(label_file)
     known = list(previous)
     return known + sorted(set(present) - set(known))
+
+
+@dataclasses.dataclass
+class Plan:
+    """What one streaming pass over the listing learned; refs wait on disk in shard order."""
+
+    fingerprint: str
+    labels_present: set
+    listed: int = 0
+    duplicates: int = 0
+    per_split: dict = dataclasses.field(default_factory=dict)  # split -> [count, bytes]
+    errors: int = 0
+    by_position: object = None  # SortedSpill: (shard_sort_key, ImageRef json)
+
+    @property
+    def num_images(self):
+        return sum(c for c, _ in self.per_split.values())
+
+    @property
+    def num_bytes(self):
+        return sum(b for _, b in self.per_split.values())
+
+
+def plan_listing(items, splits, fingerprint, known_labels, spill_dir, write_error):
+    """Listed items (ImageRef or error dict) -> Plan, in flat memory.
+
+    Sorts by uri on disk to drop duplicates (the same file listed again, by any input:
+    same label and split, counted; otherwise a `conflicting_duplicate` error) and to
+    fingerprint in a stable order (keys are then unique: each input's keys are distinct
+    paths under its own prefix), then
+    assigns splits and spills the refs again sorted by shard hash, so shards can be cut
+    once their count is known. `fingerprint` has add(ref) and hexdigest(); `write_error`
+    takes each errors.jsonl record; `known_labels` (a --label_file's classes) or None.
+    """
+    from beam_pipeline.errors import error_record
+    from beam_pipeline.spill import SortedSpill
+
+    plan = Plan(fingerprint="", labels_present=set(), by_position=SortedSpill(spill_dir))
+    with SortedSpill(spill_dir) as by_uri:
+        for item in items:
+            plan.listed += 1
+            if isinstance(item, ImageRef):
+                by_uri.add(json.dumps(item.uri), item.to_json())
+            else:
+                plan.errors += 1
+                write_error(item)
+        first = None
+        for _, line in by_uri:
+            ref = ImageRef.from_json(line)
+            if first is not None and ref.uri == first.uri:
+                if (ref.label, ref.split) == (first.label, first.split):
+                    plan.duplicates += 1
+                else:
+                    plan.errors += 1
+                    write_error(error_record(
+                        ref.uri, "read", "conflicting_duplicate",
+                        f"listed again with label {ref.label!r}, split {ref.split!r}; kept "
+                        f"label {first.label!r}, split {first.split!r}"))
+                continue
+            first = ref
+            fingerprint.add(ref)
+            if known_labels is not None and ref.label not in known_labels:
+                plan.errors += 1
+                write_error(error_record(ref.uri, "read", "unknown_label",
+                                         f"class {ref.label!r} is not in --label_file"))
+                continue
+            plan.labels_present.add(ref.label)
+            split = ref.split or assign_split(ref.key, splits)
+            counts = plan.per_split.setdefault(split, [0, 0])
+            counts[0] += 1
+            counts[1] += ref.size
+            plan.by_position.add(shard_sort_key(split, ref.key),
+                                 dataclasses.replace(ref, split=split).to_json())
+    plan.fingerprint = fingerprint.hexdigest()
+    return plan
+
+
+def iter_shards(by_position, num_shards):
+    """Refs sorted by shard hash -> (split, shard, [ImageRef in shard order]), one at a time.
+
+    shard = floor(position × N) is monotone in the position, so each shard is one run of
+    the sorted stream: only one shard's refs are in memory.
+    """
+    current, refs = None, []
+    for sort_key, line in by_position:
+        split, position = position_of(sort_key)
+        n = num_shards[split]
+        shard = (split, min(int(position * n), n - 1))
+        if shard != current and refs:
+            yield (*current, refs)
+            refs = []
+        current = shard
+        refs.append(ImageRef.from_json(line))
+    if refs:
+        yield (*current, refs)

@@ -6,8 +6,11 @@ import struct
 from readers import schema
 
 
-def make_example(encoded, label, text, filename):
-    """Serialized tf.train.Example with the DESIGN §3 keys; byte-identical for equal inputs."""
+def make_example(encoded, label, text, filename, sha256=None):
+    """Serialized tf.train.Example with the DESIGN §3 keys; byte-identical for equal inputs.
+
+    `sha256`: the hex digest of encoded.data when the caller already has it (the catalog).
+    """
     features = {
         schema.ENCODED: encoded.data,
         schema.FORMAT: b"JPEG",
@@ -18,7 +21,7 @@ def make_example(encoded, label, text, filename):
         schema.LABEL: label,
         schema.TEXT: text.encode(),
         schema.FILENAME: filename.encode(),
-        schema.SHA256: hashlib.sha256(encoded.data).hexdigest().encode(),
+        schema.SHA256: (sha256 or hashlib.sha256(encoded.data).hexdigest()).encode(),
     }
     return serialize_example(features)
 

@@ -7,6 +7,8 @@ so memory does not grow with the dataset (DESIGN §1).
 import concurrent.futures
 import hashlib
 import json
+import os
+import socket
 import time
 import uuid
 
@@ -15,7 +17,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from beam_pipeline import images, records
+from beam_pipeline import catalog, images, records
 from beam_pipeline.errors import error_record
 from beam_pipeline.plan import ImageRef
 from readers import layout
@@ -49,8 +51,9 @@ class WriteShardFn(beam.DoFn):
     """
 
     def __init__(self, tmp_dir, name, num_shards, label_ids, encode_options, write_index,
-                 progress_dir=None):
+                 progress_dir=None, moments=False):
         self.tmp_dir, self.name, self.num_shards = tmp_dir, name, num_shards
+        self.moments = moments  # --transform: per-shard pixel sums for the analysis
         self.label_ids = label_ids
         self.encode_options, self.write_index = encode_options, write_index
         self.progress_dir = progress_dir
@@ -72,8 +75,11 @@ class WriteShardFn(beam.DoFn):
         temp = layout.join(self.tmp_dir, f"{final}.{attempt}")
         stats = {"split": split, "shard": shard, "path": final, "temp": temp,
                  "num_examples": 0, "num_bytes": 0, "label_counts": {}, "errors": [],
-                 "passed_through": 0}
-        digest, offsets = hashlib.sha256(), []
+                 "passed_through": 0,
+                 "writer": f"{socket.gethostname()}:{os.getpid()}"}  # counted by commit
+        if self.moments:  # exact over the stored pixels (integers held exactly in float64)
+            stats["pixel_moments"] = {"count": 0, "sum": [0.0] * 3, "sum_sq": [0.0] * 3}
+        digest, offsets, catalog_rows = hashlib.sha256(), [], []
         progress = _Progress(self.progress_dir, f"{final}.{attempt}")
         with FileSystems.create(temp) as out:
             for ref, (data, read_error) in zip(refs, _read_ahead(self.pool,
@@ -82,33 +88,54 @@ class WriteShardFn(beam.DoFn):
                     if read_error is not None:
                         raise images.ImageError("read", "unreadable",
                                                 f"{type(read_error).__name__}: {read_error}")
-                    encoded = images.convert(data, self.encode_options)
+                    encoded = (images.convert(data, self.encode_options, with_moments=True)
+                               if self.moments else images.convert(data, self.encode_options))
                 except images.ImageError as e:
                     stats["errors"].append(error_record(ref.uri, e.stage, e.reason, e.detail))
                     Metrics.counter("errors", e.reason).inc()
                     self.failed.inc()
                     progress.tick()
                     continue
+                sha256 = hashlib.sha256(encoded.data).hexdigest()
                 frame = records.tfrecord_frame(
                     records.make_example(encoded, self.label_ids[ref.label], ref.label,
-                                         ref.filename))
+                                         ref.key, sha256))
+                catalog_rows.append({
+                    "key": ref.key, "uri": ref.uri, "label": ref.label,
+                    "label_id": self.label_ids[ref.label], "split": split, "shard": shard,
+                    "file": final, "position": stats["num_examples"],
+                    "offset": stats["num_bytes"], "length": len(frame), "sha256": sha256,
+                    "input_size": ref.size, "input_mtime": ref.mtime})
                 out.write(frame)
                 digest.update(frame)
                 offsets.append((stats["num_bytes"], len(frame)))
                 stats["num_bytes"] += len(frame)
                 stats["num_examples"] += 1
                 stats["passed_through"] += encoded.passed_through
+                if self.moments:
+                    _add_moments(stats["pixel_moments"], encoded.moments)
                 stats["label_counts"][ref.label] = stats["label_counts"].get(ref.label, 0) + 1
                 self.written.inc()
                 self.passed_through.inc(encoded.passed_through)
                 progress.tick()
         progress.flush(force=True)
         stats["sha256"] = digest.hexdigest()
+        stats["catalog_temp"] = temp + ".catalog.parquet"
+        with FileSystems.create(stats["catalog_temp"]) as f:
+            f.write(catalog.fragment_bytes(catalog_rows))
         if self.write_index:
             stats["index_temp"] = temp + layout.INDEX_SUFFIX
             with FileSystems.create(stats["index_temp"]) as f:
                 f.write("".join(f"{o} {n}\n" for o, n in offsets).encode())
         yield stats
+
+
+def _add_moments(totals, moments):
+    """Add one image's (pixel count, (r, g, b) sums, (r, g, b) sums of squares) to a shard's."""
+    count, sums, squares = moments
+    totals["count"] += int(count)
+    totals["sum"] = [a + float(b) for a, b in zip(totals["sum"], sums)]
+    totals["sum_sq"] = [a + float(b) for a, b in zip(totals["sum_sq"], squares)]
 
 
 def _read_ahead(pool, uris):

@@ -76,8 +76,20 @@ def write_bytes(path, data):
         f.write(data)
 
 
+def copy_local_file(local_path, path):
+    """Stream a local file to `path` (local or gs://) in 8 MiB pieces."""
+    with open(local_path, "rb") as src, FileSystems.create(path) as dst:
+        while chunk := src.read(8 << 20):
+            dst.write(chunk)
+
+
 def write_json(path, obj):
-    write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
+    """Write a JSON file whole or not at all (a manifest present means a complete version)."""
+    data = (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode()
+    if "://" in path:
+        write_bytes(path, data)  # an object appears only once its upload completes
+    else:
+        replace_local(path, data)
 
 
 def exists(path):
@@ -131,29 +143,131 @@ def delete_tree(directory):
         FileSystems.delete(paths)
 
 
-def fingerprint(refs, config, package_version):
-    """sha256 over the listing (uri, size, mtime, label, split) and the build options."""
-    h = hashlib.sha256()
-    h.update(json.dumps({"config": config, "package": package_version}, sort_keys=True).encode())
-    for r in refs:
-        h.update(json.dumps([r.uri, r.size, r.mtime, r.label, r.split]).encode())
-        h.update(b"\n")
-    return "sha256:" + h.hexdigest()
+class Fingerprint:
+    """sha256 over the build options and the listing (uri, size, mtime, label, split), fed
+    one ref at a time in key order, so the launcher never holds the listing."""
+
+    def __init__(self, config, package_version):
+        self.h = hashlib.sha256()
+        self.h.update(json.dumps({"config": config, "package": package_version},
+                                 sort_keys=True).encode())
+
+    def add(self, r):
+        self.h.update(json.dumps([r.uri, r.size, r.mtime, r.label, r.split]).encode())
+        self.h.update(b"\n")
+
+    def hexdigest(self):
+        return "sha256:" + self.h.hexdigest()
 
 
 def publish(root, version):
-    """Point LATEST at `version` unless a newer one is already there; clean older leftovers.
+    """Point LATEST at `version` unless a newer one is already there; returns the version
+    LATEST names afterwards (`version`, or the newer one that stays).
 
-    Returns the version LATEST names afterwards. The compare-then-write is not atomic on
-    object stores; version ids sort by start time, so the window is the rename itself.
+    LATEST only moves forward, and atomically (issue 13): on gs:// by a compare-and-swap on
+    LATEST's generation, re-read and retried when another writer got in first; locally
+    under an flock on the root directory, through a temp file that is fsynced and renamed
+    over LATEST, then the directory fsynced. Publishing the version LATEST already names
+    writes nothing, so a retried commit leaves LATEST byte-identical.
     """
-    current, _ = latest(root)
-    if current is not None and current > version:
-        return current
-    tmp = layout.join(root, f".{layout.LATEST}.{version}.tmp")
-    write_bytes(tmp, json.dumps(layout.latest_record(version)).encode())
-    FileSystems.rename([tmp], [layout.join(root, layout.LATEST)])
-    return version
+    if root.startswith("gs://"):
+        return _publish_gcs(root, version)
+    return _publish_local(root, version)
+
+
+def _publish_local(root, version):
+    import fcntl
+
+    path = layout.join(root, layout.LATEST)
+    fd = os.open(root, os.O_RDONLY)  # the directory's flock serializes read-compare-rename
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        current = read_json(path)["version"] if os.path.exists(path) else None
+        if current is not None and current >= version:
+            return current
+        replace_local(path, json.dumps(layout.latest_record(version)).encode())
+        return version
+    finally:
+        os.close(fd)  # drops the flock
+
+
+def replace_local(path, data):
+    """Atomically replace a local file: temp file, fsync, rename over `path`, fsync the
+    directory. A crash or a full disk leaves the old file (or none), never a torn one."""
+    directory, name = os.path.split(os.path.abspath(path))
+    tmp = os.path.join(directory, f".{name}.{uuid.uuid4().hex[:12]}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise OSError(e.errno, f"cannot write {path}: {e.strerror}") from e
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # the rename itself survives a power cut
+    finally:
+        os.close(fd)
+
+
+def _publish_gcs(root, version, attempts=50):
+    from google.api_core import exceptions
+    from google.cloud.storage.retry import DEFAULT_RETRY
+
+    bucket, name = gcs_blob(layout.join(root, layout.LATEST))
+    record = json.dumps(layout.latest_record(version)).encode()
+    for _ in range(attempts):
+        current, generation = _read_gcs_latest(bucket, name)
+        if current is not None and current >= version:
+            return current
+        try:  # 412 if LATEST changed since it was read (or appeared, for generation 0)
+            bucket.blob(name).upload_from_string(
+                record, content_type="application/octet-stream",
+                if_generation_match=generation, retry=DEFAULT_RETRY)
+            return version
+        except exceptions.PreconditionFailed:
+            # Another publisher got in first, or this request's first try did and its answer
+            # was lost: read LATEST again and compare.
+            time.sleep(random.uniform(0.05, 0.5))
+    raise RuntimeError(f"{root}/{layout.LATEST}: still changing after {attempts} "
+                       "compare-and-swap attempts; nothing published")
+
+
+def _read_gcs_latest(bucket, name):
+    """(version LATEST names, its generation), or (None, 0) when there is no LATEST."""
+    from google.api_core import exceptions
+    from google.cloud.storage.retry import DEFAULT_RETRY
+
+    while True:
+        blob = bucket.get_blob(name, retry=DEFAULT_RETRY)
+        if blob is None:
+            return None, 0
+        try:  # that very generation, so the version and the generation belong together
+            data = blob.download_as_bytes(if_generation_match=blob.generation,
+                                          retry=DEFAULT_RETRY)
+        except (exceptions.PreconditionFailed, exceptions.NotFound):
+            continue
+        return json.loads(data)["version"], blob.generation
+
+
+_gcs_clients = {}
+
+
+def gcs_blob(uri):
+    """gs://bucket/name -> (google-cloud-storage Bucket, object name), through a client made
+    the way Beam's gcsio makes its own (same credentials), one per endpoint and process."""
+    from apache_beam.io.gcp.gcsio import GcsIO
+
+    endpoint = os.environ.get("STORAGE_EMULATOR_HOST")  # tests switch emulators
+    if endpoint not in _gcs_clients:
+        _gcs_clients[endpoint] = GcsIO().client
+    bucket, _, name = uri[len("gs://"):].partition("/")
+    return _gcs_clients[endpoint].bucket(bucket), name
 
 
 def prune(root, published, keep):

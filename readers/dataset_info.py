@@ -42,6 +42,13 @@ class DatasetInfo:
     def num_classes(self):
         return len(self.labels)
 
+    @property
+    def catalog(self):
+        """Path of catalog.parquet (one row per example: key, uri, label, split, shard,
+        position, sha256, …), or None for versions written before it existed."""
+        entry = self.manifest.get("catalog")
+        return layout.join(self.version_dir, entry["path"]) if entry else None
+
     def split(self, name):
         """The SplitInfo for `name`, with an error that lists what exists."""
         try:

@@ -11,7 +11,11 @@ VERSIONS = "versions"
 MANIFEST = "manifest.json"
 ERRORS = "errors.jsonl"
 INDEX_SUFFIX = ".index"
-FORMAT_VERSION = 1
+CATALOG = "catalog.parquet"
+# 2: keys relative to their input (manifest["key_scheme"]) and catalog.parquet.
+FORMAT_VERSION = 2
+READABLE_FORMAT_VERSIONS = (1, 2)
+KEY_SCHEME = "relative/1"  # image/filename = path relative to its input root (DESIGN §5)
 
 
 def join(*parts):
@@ -65,7 +69,7 @@ def load_manifest(path):
     vdir = resolve(path)
     with _gfile().GFile(join(vdir, MANIFEST), "r") as f:
         manifest = json.load(f)
-    if manifest.get("format_version") != FORMAT_VERSION:
+    if manifest.get("format_version") not in READABLE_FORMAT_VERSIONS:
         raise ValueError(f"{vdir}/{MANIFEST}: format_version {manifest.get('format_version')!r} "
-                         f"is not {FORMAT_VERSION}; upgrade the reader")
+                         f"is newer than this reader knows ({FORMAT_VERSION}); upgrade it")
     return vdir, manifest

@@ -1,12 +1,14 @@
 """Unit tests for beam_pipeline.images with known pixels (no Beam, no TensorFlow)."""
 
 import io
+import random
 import struct
 import zlib
 
 import numpy as np
 import pytest
-from PIL import Image, JpegImagePlugin
+import simplejpeg
+from PIL import Image
 
 from beam_pipeline import images
 from beam_pipeline.tools import sample_data
@@ -275,30 +277,41 @@ def test_no_upscale_and_pass_through_when_within_max_side():
 
 @pytest.mark.parametrize("size, max_side, expected", [
     ((2000, 1500), 100, (100, 75)),
-    ((998, 400), 500, (500, 200)),    # draft request must not round 500 down to 499
+    ((998, 400), 500, (500, 200)),    # DCT scaling must not round 500 down to 499
     ((398, 100), 200, (200, 50)),
     ((1000, 2000), 500, (250, 500)),
 ])
-def test_resize_big_jpeg_uses_draft_mode(monkeypatch, size, max_side, expected):
-    calls = []
-    original = JpegImagePlugin.JpegImageFile.draft
+def test_resize_big_jpeg_uses_dct_scaling(monkeypatch, size, max_side, expected):
+    # libjpeg-turbo decodes at 1/2, 3/8, 1/4 or 1/8 scale when that still covers the target
+    # (what Pillow's draft mode did before): far less work. Spies on simplejpeg, not our code.
+    decoded = []
+    original = simplejpeg.decode_jpeg
 
-    def spy(self, mode, requested):
-        result = original(self, mode, requested)
-        calls.append((requested, self.size))
-        return result
+    def spy(*args, **kwargs):
+        pixels = original(*args, **kwargs)
+        decoded.append(pixels.shape[:2][::-1])
+        return pixels
 
-    monkeypatch.setattr(JpegImagePlugin.JpegImageFile, "draft", spy)
+    monkeypatch.setattr(simplejpeg, "decode_jpeg", spy)
     img = Image.new("RGB", size, (30, 160, 90))
     img.paste(RED, (0, 0, size[0] // 2, size[1]))
     encoded = convert(jpeg(img, quality=80), max_side=max_side)
     assert (encoded.width, encoded.height) == expected
-    assert calls, "draft mode was not used"
+    assert len(decoded) == 1, "decoded more than once"
+    assert all(d >= e for d, e in zip(decoded[0], expected)), "scaled below the target"
     if max(size) >= 2 * max_side:
-        assert max(calls[0][1]) < max(size), "draft did not decode at a reduced scale"
+        assert max(decoded[0]) < max(size), "did not decode at a reduced scale"
     out = opened(encoded)
     assert_close(out.getpixel((2, expected[1] // 2)), RED, tol=30)
     assert_close(out.getpixel((expected[0] - 3, expected[1] // 2)), (30, 160, 90), tol=30)
+
+
+@pytest.mark.parametrize("size, max_side, expected", [
+    ((64, 48), 0, (64, 48)), ((64, 48), 64, (64, 48)), ((64, 48), 32, (32, 24)),
+    ((48, 64), 32, (24, 32)), ((50, 50), 20, (20, 20)), ((10_000, 1), 100, (100, 1)),
+])
+def test_fit_size(size, max_side, expected):
+    assert images.fit_size(*size, max_side) == expected
 
 
 # --- pass-through and re-encode ---------------------------------------------------------------
@@ -330,8 +343,9 @@ def test_every_sample_variant_gives_stored_form(variant):
 
 
 def test_decode_returns_upright_rgb():
-    img = images.decode(oriented_jpeg(8))
-    assert img.mode == "RGB" and img.size == (H, W)
+    assert images.decode(oriented_jpeg(8)).shape == (W, H, 3)  # turned upright: H wide, W high
+    pixels = images.decode(save(Image.new("L", (W, H), 40), "PNG"))
+    assert pixels.dtype == np.uint8 and pixels.shape == (H, W, 3)
 
 
 # --- rejections -------------------------------------------------------------------------------
@@ -416,3 +430,134 @@ def test_max_pixels_above_pillows_default_is_honoured():
     # this one then fails for its missing pixels, not as a bomb.
     e = reject(_png_header_only(10_000, 10_000), max_pixels=150_000_000)
     assert e.reason != "decompression_bomb", e.detail
+
+
+# --- strict validation (libjpeg-turbo warnings) ------------------------------------------------
+
+def noise_jpeg(size=(96, 64)):
+    return jpeg(Image.effect_noise(size, 60).convert("RGB"))
+
+
+def scan_middle(data):
+    return (data.index(b"\xff\xda") + len(data)) // 2
+
+
+def pillow_decodes(data):
+    Image.open(io.BytesIO(data)).load()  # raises if Pillow notices anything
+    return True
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda d, i: d[:i] + b"\xff\xd5" + d[i + 2:], "premature end of data segment"),
+    (lambda d, i: d[:i] + b"\0" * 40 + d[i + 40:], "extraneous bytes before marker 0xd9"),
+])
+def test_jpeg_data_that_loses_pixels_is_rejected(mutate, message):
+    data = noise_jpeg()
+    damaged = mutate(data, scan_middle(data))
+    assert pillow_decodes(damaged)  # what stored 24 damaged images before (issue 10)
+    e = reject(damaged)
+    assert (e.stage, e.reason) == ("decode", "corrupt_data")
+    assert "Corrupt JPEG data" in e.detail and message in e.detail
+
+
+def test_header_validation_trusts_the_scan():
+    data = noise_jpeg()
+    damaged = data[:scan_middle(data)] + b"\xff\xd5" + data[scan_middle(data) + 2:]
+    encoded = images.convert(damaged, EncodeOptions(validate="header"))
+    assert encoded.passed_through and encoded.data == damaged
+    assert reject(damaged, reencode="always", validate="header").reason == "corrupt_data"
+
+
+def test_junk_between_header_segments_is_repaired():
+    # libjpeg warns "extraneous bytes before marker 0xdb" but loses no pixel: re-encode.
+    data = jpeg(Image.new("RGB", (32, 24), (90, 10, 200)))
+    app0_end = 4 + int.from_bytes(data[4:6], "big")
+    damaged = data[:app0_end] + b"junk" + data[app0_end:]
+    with pytest.raises(ValueError, match="extraneous bytes before marker 0xdb"):
+        simplejpeg.decode_jpeg(damaged)
+    encoded = convert(damaged)
+    assert not encoded.passed_through
+    assert_close(opened(encoded).getpixel((16, 12)), (90, 10, 200))
+
+
+def test_junk_before_end_of_image_is_rejected():
+    # Bytes the scan did not use look the same whether appended or left over by a scan that
+    # lost its way (which shifts every later pixel), so they are rejected, not repaired.
+    data = noise_jpeg()
+    assert reject(data[:-2] + b"junk" * 8 + data[-2:]).reason == "corrupt_data"
+
+
+def test_png_pixel_data_checked_against_its_crc():
+    data = save(Image.effect_noise((64, 64), 60), "PNG")
+    i = data.index(b"IDAT") + 40
+    damaged = data[:i] + bytes([data[i] ^ 0x04]) + data[i + 1:]
+    e = reject(damaged)
+    assert (e.reason, "IDAT" in e.detail) == ("corrupt_data", True)
+
+
+def test_png_without_iend_is_truncated():
+    data = save(Image.new("RGB", (16, 16), RED), "PNG")
+    assert reject(data[:-12]).reason == "truncated"
+
+
+@pytest.mark.parametrize("variant", ["jpeg", "progressive", "cmyk", "exif", "png", "gif"])
+def test_validate_header_stores_what_decode_stores(variant):
+    data, _ = sample_data.encode(sample_data.draw("circle", random.Random(3)), variant)
+    strict = convert(data)
+    trusting = convert(data, validate="header")
+    assert (strict.data, strict.passed_through) == (trusting.data, trusting.passed_through)
+
+
+def test_reencode_is_baseline_420_rgb():
+    encoded = convert(save(Image.effect_noise((64, 48), 60).convert("RGB"), "PNG"))
+    assert simplejpeg.decode_jpeg_header(encoded.data)[2:] == ("YCbCr", "420")
+
+
+def test_multi_picture_jpeg_is_reencoded():
+    # An MPO (two images, an MPF segment) must not be stored with its second image inside.
+    frames = [Image.new("RGB", (32, 24), RED), Image.new("RGB", (32, 24), BLUE)]
+    data = save(frames[0], "MPO", save_all=True, append_images=frames[1:])
+    encoded = convert(data)
+    assert not encoded.passed_through and len(encoded.data) < len(data)
+    assert_close(opened(encoded).getpixel((16, 12)), RED)
+
+
+@pytest.mark.parametrize("tiff, expected", [
+    (b"MM\0*\0\0\0\x08\0\x01\x01\x12\0\x03\0\0\0\x01\0\x06\0\0", 6),   # big-endian SHORT
+    (b"II*\0\x08\0\0\0\x01\0\x12\x01\x04\0\x01\0\0\0\x03\0\0\0", 3),   # little-endian LONG
+    (b"II*\0\x08\0\0\0\x01\0\x12\x01\x03\0\x01\0\0\0\x09\0\0\0", 1),   # out of range
+    (b"II*\0\xff\0\0\0", 1),                                            # IFD past the end
+    (b"XX", 1),
+])
+def test_exif_orientation(tiff, expected):
+    assert images.exif_orientation(tiff) == expected
+
+
+# --- pixel moments (tf.Transform statistics) -------------------------------------------------
+
+def test_pixel_moments_exact():
+    rgb = np.zeros((2, 3, 3), dtype=np.uint8)
+    rgb[..., 0], rgb[0, :, 1], rgb[1, 2, 2] = 255, 10, 7
+    count, sums, squares = images.pixel_moments(rgb)
+    assert count == 6
+    assert sums == (6 * 255.0, 30.0, 7.0)
+    assert squares == (6 * 255.0 ** 2, 300.0, 49.0)
+    assert all(isinstance(v, float) for v in sums + squares)
+
+
+@pytest.mark.parametrize("opts", [{}, {"validate": "header"}, {"reencode": "always"},
+                                  {"max_side": 16}])
+def test_moments_are_those_of_the_stored_pixels(opts):
+    data = jpeg(Image.effect_noise((48, 32), 40).convert("RGB"))
+    encoded = images.convert(data, EncodeOptions(**opts), with_moments=True)
+    assert encoded.moments == images.pixel_moments(images.decode(data, EncodeOptions(**opts)))
+    count, _, _ = encoded.moments
+    assert count == encoded.width * encoded.height
+    assert images.convert(data, EncodeOptions(**opts)).moments is None
+
+
+def test_moments_of_a_pass_through_match_its_stored_bytes():
+    data = jpeg(Image.effect_noise((48, 32), 40).convert("RGB"))
+    encoded = images.convert(data, with_moments=True)
+    assert encoded.passed_through
+    assert encoded.moments == images.pixel_moments(simplejpeg.decode_jpeg(data))

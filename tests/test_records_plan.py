@@ -169,7 +169,7 @@ def test_label_file_order_wins():
 
 
 def test_image_ref_json_round_trip():
-    ref = plan.ImageRef("gs://b/x/ü.jpg", "gs://b/x/ü.jpg", "x/ü.jpg", "x", "train", 12, 3.5)
+    ref = plan.ImageRef("x/ü.jpg", "gs://b/x/ü.jpg", "x", "train", 12, 3.5)
     assert plan.ImageRef.from_json(ref.to_json()) == ref
 
 

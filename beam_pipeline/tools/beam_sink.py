@@ -35,7 +35,7 @@ class ToRecordFn(beam.DoFn):
                                                                   e.detail))
             return
         yield ref.split, records.make_example(encoded, self.label_ids[ref.label], ref.label,
-                                              ref.filename)
+                                              ref.key)
 
 
 def shard_stats(path, split, write_index):

@@ -1,0 +1,342 @@
+"""One build per dataset root at a time (issue 13): a lock with a heartbeat that expires.
+
+ROOT/.lock names the build that holds the root, as one JSON object:
+{"host", "pid", "started", "heartbeat", "token", "state": "running" | "submitted", "version"}.
+
+* Local roots: `fcntl.flock` on ROOT/.lock, held for as long as the launcher runs. The
+  kernel drops a flock when its process dies, however it dies (SIGKILL, OOM, power loss), so
+  a killed build never blocks the next one and needs no expiry; the JSON body only names
+  the holder for the message, and the file's mtime is its heartbeat.
+* gs:// roots: the object ROOT/.lock, created with `if_generation_match=0` (exactly one
+  creator wins). A heartbeat thread rewrites it every HEARTBEAT seconds with
+  `if_generation_match=<its generation>`. A lock whose object was last written more than
+  TTL seconds ago (by the server's clock: the object's `updated`) belonged to a killed
+  build; the next build takes it over with a compare-and-swap on that generation, so two
+  builds taking over the same dead lock cannot both win.
+* Runners that return once the job is submitted (Dataflow, templates): the launcher cannot
+  hold the lock for the job, so before submitting it hands the lock to the job (state
+  "submitted", the version, no heartbeat) and the job's commit stage releases it
+  (`release_submitted`). A job that dies before its commit leaves the lock until
+  SUBMITTED_TTL; the message names the version so an operator can delete ROOT/.lock sooner.
+  Local roots are not handed off: their lock ends with the launcher.
+
+A second build exits with one line naming the holder (UserError: status 2), or with
+`--wait` polls until the root is free. The lock is advisory for everything but itself:
+publishing never depends on it (LATEST only moves forward by compare-and-swap, versions.py).
+"""
+
+import datetime
+import fcntl
+import functools
+import json
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+import uuid
+
+from beam_pipeline.errors import UserError
+
+LOCK_NAME = ".lock"
+HEARTBEAT = 20.0               # seconds between heartbeats of a running build
+TTL = 120.0                    # a gs:// lock not refreshed for this long has expired
+SUBMITTED_TTL = 12 * 3600.0    # a lock handed to a submitted job expires after this
+POLL = 2.0                     # --wait: seconds between looks at a held lock
+
+_local = threading.local()     # locks this thread acquired inside a `release_on_exit` call
+
+
+class LockHeld(UserError):
+    """Another build holds the root: one line naming it."""
+
+
+def lock_path(root):
+    return f"{root.rstrip('/')}/{LOCK_NAME}"
+
+
+def _now():
+    return datetime.datetime.now(datetime.timezone.utc)
+
+
+def _iso(t):
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _body(token, started, state="running", version=None):
+    return {"host": socket.gethostname(), "pid": os.getpid(), "started": _iso(started),
+            "heartbeat": _iso(_now()), "token": token, "state": state, "version": version}
+
+
+def describe(root, holder, age):
+    """Who holds ROOT and since when, e.g. 'ROOT is being built by host h pid 7 since …'."""
+    who = (f"host {holder.get('host', '?')} pid {holder.get('pid', '?')} "
+           f"since {holder.get('started', '?')}")
+    if holder.get("state") == "submitted":
+        return (f"{root} is locked by version {holder.get('version')}, submitted to a runner "
+                f"by {who} and not committed yet")
+    beat = f"last heartbeat {age:.0f} s ago" if age is not None else "heartbeat unknown"
+    return f"{root} is being built by {who} ({beat})"
+
+
+def _held_message(root, holder, age):
+    """The one line a second build exits with."""
+    if holder.get("state") == "submitted":
+        return (f"{describe(root, holder, age)}; nothing done. Pass --wait to wait, or if that "
+                f"job failed delete {lock_path(root)} (it expires {SUBMITTED_TTL / 3600:g} h "
+                "after submission)")
+    return f"{describe(root, holder, age)}; nothing done. Pass --wait to wait for it"
+
+
+# --- the public API -------------------------------------------------------------------------
+
+def acquire(root, wait=False):
+    """Take the lock on ROOT for this build, or raise LockHeld (or wait, with `wait`).
+
+    The lock is released when the enclosing `release_on_exit` call returns or raises,
+    or explicitly with `.release()`.
+    """
+    root = root.rstrip("/")
+    kind = _GcsLock if root.startswith("gs://") else _LocalLock
+    held, announced = kind(root), False
+    while True:
+        holder = held.try_acquire()  # None: ours now; else (holder dict, heartbeat age)
+        if holder is None:
+            break
+        if not wait:
+            raise LockHeld(_held_message(root, *holder))
+        if not announced:
+            print(f"waiting: {describe(root, *holder)}", file=sys.stderr, flush=True)
+            announced = True
+        time.sleep(POLL)
+    held.start_heartbeat()
+    registry = getattr(_local, "held", None)
+    if registry is not None:  # else acquired outside release_on_exit: the caller releases
+        registry.append(held)
+    return held
+
+
+def hand_off(root, version):
+    """Before submitting a job that outlives the launcher: the job's commit releases it."""
+    for held in getattr(_local, "held", []):
+        if held.root == root.rstrip("/"):
+            held.hand_off(version)
+
+
+def release_submitted(root, version):
+    """Called by the job's commit stage: release a lock handed to the job that built
+    `version`; any other lock (a running launcher's, a newer build's) is left alone."""
+    if root.startswith("gs://"):
+        _GcsLock(root.rstrip("/")).release_if_submitted(version)
+
+
+def release_on_exit(fn):
+    """Decorator: every lock `fn` acquires (in this thread) is released when it returns or
+    raises, except one handed off to a submitted job."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        outer = getattr(_local, "held", None)
+        _local.held = []
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            held, _local.held = _local.held, outer
+            for lock in reversed(held):
+                lock.release()
+
+    return wrapper
+
+
+# --- local: flock ---------------------------------------------------------------------------
+
+class _LocalLock:
+    def __init__(self, root):
+        self.root, self.path = root, lock_path(root)
+        self.fd, self.token = None, uuid.uuid4().hex
+        self.stop = threading.Event()
+        self.thread = None
+
+    def try_acquire(self):
+        os.makedirs(self.root, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return self._holder()
+        except OSError as e:
+            os.close(fd)
+            raise UserError(f"{self.path}: cannot lock it ({e.strerror}); this file system "
+                            "has no working flock") from e
+        try:  # a releasing holder unlinks the file: then this inode is no longer the lock
+            current = os.stat(self.path).st_ino
+        except FileNotFoundError:
+            current = None
+        if current != os.fstat(fd).st_ino:
+            os.close(fd)
+            return self.try_acquire()
+        data = (json.dumps(_body(self.token, _now())) + "\n").encode()
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, data, 0)
+        os.fsync(fd)
+        self.fd = fd
+        return None
+
+    def _holder(self):
+        for _ in range(5):  # the holder may be between truncate and write: look again
+            try:
+                with open(self.path, "rb") as f:
+                    holder = json.loads(f.read())
+                return holder, time.time() - os.stat(self.path).st_mtime
+            except (OSError, ValueError):
+                time.sleep(0.05)
+        return {}, None
+
+    def start_heartbeat(self):
+        self.thread = threading.Thread(target=self._beat, daemon=True,
+                                       name=f"lock-heartbeat {self.root}")
+        self.thread.start()
+
+    def _beat(self):
+        while not self.stop.wait(HEARTBEAT):
+            try:
+                os.utime(self.fd)  # mtime = heartbeat, for the waiting build's message
+            except OSError:
+                pass
+
+    def hand_off(self, version):
+        pass  # a flock cannot outlive the launcher; local roots are held while it runs
+
+    def release(self):
+        self.stop.set()
+        if self.thread:
+            self.thread.join()  # before closing: it touches the fd
+        if self.fd is None:
+            return
+        try:
+            os.unlink(self.path)  # before unlocking: a waiter holding the old inode retries
+        except FileNotFoundError:
+            pass
+        os.close(self.fd)  # drops the flock
+        self.fd = None
+
+
+# --- gs://: an object with generation preconditions -----------------------------------------
+
+class _GcsLock:
+    def __init__(self, root):
+        from beam_pipeline import versions
+
+        self.root = root
+        self.bucket, self.name = versions.gcs_blob(lock_path(root))
+        self.token, self.started = uuid.uuid4().hex, _now()
+        self.generation, self.handed_off, self.lost = None, False, False
+        self.stop = threading.Event()
+        self.thread = None
+
+    def _write(self, body, if_generation_match):
+        """Write the lock body if its generation is still `if_generation_match` (0: absent).
+        True when written (or found already written by this build: a retried request whose
+        first try succeeded gets 412 for its own write); False when someone else's."""
+        from google.api_core import exceptions
+        from google.cloud.storage.retry import DEFAULT_RETRY
+
+        blob = self.bucket.blob(self.name)
+        try:
+            blob.upload_from_string(json.dumps(body) + "\n", content_type="application/json",
+                                    if_generation_match=if_generation_match,
+                                    retry=DEFAULT_RETRY)
+            self.generation = blob.generation
+            return True
+        except exceptions.PreconditionFailed:
+            current, generation, _ = self._read()
+            if (current or {}).get("token") == self.token and current["state"] == body["state"]:
+                self.generation = generation
+                return True
+            return False
+
+    def _read(self):
+        """(body, generation, age in seconds) of the lock object, or (None, 0, None)."""
+        from google.api_core import exceptions
+        from google.cloud.storage.retry import DEFAULT_RETRY
+
+        for _ in range(10):
+            blob = self.bucket.get_blob(self.name, retry=DEFAULT_RETRY)
+            if blob is None:
+                return None, 0, None
+            try:
+                data = blob.download_as_bytes(if_generation_match=blob.generation,
+                                              retry=DEFAULT_RETRY)
+            except (exceptions.PreconditionFailed, exceptions.NotFound):
+                continue  # rewritten or deleted between the two calls: look again
+            try:
+                body = json.loads(data)
+            except ValueError:
+                body = {}
+            age = (_now() - blob.updated).total_seconds() if blob.updated else None
+            return body, blob.generation, age
+        raise RuntimeError(f"{lock_path(self.root)}: changing too fast to read")
+
+    def try_acquire(self):
+        body = _body(self.token, self.started)
+        if self._write(body, 0):
+            return None
+        holder, generation, age = self._read()
+        if holder is None:
+            return self.try_acquire()  # released just now
+        ttl = SUBMITTED_TTL if holder.get("state") == "submitted" else TTL
+        if age is not None and age > ttl:  # a killed build's lock: take it over by CAS
+            logging.warning("taking over the expired lock %s: %s", lock_path(self.root),
+                            describe(self.root, holder, age))
+            if self._write(body, generation):
+                return None
+            return self.try_acquire()
+        return holder, age
+
+    def start_heartbeat(self):
+        self.thread = threading.Thread(target=self._beat, daemon=True,
+                                       name=f"lock-heartbeat {self.root}")
+        self.thread.start()
+
+    def _beat(self):
+        while not self.stop.wait(HEARTBEAT):
+            try:
+                if not self._write(_body(self.token, self.started), self.generation):
+                    self.lost = True
+                    logging.error("lost the lock on %s: its heartbeat stalled for over %.0f s "
+                                  "and another build took it over", self.root, TTL)
+                    return
+            except Exception as e:  # a heartbeat is retried on the next beat
+                logging.warning("lock heartbeat on %s failed: %s", self.root, e)
+
+    def hand_off(self, version):
+        self.stop.set()
+        if self.thread:
+            self.thread.join()
+        body = _body(self.token, self.started, state="submitted", version=version)
+        self.handed_off = self._write(body, self.generation)
+
+    def release(self):
+        self.stop.set()
+        if self.thread:
+            self.thread.join()
+        if self.handed_off or self.lost or self.generation is None:
+            return
+        self._delete(self.generation)
+
+    def _delete(self, generation):
+        from google.api_core import exceptions
+        from google.cloud.storage.retry import DEFAULT_RETRY
+
+        try:
+            self.bucket.delete_blob(self.name, if_generation_match=generation,
+                                    retry=DEFAULT_RETRY)
+        except (exceptions.NotFound, exceptions.PreconditionFailed):
+            pass  # already gone (a retried delete), or no longer ours
+
+    def release_if_submitted(self, version):
+        holder, generation, _ = self._read()
+        if holder and holder.get("state") == "submitted" and holder.get("version") == version:
+            self._delete(generation)

@@ -1,0 +1,196 @@
+"""A fault-injecting HTTP proxy in front of the GCS emulator (issue 13).
+
+    with FaultProxy(gcs.endpoint, rate=0.05, seed=13) as proxy:
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)   # children inherit it
+        ...                      # proxy.injected == {"503": 4, "429": 3, "drop": 2, ...}
+
+Every JSON-API request (google-cloud-storage, and so Beam's gcsio) then goes through it:
+
+* Faults: each request, in arrival order, draws from one seeded random stream; with
+  probability `rate` it gets one of FAULTS instead of its answer: a 503 or a 429, the
+  connection reset before the request reaches the emulator (`drop`), or reset after the
+  emulator has carried it out and before its answer is sent (`drop_after`: the client must
+  retry a request that already took effect, the nasty case for non-idempotent writes).
+* Generation preconditions, which gcp-storage-emulator ignores (its source has no
+  ifGenerationMatch anywhere): a request carrying `ifGenerationMatch` / `ifGenerationNotMatch`
+  is checked against the object's current generation and answered 412 when it does not hold,
+  atomically with its execution (one such request at a time). Covered: single-request
+  uploads (media, multipart), downloads, metadata reads, deletes, copies and rewrites (the
+  destination). Not covered: a precondition on a resumable upload is checked when the
+  upload starts, not when its last chunk lands, and requests inside a batch are not checked.
+"""
+
+import json
+import random
+import re
+import socket
+import socketserver
+import struct
+import threading
+import urllib.parse
+
+from gcs_emulator import _header, _read_chunked, _read_head
+
+FAULTS = ("503", "429", "drop", "drop_after")
+_OBJECT = re.compile(r"/b/([^/?]+)/o/([^/?]+)")
+
+
+class FaultProxy(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, emulator_endpoint, rate=0.0, seed=0, faults=FAULTS):
+        host, _, port = emulator_endpoint.rpartition("//")[2].partition(":")
+        self.upstream = (host, int(port))
+        self.rate, self.faults = rate, tuple(faults)
+        self.random = random.Random(seed)
+        self.draw_lock = threading.Lock()      # one random stream, drawn in arrival order
+        self.cas_lock = threading.Lock()       # precondition check + execution, atomically
+        self.requests, self.injected, self.refused_412 = 0, {f: 0 for f in faults}, 0
+        self.log = []                          # (fault, method, path) of each injected fault
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.thread = threading.Thread(target=self.serve_forever, daemon=True)
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    @property
+    def address(self):
+        return self.server_address[:2]
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.shutdown()
+        self.server_close()
+
+    def draw(self, method, path):
+        """The fault for the next request, or None."""
+        with self.draw_lock:
+            self.requests += 1
+            if self.rate and self.random.random() < self.rate:
+                fault = self.random.choice(self.faults)
+                self.injected[fault] += 1
+                self.log.append((fault, method, path))
+                return fault
+        return None
+
+    def generation(self, bucket, name):
+        """The object's current generation from the emulator, 0 when it does not exist."""
+        path = f"/storage/v1/b/{bucket}/o/{urllib.parse.quote(name, safe='')}"
+        status, body = _split(self.forward(
+            f"GET {path} HTTP/1.1\r\nHost: {self.upstream[0]}\r\n\r\n".encode(), b""))
+        return int(json.loads(body)["generation"]) if status == 200 else 0
+
+    def forward(self, head, body):
+        """One request to the emulator (which answers and closes) -> its raw answer."""
+        lines = [l for l in head.split(b"\r\n")[:-2] if l.split(b":")[0].strip().lower()
+                 not in (b"transfer-encoding", b"content-length", b"expect",
+                         b"connection", b"proxy-connection")]
+        head = b"\r\n".join(lines + [b"Content-Length: %d" % len(body), b"Connection: close",
+                                     b"", b""])
+        with socket.create_connection(self.upstream, timeout=60) as up:
+            up.sendall(head + body)
+            answer = b""
+            while chunk := up.recv(65536):
+                answer += chunk
+        return answer
+
+
+def _split(answer):
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), body
+
+
+def _preconditions(target):
+    query = urllib.parse.parse_qs(urllib.parse.urlsplit(target).query)
+    return {k: int(v[0]) for k, v in query.items()
+            if k in ("ifGenerationMatch", "ifGenerationNotMatch")}
+
+
+def _object_name(target, head, body):
+    """(bucket, object name) a request is about: the path's last /b/B/o/NAME, or for an
+    upload the `name` query parameter or the name in its JSON (or multipart JSON) metadata."""
+    split = urllib.parse.urlsplit(target)
+    found = _OBJECT.findall(split.path)
+    if found:
+        bucket, name = found[-1]
+        return urllib.parse.unquote(bucket), urllib.parse.unquote(name)
+    bucket = re.search(r"/b/([^/?]+)/o", split.path).group(1)
+    query = urllib.parse.parse_qs(split.query)
+    if "name" in query:
+        return bucket, query["name"][0]
+    content_type = (_header(head, b"content-type") or b"").decode()
+    if "boundary=" in content_type:
+        boundary = content_type.split("boundary=")[1].strip('"').encode()
+        body = body.split(b"--" + boundary)[1].partition(b"\r\n\r\n")[2]
+    return bucket, json.loads(body.strip() or b"{}")["name"]
+
+
+def _precondition_failed():
+    body = json.dumps({"error": {"code": 412, "message": "At least one of the pre-conditions "
+                                 "you specified did not hold.",
+                                 "errors": [{"reason": "conditionNotMet"}]}}).encode()
+    return (b"HTTP/1.1 412 Precondition Failed\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body)) + body
+
+
+def _error(code, reason):
+    body = json.dumps({"error": {"code": code, "message": reason}}).encode()
+    return (b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+            b"Connection: close\r\n\r\n" % (code, reason.encode(), len(body))) + body
+
+
+def _reset(sock):
+    """Close with a TCP RST: the client sees 'connection reset by peer'."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+class _Handler(socketserver.BaseRequestHandler):
+    def handle(self):
+        sock, server = self.request, self.server
+        sock.settimeout(60)
+        head, body = _read_head(sock)
+        if head is None:
+            return
+        request_line = head.split(b"\r\n", 1)[0].decode("latin-1")
+        method, target = request_line.split(" ")[:2]
+        if (_header(head, b"expect") or b"").lower() == b"100-continue":
+            sock.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+        if (_header(head, b"transfer-encoding") or b"").lower() == b"chunked":
+            body = _read_chunked(sock, body)
+        else:
+            length = int(_header(head, b"content-length") or 0)
+            while len(body) < length:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    return
+                body += chunk
+        fault = server.draw(method, target.split("?")[0])
+        if fault in ("503", "429"):
+            sock.sendall(_error(int(fault), "Service Unavailable" if fault == "503"
+                                else "Too Many Requests"))
+            return
+        if fault == "drop":
+            _reset(sock)
+            return
+        conditions = _preconditions(target)
+        if conditions:
+            with server.cas_lock:
+                bucket, name = _object_name(target, head, body)
+                current = server.generation(bucket, name)
+                held = all(current == v if k == "ifGenerationMatch" else current != v
+                           for k, v in conditions.items())
+                answer = server.forward(head, body) if held else _precondition_failed()
+                if not held:
+                    server.refused_412 += 1
+        else:
+            answer = server.forward(head, body)
+        if fault == "drop_after":
+            _reset(sock)
+            return
+        sock.sendall(answer)

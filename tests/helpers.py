@@ -1,0 +1,202 @@
+"""Plain helpers shared by the tests: import them (`from tests.helpers import build, …`).
+
+The fixtures that use them live in tests/fixtures.py (registered by tests/conftest.py);
+nothing imports conftest by name. One helper per job:
+
+* `REPO`                   the repository root (a pathlib.Path)
+* `image_bytes`, `make_images`   tiny solid-colour images / an ImageFolder tree in milliseconds
+* `build(inputs, root, …)`       the real CLI, in-process (FnApiRunner), one call per build
+* `read_records(vdir)`           every record of a built version, parsed, in manifest order
+* `shard_files`, `errors_of`, `check_invariants`   the manifest and errors.jsonl (DESIGN §4)
+* `assert_same_arrays(a, b)`     two runs' outputs: same length, same arrays, in order
+"""
+
+import hashlib
+import io
+import json
+import os
+import pathlib
+
+from PIL import Image
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+# A colour per class, so a decoded record can be checked against its label.
+CLASS_COLOURS = {"cat": (220, 40, 40), "dog": (40, 200, 60), "fox": (40, 60, 220),
+                 "owl": (200, 200, 40)}
+
+# sample_data.broken_files(): file name -> the reason the pipeline must give for it.
+BROKEN_REASONS = {"empty.jpg": "empty_file", "truncated.jpg": "truncated",
+                  "not_an_image.jpg": "not_an_image"}
+
+# The shared build's options (tests/fixtures.py `built_dataset`).
+BUILT_ARGS = ["--name", "shapes", "--num_shards", "2", "--max_error_rate", "0.2",
+              "--no_transform"]
+
+# Options for a small dedicated build: one shard per split.
+FAST = ["--no_transform", "--num_shards", "1"]
+
+
+# --- inputs -------------------------------------------------------------------------------------
+
+def image_bytes(colour=(200, 30, 30), size=(24, 16), fmt="JPEG", **save):
+    """One solid-colour image encoded as `fmt` (JPEG quality 95 unless given)."""
+    if fmt == "JPEG":
+        save.setdefault("quality", 95)
+    buf = io.BytesIO()
+    Image.new("RGB", size, colour).save(buf, fmt, **save)
+    return buf.getvalue()
+
+
+def make_images(root, spec, size=(24, 16)):
+    """Write an ImageFolder tree under `root`; returns the list of paths written.
+
+    `spec` maps a relative directory to either
+      * an int n: n solid-colour JPEGs named 000.jpg, 001.jpg, … whose colour comes from
+        CLASS_COLOURS by the directory's last component (a per-index shade otherwise), or
+      * a dict {file name: bytes}: those exact files (e.g. broken inputs).
+    Example: make_images(tmp, {"cat": 3, "dog": 2, "train/fox": 1}), then
+    make_images(tmp, {"cat": {"bad.jpg": b""}}) to add a broken file to cat/. Colours vary
+    slightly per index so that every file has distinct bytes (a distinct sha256) but keeps its
+    class colour.
+    """
+    root = str(root)
+    paths = []
+    for rel, content in spec.items():
+        directory = os.path.join(root, rel)
+        os.makedirs(directory, exist_ok=True)
+        if isinstance(content, int):
+            base = CLASS_COLOURS.get(os.path.basename(rel), (128, 128, 128))
+            files = {f"{i:03d}.jpg": image_bytes(tuple(min(255, c + i) for c in base), size)
+                     for i in range(content)}
+        else:
+            files = content
+        for name, data in files.items():
+            path = os.path.join(directory, name)
+            with open(path, "wb") as f:
+                f.write(data)
+            paths.append(path)
+    return paths
+
+
+# --- a build ------------------------------------------------------------------------------------
+
+def build(inputs, root, *args, expect="published"):
+    """Run the real CLI in-process: `--input` for each of `inputs` (one path or a list of
+    them), `--output root`, then `args`. Checks the status is `expect` (None: no check) and
+    returns `cli.run`'s dict plus "root"."""
+    from beam_pipeline import cli
+
+    if isinstance(inputs, (str, os.PathLike)):
+        inputs = [inputs]
+    argv = [a for spec in inputs for a in ("--input", str(spec))]
+    result = cli.run(argv + ["--output", str(root)] + [str(a) for a in args])
+    if expect is not None:
+        assert result["status"] == expect, result
+    return dict(result, root=str(root))
+
+
+# --- what a build wrote -------------------------------------------------------------------------
+
+def shard_files(result):
+    """[(split, manifest shard entry)] in manifest order."""
+    return [(split, shard) for split, info in result["manifest"]["splits"].items()
+            for shard in info["shards"]]
+
+
+def read_records(version_dir, manifest=None):
+    """Every record of a built version with plain tf.data (what any trainer would do; it
+    checks each frame's CRCs), in manifest order: {(split, shard file name): [record]}.
+
+    A record is a dict of the schema's features (tf.io.parse_example: int, bytes), plus
+    "_raw" (the serialized Example) and "_decoded_shape" (tf.io.decode_jpeg's shape).
+    `manifest` defaults to the version's manifest.json.
+    """
+    import tensorflow as tf
+
+    from readers import layout, schema
+
+    version_dir = str(version_dir)
+    if manifest is None:
+        with open(os.path.join(version_dir, layout.MANIFEST)) as f:
+            manifest = json.load(f)
+    spec = schema.feature_spec()
+    out = {}
+    for split, info in manifest["splits"].items():
+        for shard in info["shards"]:
+            raws = [r.numpy() for r in tf.data.TFRecordDataset(
+                os.path.join(version_dir, shard["path"]))]
+            out[(split, shard["path"])] = records = []
+            if not raws:
+                continue
+            parsed = {k: v.numpy() for k, v in tf.io.parse_example(raws, spec).items()}
+            for i, raw in enumerate(raws):
+                record = {k: v[i] if isinstance(v[i], bytes) else int(v[i])
+                          for k, v in parsed.items()}
+                record["_raw"] = raw
+                record["_decoded_shape"] = tuple(
+                    tf.io.decode_jpeg(record[schema.ENCODED]).shape)
+                records.append(record)
+    return out
+
+
+def errors_of(result_or_vdir):
+    """errors.jsonl of a build result or a version directory, as a list of dicts."""
+    from readers import layout
+
+    vdir = (result_or_vdir["version_dir"] if isinstance(result_or_vdir, dict)
+            else str(result_or_vdir))
+    with open(os.path.join(vdir, layout.ERRORS)) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def check_invariants(result):
+    """DESIGN §4 invariants of a published build; returns the manifest."""
+    from readers import layout
+
+    m, vdir = result["manifest"], result["version_dir"]
+    acc = m["accounting"]
+    assert acc["listed"] == acc["duplicates"] + acc["failed"] + acc["written"], acc
+    assert acc["written"] == sum(s["num_examples"] for s in m["splits"].values())
+    assert acc["written"] == sum(sh["num_examples"] for _, sh in shard_files(result))
+    assert m["errors"]["count"] == acc["failed"] == len(errors_of(result))
+    for split, info in m["splits"].items():
+        assert info["num_examples"] == sum(sh["num_examples"] for sh in info["shards"])
+        assert info["num_bytes"] == sum(sh["num_bytes"] for sh in info["shards"])
+        assert sum(info["label_counts"].values()) == info["num_examples"]
+        n = len(info["shards"])
+        for i, shard in enumerate(info["shards"]):
+            path = shard["path"]
+            assert not os.path.isabs(path) and "/" not in path and "://" not in path
+            assert path == layout.shard_name(m["name"], split, i, n)
+            data = pathlib.Path(vdir, path).read_bytes()
+            assert len(data) == shard["num_bytes"]
+            assert hashlib.sha256(data).hexdigest() == shard["sha256"]
+    assert m["errors"]["path"] == layout.ERRORS
+    root = result.get("root") or os.path.dirname(os.path.dirname(vdir))
+    with open(os.path.join(root, layout.LATEST)) as f:
+        assert json.load(f) == layout.latest_record(m["version"])
+    assert not os.path.exists(os.path.join(vdir, ".tmp")), "temp files left behind"
+    return m
+
+
+# --- comparing two runs -------------------------------------------------------------------------
+
+def assert_same_arrays(first, again):
+    """Two runs gave the same non-empty sequence of arrays (zip alone would pass on an empty
+    or shorter second run)."""
+    import numpy as np
+
+    first, again = list(first), list(again)
+    assert first, "the first run gave nothing to compare"
+    assert len(again) == len(first), (len(again), len(first))
+    for i, (a, b) in enumerate(zip(first, again)):
+        assert np.array_equal(a, b), f"element {i} differs"
+
+
+def same_arrays(first, again):
+    """True when two sequences of arrays have the same length and equal elements."""
+    import numpy as np
+
+    first, again = list(first), list(again)
+    return len(first) == len(again) and all(np.array_equal(a, b) for a, b in zip(first, again))
