@@ -24,9 +24,7 @@ setuptools.setup(
         "pyyaml>=6",
     ],
     extras_require={
-        "test": ["pytest", "gcp-storage-emulator", "tfrecord",
-                 "matplotlib", "psutil"],
-        "inspect": ["matplotlib"],
+        "test": ["pytest", "gcp-storage-emulator", "tfrecord", "psutil"],
     },
     entry_points={"console_scripts": [
         "image-tfrecords=beam_pipeline.cli:main",

@@ -22,10 +22,10 @@ analyzer's results are constants in the saved graph. Its outputs are model-ready
   image  float32 [S, S, 3] = (resize(decode_jpeg(image/encoded), S×S) - mean) / std
   label  int64 [] = image/class/label, unchanged
 mean/std are per channel (RGB, 0..255) over every stored pixel of the train images, at full
-resolution: one `ptransform_analyzer` (TrainSummary) adds the rows in Python integers (exact)
-and gives mean/std (float64, then float32 constants in the graph), plus two assets the
+resolution: two `ptransform_analyzer`s add the rows in Python integers (exact). Normalization
+gives mean/std (float64, applied as float32 constants); TrainSummary writes two assets the
 manifest is filled from: the label vocabulary with train counts in id order, and the same
-statistics as JSON. JPEGs are decoded with libjpeg's accurate integer DCT, as Pillow and
+statistics as JSON (float64). JPEGs are decoded with libjpeg's accurate integer DCT, as Pillow and
 libjpeg-turbo's default do (TF's default, the fast DCT, shifts channel means by ~1 level).
 """
 
@@ -41,11 +41,11 @@ MOMENTS = "shard/pixel_moments"    # int64 [7]: count, sums (r, g, b), sums of s
 LABEL_COUNTS = "shard/label_counts"  # int64 [K]: images per label id
 RAW_KEYS = (schema.ENCODED, schema.LABEL)  # the record keys the graph transforms
 TFT_TEMP = "tft"  # under the version's temp dir; deleted by commit
-# TFT's TF1-compatible graph mode: the launcher builds the graph once (no tf.function
-# tracing) and the job binds the analyzer's constants into it by a session rewrite instead
-# of tracing the preprocessing_fn again in a worker. It keeps `transform_fn_dir` loadable by
-# TFTransformOutput, make_dataset(transform=True) and transform_features_layer() alike.
-FORCE_TF_COMPAT_V1 = True
+# TF2 graphs, as before issue 10. TF1-compatible mode (True) skips the tf.function tracing
+# in the workers but its SavedModel cannot be applied eagerly with
+# `tft_output.transform_raw_features` (readers/transform.py and users do); measured on a
+# loaded 2-core machine it saved ~20 s of ~45 s of fixed cost in one pair of runs.
+FORCE_TF_COMPAT_V1 = False
 
 
 def raw_feature_spec(num_labels):
@@ -123,20 +123,17 @@ def make_preprocessing_fn(image_size, labels):
     return preprocessing_fn
 
 
-def _sum_rows(batches):
-    """Batches of per-shard arrays ([B, n] each) -> per column, the sums as Python ints.
+def _sum_rows(batches, widths):
+    """Batches of per-shard arrays ([B, n] each) -> per array, its column sums as Python ints.
 
     Python integers: exact whatever the dataset size (an int64 sum of squares would
-    overflow past ~1.4e14 pixels).
+    overflow past ~1.4e14 pixels). No rows (no train records): zeros.
     """
-    totals = None
+    totals = [[0] * n for n in widths]
     for batch in batches:
-        for column, rows in enumerate(batch):
+        for i, rows in enumerate(batch):
             for row in rows.tolist():
-                if totals is None:
-                    totals = [None] * len(batch)
-                totals[column] = row if totals[column] is None else [
-                    a + b for a, b in zip(totals[column], row)]
+                totals[i] = [a + b for a, b in zip(totals[i], row)]
     return tuple(totals)
 
 
@@ -188,17 +185,17 @@ def _constant(summary, which):
     return np.asarray(normalization(summary[0])[which], np.float32)
 
 
-def _sum(batches, label):
+def _sum(batches, label, widths):
     return (batches                                  # -> tuple of [B, n] int64 arrays
             | f"{label}Batches" >> beam.combiners.ToList()  # one batch per ~1000 train shards
-            | f"{label}Sums" >> beam.Map(_sum_rows))  # -> tuple of n Python ints each
+            | f"{label}Sums" >> beam.Map(_sum_rows, widths))  # -> tuple of n Python ints each
 
 
 class Normalization(beam.PTransform):
     """TFT ptransform analyzer: per-shard moment rows -> mean, std (float32 [3] each)."""
 
     def expand(self, batches):
-        summary = _sum(batches, "Moments")              # -> ((7 ints),)
+        summary = _sum(batches, "Moments", (7,))        # -> ((7 ints),)
         return (summary | "Mean" >> beam.Map(_constant, 0),
                 summary | "Std" >> beam.Map(_constant, 1))
 
@@ -217,7 +214,8 @@ class TrainSummary(PTransformAnalyzer):
         self.labels = tuple(labels)
 
     def expand(self, batches):
-        summary = _sum(batches, "Shards")  # ([B, 7] moments, [B, K] counts) -> (7, K ints)
+        summary = _sum(batches, "Shards", (7, len(self.labels)))
+        # ([B, 7] moments, [B, K] counts) batches -> (7 ints, K ints)
         return (summary | "WriteVocabulary" >> beam.Map(
                     _write_vocabulary, self.labels, self.base_temp_dir),
                 summary | "WriteStatistics" >> beam.Map(_write_statistics, self.base_temp_dir))

@@ -32,11 +32,34 @@ SCHEMA = pa.schema([
 ])
 
 
-def fragment_bytes(rows):
-    """[dict per example] -> the bytes of a Parquet file with SCHEMA."""
-    out = io.BytesIO()
-    pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), out)
-    return out.getvalue()
+ROWS_PER_BATCH = 8192
+
+
+class FragmentWriter:
+    """One shard's rows -> a Parquet file at `path`, written in batches as the shard is."""
+
+    def __init__(self, path):
+        self.path, self.rows = path, []
+
+    def __enter__(self):
+        self.raw = FileSystems.create(self.path)
+        self.writer = pq.ParquetWriter(self.raw, SCHEMA)
+        return self
+
+    def append(self, row):
+        self.rows.append(row)
+        if len(self.rows) >= ROWS_PER_BATCH:
+            self._flush()
+
+    def _flush(self):
+        self.writer.write_table(pa.Table.from_pylist(self.rows, schema=SCHEMA))
+        self.rows = []
+
+    def __exit__(self, *exc):
+        if self.rows or not exc[0]:
+            self._flush()
+        self.writer.close()
+        self.raw.close()
 
 
 def merge(fragments, path):
@@ -45,7 +68,19 @@ def merge(fragments, path):
     with FileSystems.create(path) as raw, pq.ParquetWriter(raw, SCHEMA) as writer:
         for fragment in fragments:
             with FileSystems.open(fragment) as f:
-                table = pq.read_table(io.BytesIO(f.read()), schema=SCHEMA)
-            writer.write_table(table)
-            rows += table.num_rows
+                source = pq.ParquetFile(io.BytesIO(f.read()))
+            for i in range(source.num_row_groups):
+                table = source.read_row_group(i)
+                writer.write_table(table)
+                rows += table.num_rows
     return rows
+
+
+def iter_rows(path):
+    """The rows of a catalog file as dicts, one row group (one shard) in memory at a time."""
+    from apache_beam.io.filesystem import CompressionTypes
+
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        source = pq.ParquetFile(f)  # reads the footer, then one row group at a time
+        for i in range(source.num_row_groups):
+            yield from source.read_row_group(i).to_pylist()

@@ -22,7 +22,7 @@ def run(argv=None):
     import apache_beam as beam
     from apache_beam.options.pipeline_options import SetupOptions, StandardOptions
 
-    from beam_pipeline import listing, options as opts, plan, tfds_metadata, versions
+    from beam_pipeline import incremental, listing, options as opts, plan, tfds_metadata, versions
     from beam_pipeline.commit import CommitSpec
     from beam_pipeline.pipeline import ImagesToTFRecords
     from readers import layout
@@ -54,7 +54,19 @@ def run(argv=None):
 
         labels = plan.label_ids(planned.labels_present, previous["labels"] if previous else (),
                                 label_file)
-        num_shards = _num_shards(planned.per_split, build, pipeline_options)
+        increment = None
+        if _can_increment(build, previous, labels):
+            increment = incremental.plan_increment(
+                (item for item in planned.by_key), layout.version_dir(root, previous_version),
+                previous, scratch, build.target_shard_mb, build.max_delta_share)
+        if increment:
+            num_shards = increment.num_shards
+            tasks = incremental.task_listings(increment)
+        else:  # a full build: every image converted, shards cut by hash
+            num_shards = _num_shards(planned.per_split, build, pipeline_options)
+            by_position = plan.by_shard_position((line for _, line in planned.by_key), scratch)
+            tasks = ((split, shard, "images", incremental.HASH, lines)
+                     for split, shard, lines in plan.iter_shards(by_position, num_shards))
         version = versions.claim_version(root)  # unique even when two runs start in one second
         tmp_dir = layout.join(layout.version_dir(root, version), ".tmp")  # = CommitSpec.tmp_dir
         spec = CommitSpec(
@@ -63,11 +75,10 @@ def run(argv=None):
             listing_errors_path=layout.join(tmp_dir, "listing_errors.jsonl"),
             input_fingerprint=planned.fingerprint, config=config,
             generator=_generator(), max_error_rate=build.max_error_rate,
-            keep_versions=build.keep_versions, write_index=build.write_index)
+            keep_versions=build.keep_versions, write_index=build.write_index,
+            increment=increment and dict(increment.counts, **{"from": increment.previous}))
         versions.copy_local_file(errors_path, spec.listing_errors_path)
-        shards_index = _write_shard_listings(
-            spec.tmp_dir, plan.iter_shards(planned.by_position, num_shards))
-        planned.by_position.close()
+        shards_index = _write_shard_listings(spec.tmp_dir, tasks)
     n_images, n_bytes, n_rejected = planned.num_images, planned.num_bytes, planned.errors
     duplicates = planned.duplicates
 
@@ -114,6 +125,22 @@ def run(argv=None):
             "version_dir": vdir, "seconds": seconds}
 
 
+def _can_increment(build, previous, labels):
+    """Reuse the previous version when it has a catalog, was built with the same options,
+    and its label ids still hold (a changed --label_file may renumber them)."""
+    from beam_pipeline import options as opts
+    from readers import layout
+
+    if previous is None or build.full_rebuild or build.transform or "catalog" not in previous:
+        return False  # (--transform needs every train image's pixels: a full build)
+    def same(config):
+        return {k: v for k, v in config.items() if k not in opts.NOT_FINGERPRINTED}
+
+    before, now = same(previous.get("config", {})), same(build.build_config())
+    return (before == now and previous.get("key_scheme") == layout.KEY_SCHEME
+            and list(labels[:len(previous["labels"])]) == list(previous["labels"]))
+
+
 def _workers_in_launcher(pipeline_options, runner):
     """Flink/Spark with a local master default to LOOPBACK: the SDK workers live in this
     process, so the launcher must wait (its exit would kill the job)."""
@@ -137,24 +164,36 @@ def _job_id(result):
 
 
 def _write_shard_listings(tmp_dir, shards):
-    """(split, shard, [ImageRef]) stream -> one JSONL listing file per shard, 16 writes in
-    flight (many small objects on gs://) -> the path of the shard index the job reads.
-
-    The job reads that index file rather than having the list inlined in its graph:
-    Dataflow rejects job descriptions over ~10 MB.
+    """(split, shard, kind, origin, listing lines) stream -> one listing file per shard -> the
+    path of the shard index the job reads (Dataflow rejects job graphs over ~10 MB, so the list of
+    shards is not inlined). Small files are written 16 at a time (gs:// latency); a shard
+    of many tiny images is streamed, so memory stays flat either way.
     """
     import concurrent.futures
+
+    from apache_beam.io.filesystems import FileSystems
 
     from beam_pipeline import versions
     from readers import layout
 
     index, in_flight = [], []
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
-        for split, shard, refs in shards:
+        for split, shard, kind, origin, lines in shards:
             path = layout.join(tmp_dir, "listing", f"{split}-{shard:05d}.jsonl")
-            data = "".join(r.to_json() + "\n" for r in refs).encode()
-            in_flight.append(pool.submit(versions.write_bytes, path, data))
-            index.append(json.dumps([split, shard, path]) + "\n")
+            index.append(json.dumps([split, shard, path, kind, origin]) + "\n")
+            buffer, size, out = [], 0, None
+            for line in lines:
+                buffer.append(line + "\n")
+                size += len(line) + 1
+                if size > 4 << 20:  # a big shard: write it as it comes
+                    out = out or FileSystems.create(path)
+                    out.write("".join(buffer).encode())
+                    buffer, size = [], 0
+            if out:
+                out.write("".join(buffer).encode())
+                out.close()
+                continue
+            in_flight.append(pool.submit(versions.write_bytes, path, "".join(buffer).encode()))
             if len(in_flight) >= 32:
                 in_flight.pop(0).result()
         for future in in_flight:
@@ -279,6 +318,13 @@ def _print_summary(root, vdir, manifest, seconds):
             f"{manifest['splits'][s]['label_counts'].get(label, 0):>12}" for s in splits))
     print("  " + "total".ljust(width) + "".join(
         f"{manifest['splits'][s]['num_examples']:>12}" for s in splits))
+    inc = manifest.get("incremental")
+    if inc:
+        print(f"  incremental from {inc['from']}: {inc['unchanged']} unchanged, {inc['added']} "
+              f"added, {inc['changed']} changed, {inc['removed']} removed; shards: "
+              f"{inc['reused']['shards']} reused, {inc['rewritten']['shards']} rewritten, "
+              f"{inc['added_shards']['shards']} new; {inc['bytes_reused_share']:.0%} of the "
+              "bytes reused")
     if manifest["errors"]["count"]:
         reasons = ", ".join(f"{k}: {v}" for k, v in sorted(manifest["errors"]["by_reason"].items()))
         print(f"  rejected {manifest['errors']['count']} ({reasons}); see {vdir}/errors.jsonl")
@@ -299,9 +345,11 @@ def main(argv=None):
 
         help_parser().print_help()
         return 0
-    verbose = any(a in ("--verbose", "--verbose=true") for a in argv)
-    if not verbose:
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow loads anywhere
+    from beam_pipeline.flags import wants_verbose
+    from readers import _quiet
+
+    verbose = wants_verbose(argv)
+    _quiet.install(verbose)  # before TensorFlow loads anywhere (readers/_quiet.py says why)
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     if not verbose:
@@ -309,6 +357,8 @@ def main(argv=None):
             logging.getLogger(name).setLevel(logging.ERROR)
         # Beam logs a failed bundle's traceback at ERROR; main prints its cause in one line.
         logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
+        # So do Beam's own threads when an SDK worker process dies (issue 13): same line.
+        threading.excepthook = lambda a: logging.debug("thread %s: %r", a.thread, a.exc_value)
     try:
         result = run(argv)
     except UserError as e:
@@ -329,6 +379,8 @@ def main(argv=None):
 def _root_cause(e):
     """The innermost message of a Beam-wrapped worker exception, on one line."""
     text = str(e)
+    if "Channel closed prematurely" in text or "Worker subprocess exited" in text:
+        return "a Beam worker process died mid-job (killed, or out of memory?)"
     for marker in ("ErrorRateExceeded: ", "PublishRefused: "):
         if marker in text:
             return text.split(marker)[-1].splitlines()[0].split(" [while running")[0]

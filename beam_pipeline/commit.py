@@ -42,6 +42,11 @@ class CommitSpec:
     max_error_rate: float
     keep_versions: int
     write_index: bool
+    increment: dict = None    # incremental: {"from": version, "removed": n, "changed": n, …}
+
+    @property
+    def previous_vdir(self):
+        return layout.version_dir(self.root, self.increment["from"]) if self.increment else None
 
     @property
     def vdir(self):
@@ -117,6 +122,8 @@ def commit(shard_stats, spec, extra_files=(), manifest_parts=()):
     }
     if catalog_rows is not None:
         manifest["catalog"] = {"path": layout.CATALOG, "rows": catalog_rows}
+    if spec.increment:
+        manifest["incremental"] = increment_summary(spec.increment, shard_stats)
     # Distinct processes that ran the shard writer (0 with --sink beam, which does not say).
     manifest["build"] = {"writer_processes": len({s["writer"] for s in shard_stats
                                                   if s.get("writer")})}
@@ -159,12 +166,27 @@ def _commit_shard(stats, spec, split, shard):
         if spec.write_index:
             versions.write_bytes(layout.index_name(final), b"")
         return {"path": final_name, "num_examples": 0, "num_bytes": 0,
-                "sha256": "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"}
+                "sha256": "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+                "origin": "hash"}
     _rename(stats["temp"], final)
     if spec.write_index and stats.get("index_temp"):
         _rename(stats["index_temp"], layout.index_name(final))
     return {"path": final_name, "num_examples": stats["num_examples"],
-            "num_bytes": stats["num_bytes"], "sha256": stats["sha256"]}
+            "num_bytes": stats["num_bytes"], "sha256": stats["sha256"],
+            "origin": stats.get("origin", "hash")}
+
+
+def increment_summary(increment, shard_stats):
+    """What an incremental version reused, rewrote and added, and from which version."""
+    summary = dict(increment)
+    for kind, name in (("reuse", "reused"), ("copy", "rewritten"), ("images", "added_shards")):
+        done = [s for s in shard_stats if s.get("kind") == kind]
+        summary[name] = {"shards": len(done),
+                         "examples": sum(s["num_examples"] for s in done),
+                         "bytes": sum(s["num_bytes"] for s in done)}
+    total = sum(s["num_bytes"] for s in shard_stats) or 1
+    summary["bytes_reused_share"] = round(summary["reused"]["bytes"] / total, 4)
+    return summary
 
 
 def _merge_catalog(shard_stats, spec):

@@ -56,18 +56,43 @@ def add_build_args(parser):
         help="Image size the transform graph resizes to.")
     add("--force", type=boolean, nargs="?", const=True, default=False,
         help="Rebuild even when inputs and options are unchanged.")
+    add("--full_rebuild", type=boolean, nargs="?", const=True, default=False,
+        help="Convert every image again instead of reusing the previous version's records.")
+    add("--max_delta_share", type=float, default=0.25,
+        help="Rebuild in full when shards added by incremental runs would hold more than "
+             "this share of a split's examples.")
     add("--keep_versions", type=int, default=0,
         help="After publishing, keep this many newest complete versions; 0 = keep all.")
     add("--wait", type=boolean, nargs="?", const=True, default=False,
         help="When another build holds --output, wait for it instead of exiting with status 2.")
     add("--verbose", type=boolean, nargs="?", const=True, default=False,
-        help="Show tracebacks and Beam's logging.")
+        help="Show tracebacks, Beam's logging and TensorFlow's start-up lines.")
+
+
+def wants_verbose(argv):
+    """Whether the command line turns --verbose on, read before anything heavy loads."""
+    verbose = False
+    for i, arg in enumerate(argv):
+        if arg == "--verbose":
+            nxt = argv[i + 1] if i + 1 < len(argv) else ""
+            try:
+                verbose = boolean(nxt) if not nxt.startswith("-") and nxt else True
+            except argparse.ArgumentTypeError:
+                verbose = True
+        elif arg.startswith("--verbose="):
+            try:
+                verbose = boolean(arg.split("=", 1)[1])
+            except argparse.ArgumentTypeError:
+                verbose = True
+    return verbose
 
 
 def help_parser():
     parser = argparse.ArgumentParser(
         prog="python -m beam_pipeline", description="Image files -> sharded TFRecords.",
-        epilog="Any other flag is a Beam pipeline option (e.g. --runner, --project).")
+        allow_abbrev=False,
+        epilog="Other flags must be Beam pipeline options (e.g. --runner, --project, "
+               "--direct_num_workers); an unknown flag or config key is an error (exit 2).")
     parser.add_argument("--config", help="YAML file of option: value defaults; flags win.")
     add_build_args(parser)
     return parser

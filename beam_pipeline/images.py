@@ -27,9 +27,14 @@ _BASELINE = 0xC0
 _SOS, _EOI, _APP1, _APP2 = 0xDA, 0xD9, 0xE1, 0xE2
 _STANDALONE_MARKERS = frozenset([0x01, *range(0xD0, 0xD8)])  # TEM, RSTn: no length field
 # Pillow's Image.transpose method per EXIF orientation, as ImageOps.exif_transpose applies it.
-_UPRIGHT = {1: lambda a: a, 2: lambda a: a[:, ::-1], 3: lambda a: a[::-1, ::-1], 4: lambda a: a[::-1],
-            5: lambda a: a.transpose(1, 0, 2), 6: lambda a: a.transpose(1, 0, 2)[:, ::-1],
-            7: lambda a: a[::-1, ::-1].transpose(1, 0, 2), 8: lambda a: a.transpose(1, 0, 2)[::-1]}
+_UPRIGHT = {1: lambda a: a,
+            2: lambda a: a[:, ::-1],                      # FLIP_LEFT_RIGHT
+            3: lambda a: a[::-1, ::-1],                   # ROTATE_180
+            4: lambda a: a[::-1],                         # FLIP_TOP_BOTTOM
+            5: lambda a: a.transpose(1, 0, 2),            # TRANSPOSE
+            6: lambda a: a.transpose(1, 0, 2)[:, ::-1],   # ROTATE_270
+            7: lambda a: a[::-1, ::-1].transpose(1, 0, 2),  # TRANSVERSE
+            8: lambda a: a.transpose(1, 0, 2)[::-1]}      # ROTATE_90
 
 
 class ImageError(ValueError):
@@ -65,20 +70,22 @@ class Encoded:
     height: int
     width: int
     passed_through: bool
-    moments: tuple = None  # with_moments: (pixel_count, (r, g, b) sums, (r, g, b) sums of squares)
+    # with_moments: (pixel_count, (r, g, b) sums, (r, g, b) sums of squares)
+    moments: tuple | None = None
 
 
 def pixel_moments(rgb):
     """(pixel count, per-channel sums, per-channel sums of squares) of HxWx3 uint8 pixels.
 
     Per-channel histograms make both sums exact integers (a float64 holds them exactly up
-    to 2**53, i.e. images of over 10**11 pixels), and bincount is the fastest numpy way here.
+    to 2**53, i.e. images of over 10**11 pixels); bincount over contiguous planes is the
+    fastest numpy way measured (3x einsum in float64).
     """
-    flat = np.asarray(rgb, dtype=np.uint8).reshape(-1, 3)
-    hist = np.stack([np.bincount(flat[:, c], minlength=256) for c in range(3)]).astype(np.float64)
+    planes = np.ascontiguousarray(np.asarray(rgb, dtype=np.uint8).reshape(-1, 3).T)
+    hist = np.stack([np.bincount(p, minlength=256) for p in planes]).astype(np.float64)
     values = np.arange(256, dtype=np.float64)
     sums, squares = hist @ values, hist @ (values * values)
-    return flat.shape[0], tuple(sums.tolist()), tuple(squares.tolist())
+    return planes.shape[1], tuple(sums.tolist()), tuple(squares.tolist())
 
 
 def fit_size(width, height, max_side):
@@ -139,7 +146,8 @@ def read_jpeg_header(data):
         if marker == _SOS:
             break
         if marker == _EOI:
-            raise ImageError("decode", "corrupt", f"JPEG ends (EOI at byte {j}) before any image data")
+            raise ImageError("decode", "corrupt",
+                             f"JPEG ends (EOI at byte {j}) before any image data")
         if marker in _STANDALONE_MARKERS:
             i = j + 2
             continue
@@ -148,7 +156,8 @@ def read_jpeg_header(data):
         end = j + 2 + int.from_bytes(data[j + 2:j + 4], "big")
         if end > n:
             raise ImageError("decode", "truncated",
-                             f"JPEG segment 0x{marker:02X} at byte {j} runs past the end ({n} bytes)")
+                             f"JPEG segment 0x{marker:02X} at byte {j} runs past the end "
+                             f"({n} bytes)")
         if marker in _SOF_MARKERS and frame is None:
             frame = marker
         elif marker == _APP1 and not exif_seen and data.startswith(b"Exif\0\0", j + 4):

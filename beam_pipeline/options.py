@@ -1,6 +1,7 @@
 """The one options object: every build knob, shared by flags, YAML configs and templates."""
 
 import argparse
+import sys
 
 import yaml
 from apache_beam.options.pipeline_options import PipelineOptions
@@ -33,6 +34,8 @@ class BuildOptions(PipelineOptions):
             (0 <= self.max_error_rate <= 1,
              f"--max_error_rate {self.max_error_rate}: must be between 0 and 1"),
             (self.keep_versions >= 0, f"--keep_versions {self.keep_versions}: must be >= 0"),
+            (0 <= self.max_delta_share <= 1,
+             f"--max_delta_share {self.max_delta_share}: must be between 0 and 1"),
             (self.max_pixels > 0, f"--max_pixels {self.max_pixels}: must be > 0"),
             (self.transform_image_size > 0,
              f"--transform_image_size {self.transform_image_size}: must be > 0"),
@@ -59,7 +62,8 @@ class BuildOptions(PipelineOptions):
 
 
 # Options that change where or whether a build happens, not what it produces.
-NOT_FINGERPRINTED = {"input", "output", "force", "keep_versions", "verbose", "wait"}
+NOT_FINGERPRINTED = {"input", "output", "force", "keep_versions", "verbose", "wait",
+                     "full_rebuild", "max_delta_share"}
 
 
 def _own_actions():
@@ -68,17 +72,30 @@ def _own_actions():
     return [a for a in parser._actions if a.dest != "help"]
 
 
-def config_to_argv(path):
-    """A YAML config -> flags, placed before the command line's so flags override it."""
+def config_to_argv(path, known=None):
+    """A YAML config -> flags, placed before the command line's so flags override it.
+
+    `known`: the option names (no dashes) a key may have; an unknown key is a UserError naming
+    the file, the key and the closest valid name.
+    """
     try:
         with open(path) as f:
             config = yaml.safe_load(f) or {}
-    except (OSError, yaml.YAMLError) as e:
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        problem = getattr(e, "problem", None) or " ".join(str(e).split())
+        raise UserError(f"{where}: {problem} (YAML syntax)") from e
+    except OSError as e:
         raise UserError(f"--config {path}: cannot read it ({e})") from e
     if not isinstance(config, dict):
         raise UserError(f"--config {path}: expected a mapping of option: value")
     argv = []
     for key, value in config.items():
+        if known is not None and key not in known:
+            hint = _did_you_mean(str(key), known)
+            raise UserError(f"{path}: unknown key {str(key)!r}"
+                            + (f" (did you mean {hint!r}?)" if hint else ""))
         values = value if isinstance(value, list) else [value]
         for v in values:
             if v is True:
@@ -90,9 +107,99 @@ def config_to_argv(path):
     return argv
 
 
+def _did_you_mean(name, names):
+    import difflib
+
+    close = difflib.get_close_matches(name, sorted(names), n=1)
+    return close[0] if close else None
+
+
+class _ArgumentError(Exception):
+    """A known option with a bad value (argparse's message)."""
+
+
+def known_options_parser():
+    """One parser for every option Beam knows, ours included, built the way Beam's own
+    PipelineOptions.get_all_options does (every registered PipelineOptions subclass adds its
+    flags; no abbreviations), so a flag passes only when some options class declares it."""
+    from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
+
+    class Parser(_BeamArgumentParser):
+        def error(self, message):
+            raise _ArgumentError(message)
+
+    parser = Parser(allow_abbrev=False, add_help=False, conflict_handler="resolve")
+    classes, todo = {}, list(PipelineOptions.__subclasses__())
+    while todo:  # subclasses of subclasses too, when they declare flags of their own
+        cls = todo.pop(0)
+        todo.extend(cls.__subclasses__())
+        if "_add_argparse_args" in vars(cls):
+            classes.setdefault(str(cls), cls)
+    for cls in classes.values():
+        cls._add_argparse_args(parser)
+    parser.add_argument("--config", help="YAML file of option: value defaults")  # see parse()
+    return parser
+
+
+def _option_names(parser):
+    return {s for a in parser._actions for s in a.option_strings}
+
+
+def _import_runner_module(argv, parser):
+    """Import --runner's module, as Beam does when it creates the runner: runners outside
+    pipeline_options.py (DaskRunner, third-party ones) register their options classes there."""
+    import importlib
+
+    from apache_beam.runners import runner as beam_runner
+
+    try:
+        name = parser.parse_known_args(argv)[0].runner
+    except _ArgumentError:
+        return False
+    if not isinstance(name, str):
+        return False
+    runners = getattr(beam_runner, "_RUNNER_MAP", {})
+    path = runners.get(name.lower(), runners.get(name.lower() + "runner", name))
+    module = path.rsplit(".", 1)[0] if "." in path else None
+    if not module or module in sys.modules:
+        return False
+    try:
+        importlib.import_module(module)
+    except Exception:  # Beam reports a runner it cannot load when it creates it
+        return False
+    return True
+
+
+def check_args(argv, parser, where=None):
+    """Every flag in argv must be a known option with a valid value; `where` names a config
+    file the flags came from. Unknown names and stray values raise UserError."""
+    try:
+        _, unknown = parser.parse_known_args(argv)
+    except _ArgumentError as e:
+        if where:
+            raise UserError(f"{where}: {e}") from e
+        # argparse's convention for a bad value on the command line: exit status 2, one line.
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from e
+    if not unknown:
+        return
+    first = unknown[0]
+    if first.startswith("-") and first != "--":
+        name = first.split("=", 1)[0]
+        hint = _did_you_mean(name, _option_names(parser))
+        raise UserError(f"unknown option {name}" + (f" (did you mean {hint}?)" if hint else ""))
+    raise UserError(f"unexpected argument {first!r}: every value needs its --option (quote "
+                    "globs so the shell does not expand them)")
+
+
 def parse(argv):
-    """argv (with optional --config FILE) -> (PipelineOptions, BuildOptions view)."""
-    pre = argparse.ArgumentParser(add_help=False)
+    """argv (with optional --config FILE) -> (PipelineOptions, BuildOptions view).
+
+    Strict: an unknown flag or config key, or a bad value, stops here (UserError; a bad value
+    on the command line exits 2 as argparse does) before any work. Beam's own pipeline options
+    pass through.
+    """
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--config")
     known, rest = pre.parse_known_args(argv)
     if "-h" in rest or "--help" in rest:  # Beam's base PipelineOptions would print an empty help
@@ -100,14 +207,23 @@ def parse(argv):
 
         help_parser().print_help()
         raise SystemExit(0)
-    config_argv = config_to_argv(known.config) if known.config else []
-    if any(a == "--input" or a.startswith("--input=") for a in rest):
-        config_argv = [a for a in config_argv if not a.startswith("--input=")]
+    parser = known_options_parser()
+    config_argv = config_to_argv(known.config, _yaml_keys(parser)) if known.config else []
+    if _import_runner_module(config_argv + rest, parser):
+        parser = known_options_parser()  # with the runner's own options classes
     # A YAML 'false' for a Beam store_true flag just means "leave it off".
     own = {f"--{a.dest}" for a in _own_actions()}
     config_argv = [a for a in config_argv
                    if not a.endswith("=false") or a.split("=", 1)[0] in own]
+    check_args(rest, parser)
+    check_args(config_argv, parser, where=known.config)
+    if any(a == "--input" or a.startswith("--input=") for a in rest):
+        config_argv = [a for a in config_argv if not a.startswith("--input=")]
     options = PipelineOptions(config_argv + rest)
     build = options.view_as(BuildOptions)
     build.validate_build()
     return options, build
+
+
+def _yaml_keys(parser):
+    return {s[2:] for s in _option_names(parser) if s.startswith("--")} - {"config"}

@@ -32,13 +32,13 @@ class ImagesToTFRecords(beam.PTransform):
                   | "ShardIndex" >> beam.Create([self.shards_index])
                   | "ReadShardIndex" >> beam.io.ReadAllFromText()
                   | "ParseShard" >> beam.Map(parse_shard_line)
-                  # -> (split, shard, listing file of that shard's ImageRefs)
+                  # -> (split, shard, listing file of that shard, kind, origin)
                   | "ToWorkers" >> beam.Reshuffle())
         if self.sink == "beam":
             from beam_pipeline.tools.beam_sink import WriteWithBeamSink
 
             stats = (shards
-                     | "ListingFiles" >> beam.MapTuple(lambda split, shard, listing: listing)
+                     | "ListingFiles" >> beam.MapTuple(lambda split, shard, listing, *_: listing)
                      | "ReadListings" >> beam.io.ReadAllFromText()
                      | "ParseRefs" >> beam.Map(ImageRef.from_json)       # -> ImageRef
                      | "WriteWithBeamSink" >> WriteWithBeamSink(spec, label_ids,
@@ -48,7 +48,8 @@ class ImagesToTFRecords(beam.PTransform):
                      | "WriteShards" >> beam.ParDo(WriteShardFn(
                          spec.tmp_dir, spec.name, spec.num_shards, label_ids,
                          self.encode_options, spec.write_index, self.progress_dir,
-                         moments=bool(self.transform_image_size))))
+                         moments=bool(self.transform_image_size),
+                         previous_vdir=spec.previous_vdir)))
             # -> shard stats (one small dict per shard; with --transform, + pixel_moments)
         parts = ()
         if self.transform_image_size:
@@ -60,6 +61,10 @@ class ImagesToTFRecords(beam.PTransform):
 
 
 def parse_shard_line(line):
-    """A shard index line -> (split, shard, listing file path)."""
-    split, shard, listing = json.loads(line)
-    return split, shard, listing
+    """A shard index line -> (split, shard, listing file, kind, origin).
+
+    kind: "images" (convert the listed images), "reuse" or "copy" (incremental builds:
+    beam_pipeline/reuse.py); origin: "hash" or "delta" (beam_pipeline/incremental.py).
+    """
+    split, shard, listing, kind, origin = json.loads(line)
+    return split, shard, listing, kind, origin

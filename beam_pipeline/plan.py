@@ -6,6 +6,7 @@ an existing class never changes id, and the same inputs give the same shards.
 
 import dataclasses
 import hashlib
+import itertools
 import json
 import math
 from typing import Optional
@@ -122,7 +123,7 @@ def label_ids(present, previous=(), label_file=None):
 
 @dataclasses.dataclass
 class Plan:
-    """What one streaming pass over the listing learned; refs wait on disk in shard order."""
+    """What one streaming pass over the listing learned; refs wait on disk in key order."""
 
     fingerprint: str
     labels_present: set
@@ -130,7 +131,7 @@ class Plan:
     duplicates: int = 0
     per_split: dict = dataclasses.field(default_factory=dict)  # split -> [count, bytes]
     errors: int = 0
-    by_position: object = None  # SortedSpill: (shard_sort_key, ImageRef json)
+    by_key: object = None  # SortedSpill: (key, ImageRef json with its split)
 
     @property
     def num_images(self):
@@ -147,15 +148,14 @@ def plan_listing(items, splits, fingerprint, known_labels, spill_dir, write_erro
     Sorts by uri on disk to drop duplicates (the same file listed again, by any input:
     same label and split, counted; otherwise a `conflicting_duplicate` error) and to
     fingerprint in a stable order (keys are then unique: each input's keys are distinct
-    paths under its own prefix), then
-    assigns splits and spills the refs again sorted by shard hash, so shards can be cut
-    once their count is known. `fingerprint` has add(ref) and hexdigest(); `write_error`
+    paths under its own prefix), then assigns splits and spills the refs again by key,
+    for a join with the previous version's catalog or `by_shard_position`. `fingerprint` has add(ref) and hexdigest(); `write_error`
     takes each errors.jsonl record; `known_labels` (a --label_file's classes) or None.
     """
     from beam_pipeline.errors import error_record
     from beam_pipeline.spill import SortedSpill
 
-    plan = Plan(fingerprint="", labels_present=set(), by_position=SortedSpill(spill_dir))
+    plan = Plan(fingerprint="", labels_present=set(), by_key=SortedSpill(spill_dir))
     with SortedSpill(spill_dir) as by_uri:
         for item in items:
             plan.listed += 1
@@ -189,27 +189,32 @@ def plan_listing(items, splits, fingerprint, known_labels, spill_dir, write_erro
             counts = plan.per_split.setdefault(split, [0, 0])
             counts[0] += 1
             counts[1] += ref.size
-            plan.by_position.add(shard_sort_key(split, ref.key),
-                                 dataclasses.replace(ref, split=split).to_json())
+            plan.by_key.add(json.dumps(ref.key), dataclasses.replace(ref, split=split).to_json())
     plan.fingerprint = fingerprint.hexdigest()
     return plan
 
 
+def by_shard_position(ref_lines, spill_dir):
+    """ImageRef JSON lines (with splits) -> a SortedSpill in (split, shard hash) order."""
+    from beam_pipeline.spill import SortedSpill
+
+    spill = SortedSpill(spill_dir)
+    for line in ref_lines:
+        ref = ImageRef.from_json(line)
+        spill.add(shard_sort_key(ref.split, ref.key), line)
+    return spill
+
+
 def iter_shards(by_position, num_shards):
-    """Refs sorted by shard hash -> (split, shard, [ImageRef in shard order]), one at a time.
+    """Refs sorted by shard hash -> (split, shard, iterator of ImageRef JSON lines).
 
     shard = floor(position × N) is monotone in the position, so each shard is one run of
-    the sorted stream: only one shard's refs are in memory.
+    the sorted stream; its lines are streamed too (consume each before the next shard).
     """
-    current, refs = None, []
-    for sort_key, line in by_position:
-        split, position = position_of(sort_key)
+    def shard_of_line(item):
+        split, position = position_of(item[0])
         n = num_shards[split]
-        shard = (split, min(int(position * n), n - 1))
-        if shard != current and refs:
-            yield (*current, refs)
-            refs = []
-        current = shard
-        refs.append(ImageRef.from_json(line))
-    if refs:
-        yield (*current, refs)
+        return split, min(int(position * n), n - 1)
+
+    for (split, shard), run in itertools.groupby(by_position, key=shard_of_line):
+        yield split, shard, (line for _, line in run)

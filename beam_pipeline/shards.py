@@ -4,6 +4,7 @@ Only small ImageRefs crossed the shuffle; image bytes live here, one shard at a 
 so memory does not grow with the dataset (DESIGN §1).
 """
 
+import collections
 import concurrent.futures
 import hashlib
 import json
@@ -17,7 +18,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from beam_pipeline import catalog, images, records
+from beam_pipeline import catalog, images, records, reuse
 from beam_pipeline.errors import error_record
 from beam_pipeline.plan import ImageRef
 from readers import layout
@@ -38,9 +39,28 @@ def _fetch(uri):
 
 
 def read_listing(path):
-    """A shard's listing file -> [ImageRef] in shard order."""
+    """A shard's listing file -> ImageRefs in shard order, streamed (a shard of tiny images
+    may list a hundred thousand)."""
     with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-        return [ImageRef.from_json(line) for line in f.read().decode().splitlines() if line]
+        for line in f:
+            if line.strip():
+                yield ImageRef.from_json(line.decode())
+
+
+def _disk_errors_name_the_dir(process):
+    """A full or failing disk (OSError without a file name, e.g. ENOSPC from a write) ->
+    the same error naming the directory being written, so the user's one line says where."""
+
+    def named(self, element):
+        try:
+            yield from process(self, element)
+        except OSError as e:
+            if e.filename or e.errno is None:
+                raise
+            raise OSError(e.errno, f"{e.strerror} writing under {self.tmp_dir}") from e
+
+    named.__name__, named.__doc__ = process.__name__, process.__doc__
+    return named
 
 
 class WriteShardFn(beam.DoFn):
@@ -51,8 +71,9 @@ class WriteShardFn(beam.DoFn):
     """
 
     def __init__(self, tmp_dir, name, num_shards, label_ids, encode_options, write_index,
-                 progress_dir=None, moments=False):
+                 progress_dir=None, moments=False, previous_vdir=None):
         self.tmp_dir, self.name, self.num_shards = tmp_dir, name, num_shards
+        self.previous_vdir = previous_vdir  # incremental: where reuse/copy tasks read from
         self.moments = moments  # --transform: per-shard pixel sums for the analysis
         self.label_ids = label_ids
         self.encode_options, self.write_index = encode_options, write_index
@@ -67,23 +88,31 @@ class WriteShardFn(beam.DoFn):
     def teardown(self):
         self.pool.shutdown(wait=False)
 
+    @_disk_errors_name_the_dir
     def process(self, element):
-        split, shard, listing = element
-        refs = read_listing(listing)  # already in shard order: output is deterministic
+        split, shard, listing, kind, origin = element
         final = layout.shard_name(self.name, split, shard, self.num_shards[split])
         attempt = uuid.uuid4().hex[:12]
         temp = layout.join(self.tmp_dir, f"{final}.{attempt}")
         stats = {"split": split, "shard": shard, "path": final, "temp": temp,
                  "num_examples": 0, "num_bytes": 0, "label_counts": {}, "errors": [],
-                 "passed_through": 0,
+                 "passed_through": 0, "kind": kind, "origin": origin,
                  "writer": f"{socket.gethostname()}:{os.getpid()}"}  # counted by commit
+        if kind != "images":  # incremental: a previous shard reused or its records copied
+            yield reuse.run(kind, stats, listing, self.previous_vdir, self.write_index)
+            return
         if self.moments:  # exact over the stored pixels (integers held exactly in float64)
             stats["pixel_moments"] = {"count": 0, "sum": [0.0] * 3, "sum_sq": [0.0] * 3}
-        digest, offsets, catalog_rows = hashlib.sha256(), [], []
+        digest = hashlib.sha256()
         progress = _Progress(self.progress_dir, f"{final}.{attempt}")
-        with FileSystems.create(temp) as out:
-            for ref, (data, read_error) in zip(refs, _read_ahead(self.pool,
-                                                                 [r.uri for r in refs])):
+        stats["catalog_temp"] = temp + ".catalog.parquet"
+        if self.write_index:
+            stats["index_temp"] = temp + layout.INDEX_SUFFIX
+        with (FileSystems.create(temp) as out,
+              catalog.FragmentWriter(stats["catalog_temp"]) as catalog_rows,
+              _IndexWriter(stats.get("index_temp")) as index):
+            # Listing order is shard order: the output is deterministic.
+            for ref, data, read_error in _read_ahead(self.pool, read_listing(listing)):
                 try:
                     if read_error is not None:
                         raise images.ImageError("read", "unreadable",
@@ -108,7 +137,7 @@ class WriteShardFn(beam.DoFn):
                     "input_size": ref.size, "input_mtime": ref.mtime})
                 out.write(frame)
                 digest.update(frame)
-                offsets.append((stats["num_bytes"], len(frame)))
+                index.add(stats["num_bytes"], len(frame))
                 stats["num_bytes"] += len(frame)
                 stats["num_examples"] += 1
                 stats["passed_through"] += encoded.passed_through
@@ -120,13 +149,6 @@ class WriteShardFn(beam.DoFn):
                 progress.tick()
         progress.flush(force=True)
         stats["sha256"] = digest.hexdigest()
-        stats["catalog_temp"] = temp + ".catalog.parquet"
-        with FileSystems.create(stats["catalog_temp"]) as f:
-            f.write(catalog.fragment_bytes(catalog_rows))
-        if self.write_index:
-            stats["index_temp"] = temp + layout.INDEX_SUFFIX
-            with FileSystems.create(stats["index_temp"]) as f:
-                f.write("".join(f"{o} {n}\n" for o, n in offsets).encode())
         yield stats
 
 
@@ -138,15 +160,40 @@ def _add_moments(totals, moments):
     totals["sum_sq"] = [a + float(b) for a, b in zip(totals["sum_sq"], squares)]
 
 
-def _read_ahead(pool, uris):
-    """Yield (bytes, error) in order while up to READ_AHEAD later reads are in flight."""
-    pending = []
-    for uri in uris:
-        pending.append(pool.submit(_fetch, uri))
+def _read_ahead(pool, refs):
+    """Yield (ref, bytes, error) in order while up to READ_AHEAD later reads are in flight."""
+    pending = collections.deque()
+    for ref in refs:
+        pending.append((ref, pool.submit(_fetch, ref.uri)))
         if len(pending) > READ_AHEAD:
-            yield pending.pop(0).result()
-    for future in pending:
-        yield future.result()
+            ref, future = pending.popleft()
+            yield (ref, *future.result())
+    for ref, future in pending:
+        yield (ref, *future.result())
+
+
+class _IndexWriter:
+    """The DALI / tfrecord-package index beside a shard: "offset length" per record,
+    written as the shard is (None: no index)."""
+
+    def __init__(self, path):
+        self.path, self.lines = path, []
+
+    def __enter__(self):
+        self.out = FileSystems.create(self.path) if self.path else None
+        return self
+
+    def add(self, offset, length):
+        if self.out:
+            self.lines.append(f"{offset} {length}\n")
+            if len(self.lines) >= 4096:
+                self.out.write("".join(self.lines).encode())
+                self.lines = []
+
+    def __exit__(self, *exc):
+        if self.out:
+            self.out.write("".join(self.lines).encode())
+            self.out.close()
 
 
 class _Progress:

@@ -72,8 +72,13 @@ def read_json(path):
 
 
 def write_bytes(path, data):
-    with FileSystems.create(path) as f:
-        f.write(data)
+    try:
+        with FileSystems.create(path) as f:
+            f.write(data)
+    except OSError as e:  # e.g. a full disk: say which file (the error alone does not)
+        if e.filename or e.errno is None:
+            raise
+        raise OSError(e.errno, f"cannot write {path}: {e.strerror}") from e
 
 
 def copy_local_file(local_path, path):

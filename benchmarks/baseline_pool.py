@@ -1,6 +1,10 @@
 """The baseline the pipeline must keep up with: multiprocessing.Pool + Pillow + TFRecordWriter.
 
-`python benchmarks/baseline_pool.py SRC OUT.tfrecord [--passthrough]`
+`python benchmarks/baseline_pool.py SRC OUT.tfrecord [--passthrough | --validate_full]`
+
+Default: decode and re-encode every image at quality 90. --passthrough stores the original
+bytes after opening the header only; --validate_full stores them after a full Pillow decode
+(img.load()), the fair baseline for the pipeline's default strict validation.
 """
 
 import hashlib
@@ -10,7 +14,7 @@ import os
 import sys
 
 
-def to_example(path, passthrough):
+def to_example(path, mode):
     from PIL import Image
     from tensorflow.core.example import example_pb2, feature_pb2
 
@@ -18,7 +22,9 @@ def to_example(path, passthrough):
         data = f.read()
     img = Image.open(io.BytesIO(data))
     w, h = img.size
-    if not passthrough:
+    if mode == "validate_full":
+        img.load()
+    elif mode == "reencode":
         img = img.convert("RGB")
         out = io.BytesIO()
         img.save(out, "JPEG", quality=90)
@@ -40,14 +46,15 @@ def _convert(args):
 
 def main():
     src, out = sys.argv[1], sys.argv[2]
-    passthrough = "--passthrough" in sys.argv
+    mode = ("validate_full" if "--validate_full" in sys.argv
+            else "passthrough" if "--passthrough" in sys.argv else "reencode")
     import tensorflow as tf
 
     paths = sorted(os.path.join(d, f) for d, _, fs in os.walk(src) for f in fs
                    if f.endswith(".jpg"))
     n = 0
     with multiprocessing.Pool(os.cpu_count()) as pool, tf.io.TFRecordWriter(out) as writer:
-        for record in pool.imap(_convert, [(p, passthrough) for p in paths], chunksize=32):
+        for record in pool.imap(_convert, [(p, mode) for p in paths], chunksize=32):
             writer.write(record)
             n += 1
     print(f"wrote {n}")

@@ -1,19 +1,22 @@
 """`python -m readers ROOT`: describe a dataset and read one batch back, as training would."""
 
 import argparse
-import os
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from readers import _quiet
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m readers", description=__doc__,
+                                     allow_abbrev=False)
     parser.add_argument("path", help="dataset root (uses LATEST) or a version directory")
     parser.add_argument("--split", default="train")
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--image_size", type=int, default=224)
+    parser.add_argument("--verbose", action="store_true",
+                        help="also show TensorFlow's start-up lines")
     args = parser.parse_args(argv)
+    _quiet.install(args.verbose)  # before TensorFlow loads
 
     import numpy as np
 

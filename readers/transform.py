@@ -1,8 +1,9 @@
 """The dataset's tf.Transform output on the reading side: load it, apply it, serve with it.
 
-A build (unless `--no_transform`) writes VDIR/transform_fn/ and VDIR/transformed_metadata/
-and records them under manifest["transform"]. The saved graph maps raw parsed features
-(`image/encoded`, `image/class/label`) to model-ready ones:
+A build with `--transform` writes VDIR/transform_fn/ and VDIR/transformed_metadata/ and
+records them under manifest["transform"]. The saved graph maps raw parsed features
+(`image/encoded`, `image/class/label`) to model-ready ones (its analysis-only `shard/*`
+inputs are never fed: TFT supplies them, and no output depends on them):
 
     image  float32 [S, S, 3]  (resize(decode_jpeg(image/encoded), S×S) - mean) / std
     label  int64   []         image/class/label, unchanged

@@ -32,7 +32,7 @@ import urllib.parse
 from gcs_emulator import _header, _read_chunked, _read_head
 
 FAULTS = ("503", "429", "drop", "drop_after")
-_OBJECT = re.compile(r"/b/([^/?]+)/o/([^/?]+)")
+_OBJECT = re.compile(r".*/b/([^/]+)/o/(.+)$")  # the last /b/B/o/NAME: a copy's destination
 
 
 class FaultProxy(socketserver.ThreadingTCPServer):
@@ -115,9 +115,9 @@ def _object_name(target, head, body):
     """(bucket, object name) a request is about: the path's last /b/B/o/NAME, or for an
     upload the `name` query parameter or the name in its JSON (or multipart JSON) metadata."""
     split = urllib.parse.urlsplit(target)
-    found = _OBJECT.findall(split.path)
+    found = _OBJECT.match(split.path)
     if found:
-        bucket, name = found[-1]
+        bucket, name = found.groups()
         return urllib.parse.unquote(bucket), urllib.parse.unquote(name)
     bucket = re.search(r"/b/([^/?]+)/o", split.path).group(1)
     query = urllib.parse.parse_qs(split.query)

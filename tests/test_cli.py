@@ -1,7 +1,6 @@
 """The command line: exit codes and one-line errors (issue 2, "The CLI")."""
 
 import os
-import pathlib
 import subprocess
 import sys
 import time
@@ -10,10 +9,7 @@ import pytest
 
 from beam_pipeline import cli
 from readers import layout
-from tests.conftest import make_images
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
-FAST = ["--no_transform", "--num_shards", "1"]
+from tests.helpers import FAST, REPO, make_images
 
 
 @pytest.fixture(scope="module")
@@ -148,6 +144,7 @@ def test_unreadable_label_file(capsys, images_dir, tmp_path):
     assert str(missing) in line and "--label_file" in line
 
 
+@pytest.mark.slow
 def test_success_returns_zero(capsys, images_dir, tmp_path):
     out = tmp_path / "out"
     assert cli.main(["--input", str(images_dir), "--output", str(out), *FAST]) == 0
@@ -159,6 +156,7 @@ def test_success_returns_zero(capsys, images_dir, tmp_path):
     assert "up to date" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_config_file_gives_defaults_and_flags_override(images_dir, tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("name: fromyaml\nsplits: train=1\nnum_shards: 3\nno_transform: true\n")
@@ -169,6 +167,7 @@ def test_config_file_gives_defaults_and_flags_override(images_dir, tmp_path):
     assert len(m["splits"]["train"]["shards"]) == 1  # the flag beat the YAML's 3
 
 
+@pytest.mark.slow
 def test_error_rate_exceeded_one_line_exit_1(capsys, caplog, tmp_path):
     src = tmp_path / "src"
     make_images(src, {"cat": 2, "dog": 1})

@@ -10,7 +10,6 @@ Dataflow service itself cannot run here, so what is checked is what it would rec
 
 import hashlib
 import io
-import pathlib
 import re
 import shutil
 import sys
@@ -19,8 +18,8 @@ import tarfile
 import pytest
 
 from gcs_emulator import gcs, gcs_bucket  # noqa: F401  (pytest fixtures)
+from tests.helpers import REPO
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 PROJECT, REGION = "demo-project", "us-central1"
 IMAGE = "us-central1-docker.pkg.dev/demo-project/images/image-tfrecords-worker:2.77.0"
 
@@ -63,6 +62,7 @@ def _pipeline_proto(data):
     return proto
 
 
+@pytest.mark.slow
 def test_dataflow_job_with_setup_file(gcs, gcs_bucket, tmp_path, make_images,  # noqa: F811
                                       source_copy, capsys):
     from beam_pipeline import cli
@@ -150,6 +150,7 @@ def _assert_graph_scales(proto):
         "ImagesToTFRecords/WriteShards"
 
 
+@pytest.mark.slow
 def test_dataflow_job_with_custom_container(gcs, gcs_bucket, tmp_path, make_images):  # noqa: F811
     """--sdk_container_image instead of --setup_file: the job names the image, stages no sdist."""
     from beam_pipeline import cli

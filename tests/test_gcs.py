@@ -16,6 +16,8 @@ import pytest
 
 from gcs_emulator import gcs, gcs_bucket  # noqa: F401  (pytest fixtures)
 
+pytestmark = pytest.mark.slow  # every test here talks to the storage emulator
+
 ARGS = ["--name", "pets", "--num_shards", "2", "--max_error_rate", "0.5", "--no_transform"]
 
 

@@ -2,6 +2,7 @@
 
 import os
 import shutil
+import sys
 
 import pytest
 from PIL import Image
@@ -13,20 +14,64 @@ from readers import layout
 @pytest.fixture(scope="module")
 def inspected(built_dataset, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("inspect"))
-    code = inspect_cmd.main([built_dataset["root"], "--out", out, "--n", "9"])
+    with pytest.MonkeyPatch.context() as mp:
+        # The environment ./run_local.sh makes has no plotting library: drawing is Pillow's.
+        mp.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
+        code = inspect_cmd.main([built_dataset["root"], "--out", out, "--n", "9"])
     return code, out
 
 
 def test_writes_plausible_pngs(inspected):
     code, out = inspected
     assert code == 0
-    for name, min_kb in ((inspect_cmd.CONTACT_SHEET, 20), (inspect_cmd.CLASS_COUNTS, 8)):
+    for name, min_kb in ((inspect_cmd.CONTACT_SHEET, 20), (inspect_cmd.CLASS_COUNTS, 4)):
         path = os.path.join(out, name)
         with open(path, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n", name
         assert min_kb * 1024 < os.path.getsize(path) < 3 * 2**20, (name, os.path.getsize(path))
         with Image.open(path) as img:
             assert 300 <= img.width <= 3000 and 200 <= img.height <= 3000, (name, img.size)
+
+
+def test_contact_sheet_is_a_grid_of_the_samples(inspected):
+    _, out = inspected
+    with Image.open(os.path.join(out, inspect_cmd.CONTACT_SHEET)) as img:
+        sheet = img.convert("RGB")
+    # 9 samples: 3 columns of thumbnails no wider than 200 px each, plus margins.
+    assert 3 * 200 <= sheet.width <= 3 * 220 and sheet.height > 3 * 200, sheet.size
+    colours = sheet.getcolors(maxcolors=1 << 24)  # [(count, rgb)]
+    white = dict((rgb, n) for n, rgb in colours).get(inspect_cmd.BACKGROUND, 0)
+    assert white < 0.6 * sheet.width * sheet.height, "mostly empty: thumbnails missing?"
+    assert len(colours) > 200  # photos, not just captions
+
+
+def test_class_chart_bars_follow_the_manifest(inspected, built_dataset):
+    """Each split's bars cover an area proportional to its examples (equal widths, heights
+    proportional to the counts), in the split's colour."""
+    _, out = inspected
+    manifest = built_dataset["manifest"]
+    with Image.open(os.path.join(out, inspect_cmd.CLASS_COUNTS)) as img:
+        pixels = list(img.convert("RGB").getdata())
+    splits = inspect_cmd._ordered_splits(manifest)
+    area = {s: pixels.count(inspect_cmd.SPLIT_COLOURS[j]) for j, s in enumerate(splits)}
+    total_area = sum(area.values())
+    total = sum(manifest["splits"][s]["num_examples"] for s in splits)
+    for s in splits:
+        share = manifest["splits"][s]["num_examples"] / total
+        assert area[s] / total_area == pytest.approx(share, abs=0.03), (s, area)
+
+
+@pytest.mark.parametrize("classes", [1, 30, 1000])
+def test_class_chart_stays_readable_and_bounded(tmp_path, classes):
+    labels = [f"class_{k:04d}" for k in range(classes)]
+    manifest = {"name": "x", "version": "V", "labels": labels, "splits": {
+        s: {"num_examples": 3 * classes, "shards": [],
+            "label_counts": {l: (k * 7 + j) % 40 for k, l in enumerate(labels)}}
+        for j, s in enumerate(("train", "validation", "test"))}}
+    path = str(tmp_path / "chart.png")
+    inspect_cmd.class_counts_chart(manifest, path)
+    with Image.open(path) as img:
+        assert 300 <= img.width <= inspect_cmd.MAX_WIDTH and 200 <= img.height <= 3000, img.size
 
 
 def test_summary_has_counts_and_errors(built_dataset, capsys):

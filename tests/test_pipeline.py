@@ -223,7 +223,7 @@ def test_csv_and_jsonl_manifests(tmp_path):
                    "more/" + str(data / "imgs" / "004.jpg").lstrip("/"): ("train", "dog")}
 
 
-
+@pytest.mark.slow
 def test_same_file_via_two_manifests_is_one_image(tmp_path):
     # 'imgs/000.jpg' from data/ and '../data/imgs/000.jpg' from lists/ are the same file: it is
     # written once (and cannot land in two splits), under the key that sorts first, and a
@@ -244,6 +244,7 @@ def test_same_file_via_two_manifests_is_one_image(tmp_path):
     assert [e["reason"] for e in errors_of(result)] == ["conflicting_duplicate"]
 
 
+@pytest.mark.slow
 def test_label_file_unknown_class(tmp_path):
     src = tmp_path / "src"
     make_images(src, {"cat": 2, "dog": 2, "owl": 1})

@@ -19,8 +19,8 @@ from PIL import Image
 
 import readers
 from readers import layout, schema
+from tests.helpers import REPO, assert_same_arrays, build, same_arrays
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 LABELS = ["daisy", "rose", "tulip"]
 SIZE = 16  # output image side; inputs are 40x30, so crops still have pixels to choose from
 
@@ -95,16 +95,34 @@ def root(tmp_path_factory):
     return root
 
 
-@pytest.fixture
-def pipeline_root(request, root):
-    """(root, ours): the real Beam build (tests/conftest.py `built_dataset`) when there is one."""
-    if (REPO / "beam_pipeline" / "cli.py").exists():
-        try:
-            built = request.getfixturevalue("built_dataset")
-        except pytest.FixtureLookupError:
-            return root, True
-        return built["root"], False
-    return root, True
+@pytest.fixture(scope="module")
+def built_root(tmp_path_factory):
+    """`root`'s records written by the real pipeline: ROOT/<split>/<class>/NN.jpg inputs (the
+    layout fixes the splits) whose colours encode record id and label, as `_jpeg` does."""
+    src = tmp_path_factory.mktemp("reader_inputs")
+    for split, n in (("train", 30), ("validation", 9)):
+        for rid in range(n):
+            path = src / split / LABELS[rid % 3] / f"{rid:02d}.jpg"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(_jpeg(rid, rid % 3))
+    root = tmp_path_factory.mktemp("reader_built") / "ds"
+    return build(src, root, "--name", "flowers", "--num_shards", "2", "--no_transform")["root"]
+
+
+@pytest.fixture(params=["hand_made", pytest.param("built", marks=pytest.mark.slow),
+                        pytest.param("sample_build", marks=pytest.mark.slow)])
+def pipeline_root(request):
+    """(root, has_ids): a dataset to read, and whether its colours encode record ids and labels.
+
+    hand_made: `write_dataset` (no Beam); built: the same records through the real pipeline
+    (`built_root`), so the per-record check covers writer and reader together; sample_build:
+    the shared build of sample_data's image variants (`built_dataset`), counts only.
+    """
+    if request.param == "hand_made":
+        return request.getfixturevalue("root"), True
+    if request.param == "built":
+        return request.getfixturevalue("built_root"), True
+    return request.getfixturevalue("built_dataset")["root"], False
 
 
 def _ids_labels(ds):
@@ -129,8 +147,11 @@ class Ctx:
 # --- tests --------------------------------------------------------------------------------------
 
 def test_import_needs_no_beam():
+    # A fresh interpreter where importing apache_beam fails. TensorFlow is a stand-in there:
+    # its own imports are not under test and cost ~8 s of CPU on these machines.
     code = ("import sys; sys.modules['apache_beam'] = None; import readers; "
             "assert 'tensorflow' not in sys.modules; "
+            "from unittest import mock; sys.modules['tensorflow'] = mock.MagicMock(); "
             "from readers import info, make_dataset; print(callable(info), callable(make_dataset))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -153,7 +174,7 @@ def test_info(root):
 
 @pytest.mark.parametrize("training", [False, True])
 def test_labels_and_shapes(pipeline_root, training):
-    path, ours = pipeline_root
+    path, has_ids = pipeline_root
     meta = readers.info(str(path))
     split = "train" if training else sorted(meta.splits)[-1]
     ds = readers.make_dataset(str(path), split, batch_size=4, image_size=SIZE,
@@ -165,7 +186,7 @@ def test_labels_and_shapes(pipeline_root, training):
         assert 0.0 <= images.numpy().min() and images.numpy().max() <= 1.0
         seen.update(meta.labels[i] for i in labels.numpy())
     assert seen == collections.Counter(meta.splits[split].label_counts)
-    if ours:  # each image's colour says which record and label it is
+    if has_ids:  # each image's colour says which record and label it is
         ids, labels = _ids_labels(readers.make_dataset(str(path), split, batch_size=4,
                                                        image_size=SIZE, training=training,
                                                        drop_remainder=False))
@@ -188,8 +209,9 @@ def test_eval_is_deterministic(root):
     again = [x.numpy() for b in ds for x in b]
     fresh = [x.numpy() for b in readers.make_dataset(str(root), "validation", batch_size=4,
                                                       image_size=SIZE) for x in b]
-    assert all(np.array_equal(a, b) for a, b in zip(first, again))
-    assert all(np.array_equal(a, b) for a, b in zip(first, fresh))
+    assert_same_arrays(first, again)  # same length, same arrays, same order
+    assert_same_arrays(first, fresh)
+    assert sum(len(labels) for labels in first[1::2]) == 9  # every validation record
 
 
 def test_training_with_seed_is_reproducible(root):
@@ -199,10 +221,12 @@ def test_training_with_seed_is_reproducible(root):
         return [[x.numpy() for b in ds for x in b] for _ in range(2)]  # two iterations
 
     a, b, c = epochs(7), epochs(7), epochs(8)
+    assert len(a) == len(b) == 2
     for ea, eb in zip(a, b):
-        assert all(np.array_equal(x, y) for x, y in zip(ea, eb))
-    assert not all(np.array_equal(x, y) for x, y in zip(a[0], a[1]))  # epochs differ
-    assert not all(np.array_equal(x, y) for x, y in zip(a[0], c[0]))  # seeds differ
+        assert_same_arrays(ea, eb)
+    assert len(a[0]) == len(a[1]) == len(c[0]) == 6  # 3 batches of 8: (images, labels)
+    assert not same_arrays(a[0], a[1])  # epochs differ
+    assert not same_arrays(a[0], c[0])  # seeds differ
 
 
 @pytest.mark.parametrize("training", [False, True])

@@ -111,14 +111,92 @@ def test_assign_split_stable_and_proportional():
         assert abs(counts[name] / len(keys) - fraction) < 0.03, counts
 
 
-def test_assign_split_known_values_do_not_drift():
-    # Pinned: a change here would move images between splits across versions (DESIGN §5).
-    splits = plan.parse_splits("train=0.8,validation=0.1,test=0.1")
-    u = plan.unit_hash("split", "gs://b/cat/1.jpg")
-    expected = "train" if u < 0.8 else "validation" if u < 0.9 else "test"
-    assert plan.assign_split("gs://b/cat/1.jpg", splits) == expected
-    digest = hashlib.sha256("split\0gs://b/cat/1.jpg".encode()).digest()
-    assert u == int.from_bytes(digest[:8], "big") / 2.0**64
+# --- pinned: what a release must never change (DESIGN §5) ------------------------------------
+# Computed once and written down. If one of these fails, images would move between splits or
+# shards across versions of the same dataset: a breaking change, not a test to update.
+# Keys are paths relative to an input root, as the listing makes them.
+
+PINNED_SPLITS = plan.parse_splits("train=0.8,validation=0.1,test=0.1")
+
+# key -> (its split by hash, its shard in that split for num_shards 1, 3, 16)
+PINNED = {
+    "cat/000.jpg": ("train", (0, 2, 13)),
+    "cat/001.jpg": ("train", (0, 1, 8)),
+    "cat/002.jpg": ("train", (0, 1, 9)),
+    "dog/000.jpg": ("train", (0, 2, 10)),
+    "dog/001.jpg": ("validation", (0, 0, 3)),
+    "dog/x.png": ("train", (0, 0, 2)),
+    "train/dog/x.png": ("test", (0, 1, 8)),
+    "validation/cat/y.jpg": ("test", (0, 2, 15)),
+    "fox/ü 1.jpg": ("train", (0, 1, 9)),
+    "owl/a/b/c.jpeg": ("test", (0, 1, 9)),
+    "input1/cat/000.jpg": ("train", (0, 1, 5)),
+    "0.gif": ("train", (0, 0, 3)),
+}
+
+
+@pytest.mark.parametrize("key", PINNED)
+def test_split_and_shard_of_pinned_keys(key):
+    split, shards = PINNED[key]
+    assert plan.assign_split(key, PINNED_SPLITS) == split
+    assert tuple(plan.shard_of(split, key, n) for n in (1, 3, 16)) == shards
+
+
+def test_unit_hash_pinned_values():
+    assert plan.unit_hash("split", "cat/000.jpg") == 0.6917624722071029
+    assert plan.unit_hash("shard", "train", "cat/000.jpg") == 0.8729854129553617
+    assert plan.unit_hash("x") == 0.17750681999964502
+    assert plan.shard_position("train", "cat/000.jpg") == 0.8729854129553617
+    # the documented recipe: the first 8 bytes of sha256("split\0key"), big-endian, / 2**64
+    digest = hashlib.sha256("split\0cat/000.jpg".encode()).digest()
+    assert int.from_bytes(digest[:8], "big") / 2.0**64 == 0.6917624722071029
+
+
+def test_shard_of_layout_splits_pinned():
+    """A ROOT/<split>/<class>/ layout fixes the split; the shard still hashes (split, key)."""
+    assert [plan.shard_of(s, "train/dog/x.png", 3) for s in plan.SPLIT_NAMES] == [1, 2, 1]
+    assert [plan.shard_of(s, "validation/cat/y.jpg", 3) for s in plan.SPLIT_NAMES] == [0, 2, 2]
+
+
+PINNED_NUM_SHARDS = {"train": 3, "validation": 1, "test": 2}
+# (split, shard) -> its keys in record order (by shard hash, not by key); empty shards absent
+PINNED_SHARDS = {
+    ("test", 1): ["train/dog/x.png", "owl/a/b/c.jpeg", "validation/cat/y.jpg"],
+    ("train", 0): ["dog/x.png", "0.gif"],
+    ("train", 1): ["input1/cat/000.jpg", "cat/001.jpg", "fox/ü 1.jpg", "cat/002.jpg"],
+    ("train", 2): ["dog/000.jpg", "cat/000.jpg"],
+    ("validation", 0): ["dog/001.jpg"],
+}
+
+
+def test_shard_contents_and_order_pinned():
+    """The launcher's streaming path: refs spilled sorted by shard_sort_key, cut into shards."""
+    by_position = sorted(
+        (plan.shard_sort_key(split, key),
+         plan.ImageRef(key=key, uri=f"/in/{key}", label="x", split=split).to_json())
+        for key, (split, _) in PINNED.items())
+
+    def key_of(ref):  # an ImageRef or its JSON line
+        return (ref if isinstance(ref, plan.ImageRef) else plan.ImageRef.from_json(ref)).key
+
+    got = {(split, shard): [key_of(ref) for ref in refs]  # each run before the next shard
+           for split, shard, refs in plan.iter_shards(by_position, PINNED_NUM_SHARDS)}
+    assert got == PINNED_SHARDS and list(got) == sorted(got)
+
+
+def test_partition_pinned():
+    ref = collections.namedtuple("Ref", "key split")  # what partition reads of an ImageRef
+    refs = [ref(key, split) for key, (split, _) in PINNED.items()]
+    got = plan.partition(refs, PINNED_NUM_SHARDS)
+    assert {k: [r.key for r in v] for k, v in got.items()} == PINNED_SHARDS
+
+
+def test_label_ids_pinned():
+    assert plan.label_ids({"owl", "cat", "dog", "fox", "Zebra", "ant"}) == [
+        "Zebra", "ant", "cat", "dog", "fox", "owl"]  # code-point order: capitals first
+    assert plan.label_ids({"owl", "cat", "ant"}, previous=["dog", "cat"]) == [
+        "dog", "cat", "ant", "owl"]
+    assert plan.label_ids({"owl"}, previous=["dog"], label_file=["b", "a"]) == ["b", "a"]
 
 
 def test_unit_hash_range():

@@ -14,18 +14,13 @@ import time
 import pytest
 
 from beam_pipeline import cli, commit, versions
-from conftest import image_bytes, make_images
 from gcs_emulator import gcs, gcs_bucket  # noqa: F401  (pytest fixtures)
-from readers import layout
+from readers import layout, schema
+from tests.helpers import REPO, build, image_bytes, make_images, read_records
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 # Two splits of one shard each, so every image visibly lands in a split and a move would show.
 ARGS = ["--name", "regen", "--num_shards", "1", "--splits", "train=0.5,validation=0.5",
         "--no_transform"]
-
-
-def build(inputs, root, *extra):
-    return cli.run(["--input", str(inputs), "--output", str(root)] + ARGS + list(extra))
 
 
 def snapshot(root):
@@ -44,22 +39,15 @@ def latest_version(root):
 
 
 def records(root, version):
-    """image/filename -> (split, label id, class text) for every record of a version."""
-    import tensorflow as tf
-
-    from readers import schema
-
+    """(manifest, {image/filename: (split, label id, class text)}) of a version."""
     vdir = layout.version_dir(str(root), version)
     manifest = versions.read_json(layout.join(vdir, layout.MANIFEST))
     out = {}
-    for split, info in manifest["splits"].items():
-        files = [layout.join(vdir, s["path"]) for s in info["shards"]]
-        for raw in tf.data.TFRecordDataset(files):
-            f = tf.train.Example.FromString(raw.numpy()).features.feature
-            name = f[schema.FILENAME].bytes_list.value[0].decode()
+    for (split, _), recs in read_records(vdir, manifest).items():
+        for r in recs:
+            name = r[schema.FILENAME].decode()
             assert name not in out, f"{name} written twice"
-            out[name] = (split, f[schema.LABEL].int64_list.value[0],
-                         f[schema.TEXT].bytes_list.value[0].decode())
+            out[name] = (split, r[schema.LABEL], r[schema.TEXT].decode())
     return manifest, out
 
 
@@ -75,10 +63,11 @@ def fake_version(root, version, complete=True):
 
 # --- unchanged inputs ----------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_unchanged_inputs_are_a_no_op_and_force_rebuilds(tmp_path, capsys):
     make_images(tmp_path / "in", {"cat": 3, "dog": 3})
     root = tmp_path / "ds"
-    first = build(tmp_path / "in", root)
+    first = build(tmp_path / "in", root, *ARGS)
     assert first["status"] == "published"
     before, latest_bytes = snapshot(root), (root / layout.LATEST).read_bytes()
     capsys.readouterr()
@@ -90,7 +79,7 @@ def test_unchanged_inputs_are_a_no_op_and_force_rebuilds(tmp_path, capsys):
     assert snapshot(root) == before, "an up-to-date run wrote something"
     assert (root / layout.LATEST).read_bytes() == latest_bytes
 
-    forced = build(tmp_path / "in", root, "--force")
+    forced = build(tmp_path / "in", root, *ARGS, "--force")
     assert forced["status"] == "published" and forced["version"] > first["version"]
     assert latest_version(root) == forced["version"]
     assert forced["manifest"]["input_fingerprint"] == first["manifest"]["input_fingerprint"]
@@ -99,12 +88,13 @@ def test_unchanged_inputs_are_a_no_op_and_force_rebuilds(tmp_path, capsys):
 
 # --- label ids and splits across versions --------------------------------------------------
 
+@pytest.mark.slow
 def test_new_images_and_classes_keep_ids_and_splits_and_removed_class_keeps_its_id(
         tmp_path, caplog):
     src = tmp_path / "in"
     make_images(src, {"cat": 4, "dog": 4})
     root = tmp_path / "ds"
-    v1 = build(src, root)["version"]
+    v1 = build(src, root, *ARGS)["version"]
     m1, r1 = records(root, v1)
     assert m1["labels"] == ["cat", "dog"]
     assert {split for split, _, _ in r1.values()} == {"train", "validation"}
@@ -112,7 +102,7 @@ def test_new_images_and_classes_keep_ids_and_splits_and_removed_class_keeps_its_
     # New images in an old class and a new class that sorts first: it is appended, not sorted in.
     make_images(src, {"cat": {"100.jpg": image_bytes((230, 50, 50))},
                       "ant": {f"{i}.jpg": image_bytes((i, 9, 9)) for i in range(3)}})
-    v2 = build(src, root)["version"]
+    v2 = build(src, root, *ARGS)["version"]
     assert v2 > v1 and latest_version(root) == v2
     m2, r2 = records(root, v2)
     assert m2["labels"] == ["cat", "dog", "ant"]
@@ -128,7 +118,7 @@ def test_new_images_and_classes_keep_ids_and_splits_and_removed_class_keeps_its_
         path.unlink()
     (src / "dog").rmdir()
     with caplog.at_level(logging.WARNING):
-        v3 = build(src, root)["version"]
+        v3 = build(src, root, *ARGS)["version"]
     m3, r3 = records(root, v3)
     assert m3["labels"] == ["cat", "dog", "ant"]
     assert all(s["label_counts"]["dog"] == 0 for s in m3["splits"].values())
@@ -140,12 +130,13 @@ def test_new_images_and_classes_keep_ids_and_splits_and_removed_class_keeps_its_
 
 # --- a run killed midway -------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_killed_run_keeps_latest_readers_read_old_version_and_it_is_cleaned_up(tmp_path):
     import readers
 
     src, root = tmp_path / "in", tmp_path / "ds"
     make_images(src, {"cat": 3, "dog": 3})
-    v1 = build(src, root)["version"]
+    v1 = build(src, root, *ARGS)["version"]
     latest_bytes = (root / layout.LATEST).read_bytes()
 
     # A FIFO nobody writes to: reading it blocks, so the run hangs inside a shard writer with
@@ -189,13 +180,14 @@ def test_killed_run_keeps_latest_readers_read_old_version_and_it_is_cleaned_up(t
     # The next successful run publishes a newer version and removes the dead one.
     stuck.unlink()
     make_images(src, {"dog": {"new.jpg": image_bytes((1, 2, 3))}})
-    v3 = build(src, root)["version"]
+    v3 = build(src, root, *ARGS)["version"]
     assert v3 > killed and latest_version(root) == v3
     assert versions.list_versions(str(root)) == {v1: True, v3: True}
 
 
 # --- retention and the publish guard -------------------------------------------------------
 
+@pytest.mark.slow
 def test_keep_versions_deletes_only_what_it_should(tmp_path):
     src, root = tmp_path / "in", tmp_path / "ds"
     make_images(src, {"cat": 2, "dog": 2})
@@ -203,7 +195,7 @@ def test_keep_versions_deletes_only_what_it_should(tmp_path):
         fake_version(root, v)
     fake_version(root, "20200102T120000Z", complete=False)    # a killed run: cleaned up
     fake_version(root, "29991231T000000Z", complete=False)    # a newer run in progress: kept
-    new = build(src, root, "--keep_versions", "2")["version"]
+    new = build(src, root, *ARGS, "--keep_versions", "2")["version"]
     assert latest_version(root) == new
     assert versions.list_versions(str(root)) == {
         new: True, "20200103T000000Z": True, "29991231T000000Z": False}
@@ -269,16 +261,17 @@ def objects(gcs, bucket):  # noqa: F811
     return {(b.name, b.generation, b.size) for b in gcs.client.list_blobs(bucket)}
 
 
+@pytest.mark.slow
 def test_regeneration_cycle_on_gcs(gcs, gcs_bucket, tmp_path, monkeypatch):  # noqa: F811
     local = tmp_path / "in"
     make_images(local, {"cat": 2, "dog": 2})
     src, root = f"gs://{gcs_bucket}/in", f"gs://{gcs_bucket}/ds"
     gcs.upload_tree(local, src)
 
-    v1 = build(src, root)["version"]
+    v1 = build(src, root, *ARGS)["version"]
     assert gcs.read_json(f"{root}/LATEST")["version"] == v1
     before = objects(gcs, gcs_bucket)
-    assert build(src, root)["status"] == "up_to_date"
+    build(src, root, *ARGS, expect="up_to_date")
     assert objects(gcs, gcs_bucket) == before, "an up-to-date run wrote to the bucket"
 
     # Two ids claimed in one second on an object store: the claim objects keep them apart.
@@ -289,7 +282,7 @@ def test_regeneration_cycle_on_gcs(gcs, gcs_bucket, tmp_path, monkeypatch):  # n
     # A half-written version, a new class, retention: the same as on local paths.
     gcs.upload_bytes(f"{root}/versions/20200101T000000Z/.tmp/listing.jsonl", b"{}\n")
     gcs.upload_bytes(f"{src}/ant/0.jpg", image_bytes((9, 9, 9)))
-    v2 = build(src, root, "--keep_versions", "1")
+    v2 = build(src, root, *ARGS, "--keep_versions", "1")
     assert v2["status"] == "published" and v2["version"] > v1
     assert v2["manifest"]["labels"] == ["cat", "dog", "ant"]
     assert gcs.read_json(f"{root}/LATEST")["version"] == v2["version"]

@@ -3,7 +3,6 @@ Airflow DAG and the crontab line name the CLI's real build options with the righ
 
 import ast
 import json
-import pathlib
 import re
 import runpy
 import sys
@@ -11,8 +10,7 @@ import sys
 import pytest
 
 from beam_pipeline import options
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
+from tests.helpers import REPO
 METADATA = REPO / "configs" / "flex_template" / "metadata.json"
 DAG = REPO / "configs" / "airflow" / "image_tfrecords_dag.py"
 MAIN = REPO / "configs" / "flex_template" / "main.py"

@@ -1,34 +1,34 @@
-"""tf.Transform: train statistics, the saved transform graph, the reader and serving (issue 6).
+"""tf.Transform (`--transform`, off by default): statistics from the shard writer, the saved
+graph, the reader and serving (issue 10).
 
-One real build (DirectRunner, in-process, analysis on) is shared by the module. Its inputs use
+One real build (in-process FnApiRunner, --transform) is shared by the module. Its inputs use
 the ROOT/<split>/<class>/ layout so the splits are known: train images are smooth colour
-fields with noise in reds and greys; validation/test images are saturated blue and green, so
-any leak of them into the statistics would move the blue/green means by tens of levels.
+fields with noise in reds and greys, all baseline JPEGs (stored as is) but one PNG (stored
+re-encoded); validation/test images are saturated blue and green, so any leak of them into
+the statistics would move the blue/green means by tens of levels.
 
-Stated tolerance (docs/transform.md): the analysis decodes each JPEG at the smallest DCT
-scale (1/2, 1/4, 1/8) that keeps its shorter side >= S/4 (at least 32 px), so its statistics
-are compared with a full-resolution NumPy pass (Pillow) within MEAN_TOL levels (0..255) and
-STD_TOL relative (measured here: < 0.06 levels, < 0.9%). At full scale (images too small to
-scale down) the per-image math agrees with NumPy to float rounding (EXACT_TOL).
+The statistics are exact over the stored pixels at full resolution (docs/transform.md): the
+manifest's mean/std equal a NumPy pass over the decoded stored train JPEGs (and, for the
+re-encoded PNG, the pixels that were encoded) to float rounding.
 """
 
+import hashlib
 import io
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
-import tensorflow as tf
 from PIL import Image
 
-from beam_pipeline import analyze, cli
 from readers import layout, schema
+from tests.helpers import REPO
 
-MEAN_TOL = 1.0    # levels, per channel
-STD_TOL = 0.03    # relative, per channel
-EXACT_TOL = 1e-3  # levels, at full resolution
 IMAGE_SIZE = 32   # --transform_image_size: small, so the graph runs fast in tests
 CLASSES = ("apple", "beet", "cherry")
 TRAIN_COUNTS = {"apple": 7, "beet": 5, "cherry": 3}  # unbalanced, so frequencies mean something
+REENCODED = "train/beet/01.png"  # the one train input that is not stored byte for byte
 
 
 def _photo(rng, size, tint):
@@ -42,24 +42,33 @@ def _photo(rng, size, tint):
     return Image.fromarray(field.clip(0, 255).astype(np.uint8))
 
 
-def _jpeg(img, quality=90):
+def _encode(img, fmt="JPEG"):
     buf = io.BytesIO()
-    img.save(buf, "JPEG", quality=quality)
+    img.save(buf, fmt, **({"quality": 90} if fmt == "JPEG" else {}))
     return buf.getvalue()
 
 
+def _pixels(data):
+    """Every pixel of an encoded image, decoded in full by Pillow: float64 [N, 3]."""
+    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"), np.float64).reshape(-1, 3)
+
+
 def _write_inputs(root):
+    """-> {sha256 of the input bytes: the input bytes} of every train input."""
     rng = np.random.default_rng(6)
-    # Mostly small (decoded at full scale), some large enough for 1/2 and 1/4 scale.
     sizes = [(96, 72), (120, 90), (80, 100), (300, 225), (520, 390)]
-    n = 0
+    train, n = {}, 0
     for label, count in TRAIN_COUNTS.items():
         tint = {"apple": (110, 20, 10), "beet": (90, 40, 50), "cherry": (70, 60, 60)}[label]
         for i in range(count):
-            path = os.path.join(root, "train", label, f"{i:02d}.jpg")
+            name = f"train/{label}/{i:02d}.jpg"
+            fmt = "PNG" if name.replace(".jpg", ".png") == REENCODED else "JPEG"
+            data = _encode(_photo(rng, sizes[n % len(sizes)], tint), fmt)
+            path = os.path.join(root, name if fmt == "JPEG" else REENCODED)
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "wb") as f:
-                f.write(_jpeg(_photo(rng, sizes[n % len(sizes)], tint)))
+                f.write(data)
+            train[hashlib.sha256(data).hexdigest()] = data
             n += 1
     for split, channel in (("validation", 2), ("test", 1)):  # saturated blue / green
         for i, label in enumerate(CLASSES * 2):
@@ -68,18 +77,21 @@ def _write_inputs(root):
             path = os.path.join(root, split, label, f"{i:02d}.jpg")
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "wb") as f:
-                f.write(_jpeg(Image.new("RGB", (200 + 10 * i, 150), tuple(colour))))
+                f.write(_encode(Image.new("RGB", (200 + 10 * i, 150), tuple(colour))))
+    return train
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
+    from beam_pipeline import cli
+
     src = tmp_path_factory.mktemp("transform_inputs")
-    _write_inputs(str(src))
+    train_inputs = _write_inputs(str(src))
     root = str(tmp_path_factory.mktemp("transform_built") / "dataset")
-    result = cli.run(["--input", str(src), "--output", root, "--name", "veg",
+    result = cli.run(["--input", str(src), "--output", root, "--name", "veg", "--transform",
                       "--num_shards", "2", "--transform_image_size", str(IMAGE_SIZE)])
     assert result["status"] == "published", result
-    return dict(result, root=root)
+    return dict(result, root=root, train_inputs=train_inputs)
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +103,8 @@ def tft_output(built):
 
 def _records(built, split):
     """[(serialized, parsed dict)] of a split, in manifest (reader eval) order."""
+    import tensorflow as tf
+
     vdir, manifest = built["version_dir"], built["manifest"]
     files = [layout.join(vdir, s["path"]) for s in manifest["splits"][split]["shards"]]
     spec = schema.feature_spec()
@@ -98,15 +112,26 @@ def _records(built, split):
             for r in tf.data.TFRecordDataset(files)]
 
 
-def _numpy_stats(jpegs):
-    """Per-channel mean/std over every pixel of the images, decoded in full by Pillow."""
-    pixels = np.concatenate([np.asarray(Image.open(io.BytesIO(j)).convert("RGB"),
-                                        np.float64).reshape(-1, 3) for j in jpegs])
-    return pixels.mean(axis=0), pixels.std(axis=0)
+def _stored_train_pixels(built):
+    """The pixels the statistics promise: each stored train JPEG decoded in full; for the
+    re-encoded input, the pixels that were encoded (the PNG's own)."""
+    inputs, pixels, reencoded = built["train_inputs"], [], 0
+    for _, ex in _records(built, "train"):
+        data = ex[schema.ENCODED].numpy()
+        if hashlib.sha256(data).hexdigest() in inputs:  # stored as is
+            pixels.append(_pixels(data))
+        else:
+            assert ex[schema.FILENAME].numpy().decode().endswith(".png")
+            png = next(d for d in inputs.values() if d.startswith(b"\x89PNG"))
+            pixels.append(_pixels(png))
+            reencoded += 1
+    assert reencoded == 1
+    return np.concatenate(pixels)
 
 
 # --- the build ------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_manifest_records_the_transform_output(built):
     manifest, vdir = built["manifest"], built["version_dir"]
     t = manifest["transform"]
@@ -115,13 +140,15 @@ def test_manifest_records_the_transform_output(built):
     assert os.path.isfile(os.path.join(vdir, "transform_fn", "saved_model.pb"))
     assert os.path.isfile(os.path.join(vdir, "transformed_metadata", "schema.pbtxt"))
     assert t["image_size"] == IMAGE_SIZE and t["statistics"]["split"] == "train"
+    assert t["statistics"]["resolution"] == "full resolution, exact"
+    assert t["raw_features"] == [schema.ENCODED, schema.LABEL]
     assert t["outputs"]["image"]["shape"] == [IMAGE_SIZE, IMAGE_SIZE, 3]
     assert t["outputs"]["label"]["dtype"] == "int64"
     # The TFT temp dir went with the version's .tmp; nothing else was left behind.
     assert not os.path.exists(os.path.join(vdir, ".tmp"))
-    assert not os.path.exists(os.path.join(vdir, "transform_tmp"))
 
 
+@pytest.mark.slow
 def test_label_vocabulary_counts_train_ids_in_id_order(built, tft_output):
     from readers import transform as transform_lib
 
@@ -131,62 +158,109 @@ def test_label_vocabulary_counts_train_ids_in_id_order(built, tft_output):
     assert dict(vocabulary) == TRAIN_COUNTS == manifest["splits"]["train"]["label_counts"]
     assert manifest["transform"]["label_vocabulary"]["train_counts"] == TRAIN_COUNTS
     assert manifest["transform"]["statistics"]["num_images"] == sum(TRAIN_COUNTS.values())
-    # ...and the ids in the records are the label map's (TFT assigned none).
-    for _, ex in _records(built, "train"):
-        assert manifest["labels"][int(ex[schema.LABEL])] == ex[schema.TEXT].numpy().decode()
 
 
-def test_statistics_match_numpy_over_the_train_images(built, tft_output):
+@pytest.mark.slow
+def test_statistics_are_exact_over_the_stored_train_pixels(built, tft_output):
     from readers import transform as transform_lib
 
     t = built["manifest"]["transform"]
-    train = [ex[schema.ENCODED].numpy() for _, ex in _records(built, "train")]
-    mean, std = _numpy_stats(train)
-    np.testing.assert_allclose(t["mean"], mean, atol=MEAN_TOL)
-    np.testing.assert_allclose(t["std"], std, rtol=STD_TOL)
-    # The manifest's numbers are the ones the saved graph applies.
+    pixels = _stored_train_pixels(built)
+    statistics = transform_lib.read_statistics(tft_output)  # full float64
+    assert statistics["num_pixels"] == t["statistics"]["num_pixels"] == len(pixels)
+    np.testing.assert_allclose(statistics["mean"], pixels.mean(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(statistics["std"], pixels.std(axis=0), rtol=1e-9)
+    np.testing.assert_allclose(t["mean"], pixels.mean(axis=0), atol=1e-4)  # rounded
+    # The manifest's numbers are the ones the saved graph applies (float32 constants).
     graph_mean, graph_std = transform_lib.normalization(tft_output)
-    np.testing.assert_allclose(graph_mean, t["mean"], atol=1e-3)
-    np.testing.assert_allclose(graph_std, t["std"], rtol=1e-5)
+    np.testing.assert_allclose(graph_mean, statistics["mean"], atol=1e-3)
+    np.testing.assert_allclose(graph_std, statistics["std"], rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_validation_and_test_images_do_not_influence_the_statistics(built):
     t = built["manifest"]["transform"]
-    train = [ex[schema.ENCODED].numpy() for _, ex in _records(built, "train")]
-    everything = train + [ex[schema.ENCODED].numpy() for split in ("validation", "test")
-                          for _, ex in _records(built, split)]
-    all_mean, _ = _numpy_stats(everything)
-    train_mean, _ = _numpy_stats(train)
-    assert np.all(np.abs(all_mean - train_mean)[1:] > 10 * MEAN_TOL)  # a leak would show
-    np.testing.assert_allclose(t["mean"], train_mean, atol=MEAN_TOL)
+    train = _stored_train_pixels(built)
+    others = [_pixels(ex[schema.ENCODED].numpy()) for split in ("validation", "test")
+              for _, ex in _records(built, split)]
+    everything = np.concatenate([train] + others)
+    assert np.all(np.abs(everything.mean(0) - train.mean(0))[1:] > 10)  # a leak would show
+    np.testing.assert_allclose(t["mean"], train.mean(0), atol=1e-4)
 
 
-def test_image_moments_are_exact_at_full_scale():
-    """The per-image analysis math (no Beam): count, mean and mean square of the pixels."""
+# --- the analysis rows (no Beam) ------------------------------------------------------------
+
+def test_analysis_rows_carry_exact_shard_sums():
+    from beam_pipeline import analyze
+
+    labels = {"a": 0, "b": 1, "c": 2}
+    big = 255.0 ** 2 * 4e10  # a shard's sum of squares beyond float32, exact in float64
+    stats = [{"split": "train", "num_examples": 3, "path": "x", "label_counts": {"c": 2, "a": 1},
+              "pixel_moments": {"count": 12, "sum": [1.0, 2.0, 3.0], "sum_sq": [4.0, 5.0, big]}},
+             {"split": "train", "num_examples": 0, "path": "y", "label_counts": {}},
+             {"split": "validation", "num_examples": 2, "path": "z", "label_counts": {"a": 2},
+              "pixel_moments": {"count": 1, "sum": [0.0] * 3, "sum_sq": [0.0] * 3}}]
+    rows = [r for s in stats for r in analyze.analysis_rows(s, "train", 3, labels)]
+    assert len(rows) == 1
+    assert rows[0][analyze.MOMENTS].tolist() == [12, 1, 2, 3, 4, 5, int(big)]
+    assert rows[0][analyze.LABEL_COUNTS].tolist() == [1, 0, 2]
+    with pytest.raises(ValueError, match="--no_transform"):  # e.g. --sink beam's stats
+        list(analyze.analysis_rows({"split": "train", "num_examples": 1, "path": "w",
+                                    "label_counts": {"a": 1}}, "train", 3, labels))
+
+
+def test_rows_sum_exactly_to_numpy_statistics():
+    """Per-shard integer sums, added in Python ints -> float64 mean/std as NumPy's."""
+    from beam_pipeline import analyze, images
+
     rng = np.random.default_rng(0)
-    jpeg = _jpeg(_photo(rng, (90, 70), (60, 60, 60)))
-    pixels = np.asarray(Image.open(io.BytesIO(jpeg)).convert("RGB"), np.float64).reshape(-1, 3)
-    moments = analyze._image_moments(tf.constant(jpeg), min_side=64).numpy()  # 70 < 128: 1/1
-    assert moments[0] == 90 * 70
-    np.testing.assert_allclose(moments[1:4], pixels.mean(0), atol=EXACT_TOL)
-    np.testing.assert_allclose(moments[4:7], np.square(pixels).mean(0), rtol=1e-6)
-    small = analyze._ratio_decode(tf.constant(_jpeg(_photo(rng, (520, 390), (0, 0, 0)))), 64)
-    assert small.shape[:2] == (98, 130)  # 390 >= 4*64: decoded at 1/4
+    shards = [rng.integers(0, 256, (n, 3), dtype=np.uint8) for n in (5000, 7, 12345)]
+    rows = []
+    for shard in shards:
+        count, sums, squares = images.pixel_moments(shard.reshape(-1, 1, 3))
+        rows.append([count, *sums, *squares])
+    batches = [(np.array(rows[:2], np.int64), np.ones((2, 3), np.int64)),
+               (np.array(rows[2:], np.int64), np.ones((1, 3), np.int64))]
+    moments, counts = analyze._sum_rows(batches, (7, 3))
+    assert counts == [3, 3, 3]
+    mean, std = analyze.normalization(moments)
+    everything = np.concatenate(shards).astype(np.float64)
+    np.testing.assert_allclose(mean, everything.mean(0), rtol=1e-13)
+    np.testing.assert_allclose(std, everything.std(0), rtol=1e-10)
+    no_rows = analyze._sum_rows([], (7, 3))
+    assert no_rows == ([0] * 7, [0] * 3)
+    assert analyze.normalization(no_rows[0])[1].tolist() == [1.0, 1.0, 1.0]  # identity
 
 
-def test_train_shard_files_picks_train_shards_with_records():
-    stats = [{"split": "train", "num_examples": 3, "temp": "a", "path": "x"},
-             {"split": "train", "num_examples": 0, "temp": "b", "path": "y"},
-             {"split": "validation", "num_examples": 2, "temp": "c", "path": "z"}]
-    assert [f for s in stats for f in analyze.train_shard_files(s, "train")] == ["a"]
-    with pytest.raises(ValueError, match="--no_transform"):
-        list(analyze.train_shard_files({"split": "train", "num_examples": 1, "path": "w"},
-                                       "train"))
+# --- the default build never loads tf.Transform -----------------------------------------------
+
+@pytest.mark.slow
+def test_a_default_build_imports_neither_tensorflow_transform_nor_tensorflow(tmp_path):
+    """Launcher and job in one process (in-process FnApiRunner): what they import is here."""
+    src = tmp_path / "in"
+    for label in ("a", "b"):
+        (src / label).mkdir(parents=True)
+        for i in range(3):
+            (src / label / f"{i}.jpg").write_bytes(
+                _encode(Image.new("RGB", (16, 16), (9 * i, 9, 9))))
+    code = ("import sys\n"
+            "from beam_pipeline import cli\n"
+            f"assert cli.main(['--input', {str(src)!r}, '--output', {str(tmp_path / 'out')!r}])"
+            " == 0\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('tensorflow', 'tensorflow_transform', 'tfx_bsl')))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
 # --- the reader -----------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_reader_batch_equals_the_saved_transform_applied_by_hand(built, tft_output):
+    import tensorflow as tf
+
     import readers
 
     records = [ex for _, ex in _records(built, "validation")]
@@ -216,15 +290,16 @@ def test_reader_batch_equals_the_saved_transform_applied_by_hand(built, tft_outp
                                atol=0.02)
 
 
+@pytest.mark.slow
 def test_reader_without_a_transform_output_says_how_to_get_one(tmp_path):
     import readers
+    from beam_pipeline import cli
 
     src = tmp_path / "in"
     for label in ("a", "b"):
         (src / label).mkdir(parents=True)
-        (src / label / "0.jpg").write_bytes(_jpeg(Image.new("RGB", (16, 16), (9, 9, 9))))
-    cli.run(["--input", str(src), "--output", str(tmp_path / "out"), "--no_transform",
-             "--splits", "train=1"])
+        (src / label / "0.jpg").write_bytes(_encode(Image.new("RGB", (16, 16), (9, 9, 9))))
+    cli.run(["--input", str(src), "--output", str(tmp_path / "out"), "--splits", "train=1"])
     assert not os.path.exists(layout.join(readers.info(str(tmp_path / "out")).version_dir,
                                           "transform_fn"))
     with pytest.raises(ValueError, match="--no_transform"):
@@ -233,8 +308,24 @@ def test_reader_without_a_transform_output_says_how_to_get_one(tmp_path):
 
 # --- serving --------------------------------------------------------------------------------
 
+@pytest.mark.slow
+def test_the_transform_layer_takes_raw_jpeg_bytes_alone(built, tft_output):
+    """Served requests carry no shard columns (nor a label): TFT supplies what is unfed."""
+    import tensorflow as tf
+
+    from beam_pipeline import analyze
+
+    jpeg = _records(built, "test")[0][1][schema.ENCODED]
+    out = tft_output.transform_features_layer()({schema.ENCODED: tf.stack([jpeg, jpeg])})
+    assert set(out) == {"image"}  # label needs image/class/label; the image needs nothing else
+    assert out["image"].shape == (2, IMAGE_SIZE, IMAGE_SIZE, 3)
+    assert analyze.MOMENTS not in built["manifest"]["features"]
+
+
+@pytest.mark.slow
 def test_saved_keras_model_with_the_transform_layer_predicts_from_a_raw_jpeg(
         built, tft_output, tmp_path):
+    import tensorflow as tf
     import tf_keras as keras  # the TFT layer is a Keras 2 model
 
     from readers import transform as transform_lib

@@ -22,7 +22,7 @@ import json
 import sys
 
 from beam_pipeline.records import FrameError, read_frame
-from readers import layout, schema
+from readers import _quiet, layout, schema
 
 MAX_PROBLEMS_PER_FILE = 10   # a corrupt shard can fail every record; say so, not 10,000 times
 CHUNK = 1 << 20
@@ -280,14 +280,14 @@ def verify(path):
 
 
 def main(argv=None):
-    import os
-
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow loads
     parser = argparse.ArgumentParser(
-        prog="python -m beam_pipeline.tools.verify",
+        prog="python -m beam_pipeline.tools.verify", allow_abbrev=False,
         description="Check a dataset root or version directory against its manifest.json.")
     parser.add_argument("path", help="dataset root (follows LATEST) or versions/V directory")
+    parser.add_argument("--verbose", action="store_true",
+                        help="also show TensorFlow's start-up lines")
     args = parser.parse_args(argv)
+    _quiet.install(args.verbose)  # before TensorFlow loads
     try:
         result = check(args.path)
     except NotADataset as e:

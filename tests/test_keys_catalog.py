@@ -1,0 +1,144 @@
+"""Keys relative to their input, the streaming planner, and catalog.parquet (issue 11)."""
+
+import hashlib
+import json
+import os
+import random
+
+import pyarrow.parquet as pq
+import pytest
+
+from beam_pipeline import plan, versions
+from beam_pipeline.plan import ImageRef
+from beam_pipeline.spill import SortedSpill
+from readers import layout, schema
+from gcs_emulator import gcs, gcs_bucket  # noqa: F401  (pytest fixtures)
+from tests.helpers import FAST, build, check_invariants, make_images, read_records
+
+SPLITS = plan.parse_splits("train=0.8,validation=0.1,test=0.1")
+
+
+# --- pure: the spill sort and the planner --------------------------------------------------------
+
+def test_sorted_spill_merges_chunks_in_order(tmp_path):
+    rng = random.Random(7)
+    items = [(f"{rng.random():.12f}", json.dumps({"i": i})) for i in range(1000)]
+    with SortedSpill(str(tmp_path), chunk_lines=64) as spill:
+        for key, line in items:
+            spill.add(key, line)
+        assert len(spill.files) == 1000 // 64  # it really spilled
+        got = list(spill)
+    assert got == sorted(items)
+    assert os.listdir(tmp_path) == [] or all(not f.startswith("spill-")
+                                              for f in os.listdir(tmp_path))
+
+
+def _plan(items, tmp_path, chunk=None):
+    errors = []
+    p = plan.plan_listing(iter(items), SPLITS, versions.Fingerprint({"a": 1}, "0"), None,
+                          str(tmp_path), errors.append)
+    return p, errors
+
+
+def _refs(n):
+    return [ImageRef(f"c{i % 3}/{i:04d}.jpg", f"/data/c{i % 3}/{i:04d}.jpg", f"c{i % 3}",
+                     None, 100 + i, 1.5) for i in range(n)]
+
+
+def test_plan_is_independent_of_listing_order_and_cuts_the_same_shards_as_partition(tmp_path):
+    refs = _refs(300)
+    shuffled = refs[:]
+    random.Random(3).shuffle(shuffled)
+    a, _ = _plan(refs, tmp_path)
+    b, _ = _plan(shuffled, tmp_path)
+    assert a.fingerprint == b.fingerprint
+    assert a.per_split == b.per_split and a.num_images == 300
+    num_shards = {"train": 4, "validation": 2, "test": 1}
+    streamed = {(split, shard): [ImageRef.from_json(l) for l in lines]
+                for split, shard, lines in plan.iter_shards(b.by_position, num_shards)}
+    with_splits = [ImageRef(r.key, r.uri, r.label, plan.assign_split(r.key, SPLITS), r.size,
+                            r.mtime) for r in refs]
+    assert streamed == plan.partition(with_splits, num_shards)
+    assert sum(len(v) for v in streamed.values()) == 300
+    a.by_position.close()
+    b.by_position.close()
+
+
+def test_plan_drops_a_file_listed_twice_and_reports_a_conflicting_one(tmp_path):
+    refs = _refs(4)
+    again = refs[1]
+    conflict = ImageRef("x/" + refs[2].key, refs[2].uri, "other", None, refs[2].size, 1.5)
+    p, errors = _plan(refs + [again, conflict, {"uri": "gone.jpg", "reason": "not_found"}],
+                      tmp_path)
+    assert (p.listed, p.duplicates, p.errors, p.num_images) == (7, 1, 2, 4)
+    assert [e["reason"] for e in errors] == ["not_found", "conflicting_duplicate"]
+    p.by_position.close()
+
+
+# --- keys -----------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_several_inputs_prefix_keys_with_their_names(tmp_path):
+    make_images(tmp_path / "a" / "photos", {"cat": 2})
+    make_images(tmp_path / "b" / "scans", {"cat": 1, "dog": 1})
+    result = build([tmp_path / "a" / "photos", tmp_path / "b" / "scans"], tmp_path / "out", *FAST)
+    check_invariants(result)
+    names = sorted(r[schema.FILENAME].decode()
+                   for rs in read_records(result["version_dir"]).values() for r in rs)
+    assert names == ["photos/cat/000.jpg", "photos/cat/001.jpg", "scans/cat/000.jpg",
+                     "scans/dog/000.jpg"]
+
+
+@pytest.mark.slow
+def test_same_images_under_another_path_and_on_gcs_build_identical_shards(
+        tmp_path, gcs, gcs_bucket):  # noqa: F811
+    """Moving a dataset (another folder, or a bucket) keeps every split and shard byte."""
+    here = tmp_path / "here" / "images"
+    make_images(here, {"cat": 6, "dog": 5, "owl": 4})
+    there = tmp_path / "there" / "moved"
+    make_images(there, {"cat": 6, "dog": 5, "owl": 4})
+    gcs.upload_tree(here, f"gs://{gcs_bucket}/deep/prefix/imgs")
+    args = ["--num_shards", "2", "--name", "pets"]
+    local = build([here], tmp_path / "a", *args)
+    moved = build([there], tmp_path / "b", *args)
+    remote = build([f"gs://{gcs_bucket}/deep/prefix/imgs"], f"gs://{gcs_bucket}/ds", *args)
+
+    def shards(result):
+        return [(s, sh["path"], sh["sha256"]) for s, info in result["manifest"]["splits"].items()
+                for sh in info["shards"]]
+
+    assert len(shards(local)) >= 4  # train: 2, validation and test: one image each
+    assert shards(moved) == shards(local)
+    assert shards(remote) == shards(local)
+    assert remote["manifest"]["key_scheme"] == layout.KEY_SCHEME
+    assert remote["manifest"]["catalog"]["rows"] == 15
+
+
+# --- the catalog ----------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_catalog_agrees_with_the_shards_record_by_record(built_dataset):
+    import readers
+
+    meta = readers.info(built_dataset["root"])
+    assert meta.catalog == os.path.join(built_dataset["version_dir"], layout.CATALOG)
+    rows = pq.read_table(meta.catalog).to_pylist()
+    manifest = built_dataset["manifest"]
+    assert len(rows) == manifest["catalog"]["rows"] == manifest["accounting"]["written"]
+    records = read_records(built_dataset["version_dir"])
+    seen = 0
+    for (split, path), recs in records.items():
+        mine = [r for r in rows if r["file"] == path]
+        assert [r["position"] for r in mine] == list(range(len(recs)))
+        data = open(os.path.join(built_dataset["version_dir"], path), "rb").read()
+        for row, rec in zip(mine, recs):
+            seen += 1
+            assert row["split"] == split and row["key"] == rec[schema.FILENAME].decode()
+            assert row["label_id"] == rec[schema.LABEL]
+            assert row["label"] == rec[schema.TEXT].decode()
+            assert row["sha256"] == hashlib.sha256(rec[schema.ENCODED]).hexdigest()
+            frame = data[row["offset"]:row["offset"] + row["length"]]
+            assert frame[12:-4] == rec["_raw"]  # offset and length point at its frame
+            assert os.path.getsize(row["uri"]) == row["input_size"]
+            assert row["uri"] == os.path.join(built_dataset["input"], row["key"])
+    assert seen == len(rows)

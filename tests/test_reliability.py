@@ -1,0 +1,529 @@
+"""Reliability under concurrency and faults (issue 13): one build per root, LATEST only
+moves forward, a commit run twice changes nothing, injected faults lose nothing.
+
+Storage faults come from tests/faults.py, a proxy in front of the GCS emulator that also
+enforces generation preconditions (gcp-storage-emulator ignores them). Process faults are
+real SIGKILLs; the full disk is a real tmpfs mounted in a private mount namespace. What
+each test measured is in README "Measured" -> "Reliability".
+"""
+
+import datetime
+import hashlib
+import io
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from beam_pipeline import cli, commit, lock, tfds_metadata, versions
+from faults import FaultProxy
+from gcs_emulator import gcs, gcs_bucket  # noqa: F401  (pytest fixtures)
+from readers import layout
+from tests.helpers import REPO, build, image_bytes, make_images
+
+pytestmark = pytest.mark.slow
+
+ARGS = ["--name", "rel", "--num_shards", "1", "--splits", "train=0.5,validation=0.5",
+        "--no_transform"]
+SEED, RATE = 13, 0.05  # transient storage faults: fixed seed, ~5% of requests
+
+
+@pytest.fixture(scope="module")
+def proxy(gcs):  # noqa: F811
+    """Every google-cloud-storage request of this module (and of the builds it starts)
+    goes through a FaultProxy: preconditions enforced, faults off until a test turns
+    them on."""
+    with FaultProxy(gcs.endpoint) as fault_proxy, pytest.MonkeyPatch.context() as mp:
+        mp.setenv("STORAGE_EMULATOR_HOST", fault_proxy.url)
+        yield fault_proxy
+
+
+@pytest.fixture
+def faults(proxy):
+    """Turn the proxy's faults on (RATE, SEED) for one test; off again afterwards."""
+    proxy.random.seed(SEED)
+    proxy.injected = dict.fromkeys(proxy.injected, 0)
+    proxy.requests, proxy.rate = 0, RATE
+    yield proxy
+    proxy.rate = 0.0
+
+
+def launch(tmp_path, tag, *argv, python=("-m", "beam_pipeline")):
+    """`python -m beam_pipeline ARGV` in its own session -> (Popen, stdout file, stderr file)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               TF_CPP_MIN_LOG_LEVEL="2")
+    out, err = tmp_path / f"{tag}.out", tmp_path / f"{tag}.err"
+    with open(out, "wb") as o, open(err, "wb") as e:
+        proc = subprocess.Popen([sys.executable, *python] + [str(a) for a in argv],
+                                cwd=tmp_path, env=env, stdout=o, stderr=e,
+                                start_new_session=True)
+    return proc, out, err
+
+
+def finish(run, timeout=180):
+    proc, out, err = run
+    try:
+        proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode, out.read_text(), err.read_text()
+
+
+def error_lines(stderr):
+    return [l for l in stderr.splitlines() if l.startswith("error:")]
+
+
+def version_id(created_at):
+    """manifest created_at '2026-11-29T22:01:02Z' -> the version id of that second."""
+    return created_at.replace("-", "").replace(":", "")
+
+
+def lock_exists(root):
+    if root.startswith("gs://"):
+        bucket, name = versions.gcs_blob(lock.lock_path(root))
+        return bucket.get_blob(name) is not None
+    return os.path.exists(lock.lock_path(root))
+
+
+def hold_until_opened(fifo, proc, log, timeout=120):
+    """Open the FIFO's write end once the build opens it to read: the build is then inside
+    a shard writer, mid-shard. Returns the write end (keep it open: the read blocks)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"the build ended early:\n{log.read_text()[-3000:]}"
+        try:
+            return os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:  # ENXIO: no reader yet
+            time.sleep(0.05)
+    raise AssertionError(f"no shard writer opened {fifo} in {timeout} s")
+
+
+# --- one build per root ---------------------------------------------------------------------
+
+def feed(fifo, run, data):
+    """Once `run`'s shard writer opens the FIFO, hand it `data` (one image) and EOF."""
+    fd = hold_until_opened(fifo, run[0], run[2])
+    os.write(fd, data)
+    os.close(fd)
+
+
+def wait_for(predicate, what, timeout=120):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"no {what} in {timeout} s"
+        time.sleep(0.05)
+
+
+def race(src, root, tmp_path):
+    """Two builds started together; while the winner runs, a third with --wait --force.
+
+    Exactly one of the two publishes; the other exits 2 at once with one line naming the
+    winner; the third waits, starts after the winner has published, and publishes after it.
+    A FIFO among the inputs holds the winner mid-shard until the third is seen waiting.
+    """
+    fifo = src / "cat" / "fifo.jpg"
+    os.mkfifo(fifo)
+    argv = ["--input", src, "--output", root] + ARGS
+    pair = [launch(tmp_path, tag, *argv) for tag in ("a", "b")]
+    wait_for(lambda: any(run[0].poll() is not None for run in pair), "build exiting")
+    loser = next(run for run in pair if run[0].poll() is not None)
+    winner = next(run for run in pair if run is not loser)
+    waiter = launch(tmp_path, "c", *argv, "--force", "--wait")
+
+    code, out, err = finish(loser)
+    assert code == 2, err
+    assert err.strip().splitlines() == error_lines(err), err  # one line, nothing else
+    [line] = error_lines(err)
+    assert line.startswith(f"error: {root} is being built by host {socket.gethostname()} "
+                           f"pid {winner[0].pid} since "), line
+    assert line.endswith("nothing done. Pass --wait to wait for it"), line
+    assert out == ""
+
+    wait_for(lambda: "waiting: " in waiter[2].read_text(), "'waiting:' line")
+    assert (f"waiting: {root} is being built by host {socket.gethostname()} "
+            f"pid {winner[0].pid}") in waiter[2].read_text()
+    feed(fifo, winner, image_bytes((200, 40, 40)))
+    code, out, err = finish(winner)
+    assert code == 0, err
+    first = versions.latest(root)
+    feed(fifo, waiter, image_bytes((200, 40, 40)))
+    code, out, err = finish(waiter)
+    assert code == 0, err
+    second = versions.latest(root)[0]
+    assert second > first[0]
+    assert second >= version_id(first[1]["created_at"]), "the --wait build overlapped"
+    assert versions.list_versions(root) == {first[0]: True, second: True}
+    assert not lock_exists(root)
+
+
+def test_two_builds_on_a_local_root_one_publishes_one_exits_2_and_wait_serializes(tmp_path):
+    make_images(tmp_path / "in", {"cat": 4, "dog": 4})
+    race(tmp_path / "in", str(tmp_path / "ds"), tmp_path)
+
+
+def test_two_builds_on_gcs_one_publishes_one_exits_2_and_wait_serializes(
+        proxy, gcs_bucket, tmp_path):
+    make_images(tmp_path / "in", {"cat": 4, "dog": 4})
+    race(tmp_path / "in", f"gs://{gcs_bucket}/ds", tmp_path)
+
+
+def test_local_lock_of_a_killed_build_does_not_block_the_next(tmp_path, capsys):
+    """A flock dies with its process: the file a killed build leaves names it, blocks
+    nothing, and the next build takes the root at once."""
+    src, root = tmp_path / "in", str(tmp_path / "ds")
+    make_images(src, {"cat": 2, "dog": 2})
+    holder = launch(tmp_path, "holder", f"import time; from beam_pipeline import lock; "
+                    f"lock.acquire({root!r}); print('held', flush=True); time.sleep(600)",
+                    python=("-c",))
+    proc, out, _ = holder
+    wait_for(lambda: "held" in out.read_text() or proc.poll() is not None, "lock holder")
+    assert proc.poll() is None, holder[2].read_text()
+
+    argv = ["--input", str(src), "--output", root] + ARGS
+    assert cli.main(argv) == 2
+    [line] = error_lines(capsys.readouterr().err)
+    assert f"pid {proc.pid} since " in line and "(last heartbeat " in line, line
+
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert f'"pid": {proc.pid}' in open(lock.lock_path(root)).read()  # what it leaves
+    assert cli.main(argv) == 0
+    assert versions.latest(root)[0] and not lock_exists(root)
+
+
+def test_killed_build_on_gcs_holds_until_its_lock_expires_then_is_taken_over(
+        proxy, gcs_bucket, tmp_path, monkeypatch, capsys):
+    src, root = tmp_path / "in", f"gs://{gcs_bucket}/ds"
+    make_images(src, {"cat": 2, "dog": 2})
+    os.mkfifo(src / "cat" / "stuck.jpg")  # the build blocks reading it, mid-shard
+    argv = ["--input", str(src), "--output", root] + ARGS
+    run = launch(tmp_path, "killed", *argv)
+    writer = hold_until_opened(src / "cat" / "stuck.jpg", run[0], run[2])
+    os.killpg(run[0].pid, signal.SIGKILL)
+    run[0].wait()
+    os.close(writer)
+    (src / "cat" / "stuck.jpg").unlink()
+
+    holder, _, age = lock._GcsLock(root)._read()
+    assert holder["pid"] == run[0].pid and holder["state"] == "running"
+    monkeypatch.setattr(lock, "TTL", age + 4.0)  # not expired yet; in 4 s it is
+    assert cli.main(argv) == 2
+    [line] = error_lines(capsys.readouterr().err)
+    assert f"pid {run[0].pid} since " in line, line
+
+    while lock._GcsLock(root)._read()[2] <= lock.TTL:
+        time.sleep(0.2)
+    assert cli.main(argv) == 0  # takes the expired lock over, builds, publishes
+    version = versions.latest(root)[0]
+    assert versions.list_versions(root) == {version: True}  # the killed run's dir is gone
+    assert not lock_exists(root)
+
+
+@pytest.mark.parametrize("where", ["local", "gcs"])
+def test_an_expired_lock_is_taken_over_by_exactly_one_of_many(where, request, tmp_path,
+                                                               monkeypatch):
+    """Six builds find the same dead lock at once: one compare-and-swap wins (on gs://,
+    with transient faults on, so retried requests that already took effect are in play)."""
+    if where == "gcs":
+        request.getfixturevalue("faults")
+        root = f"gs://{request.getfixturevalue('gcs_bucket')}/ds"
+        dead = lock.acquire(root)
+        dead.stop.set()  # its heartbeat stops, as when the process is killed
+        dead.thread.join()
+        monkeypatch.setattr(lock, "TTL", 1.0)
+        time.sleep(1.5)
+    else:
+        root = str(tmp_path / "ds")
+    barrier, won, refused = threading.Barrier(6), [], []
+
+    def take():
+        barrier.wait()
+        try:
+            won.append(lock.acquire(root))
+        except lock.LockHeld as e:
+            refused.append(str(e))
+
+    threads = [threading.Thread(target=take) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert len(won) == 1 and len(refused) == 5, (won, refused)
+    won[0].release()
+    assert not lock_exists(root)
+
+
+# --- LATEST only moves forward; a commit run twice changes nothing ------------------------
+
+@pytest.mark.parametrize("where", ["local", "gcs"])
+def test_concurrent_publishers_leave_latest_on_the_newest(where, request, tmp_path):
+    if where == "gcs":
+        proxy = request.getfixturevalue("faults")
+        root = f"gs://{request.getfixturevalue('gcs_bucket')}/ds"
+    else:
+        proxy, root = None, str(tmp_path / "ds")
+        os.makedirs(root)
+    ids = [f"2026010{d}T00000{s}Z" for d in range(1, 5) for s in range(3)]
+    random.Random(SEED).shuffle(ids)
+    barrier, got = threading.Barrier(len(ids)), {}
+
+    def publish(v):
+        barrier.wait()
+        got[v] = versions.publish(root, v)
+
+    threads = [threading.Thread(target=publish, args=(v,)) for v in ids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert versions.read_json(layout.join(root, layout.LATEST)) == \
+        layout.latest_record(max(ids))
+    assert all(got[v] >= v for v in ids), got  # never moved back, never refused wrongly
+    assert versions.publish(root, min(ids)) == max(ids)
+    if proxy is None:
+        assert sorted(os.listdir(root)) == [layout.LATEST]  # no temp file left
+    else:
+        assert proxy.refused_412, "no compare-and-swap ever lost: the race did not happen"
+
+
+def commit_inputs(root, version):
+    """What the job hands its commit stage: temp shards and listing errors in .tmp/."""
+    from beam_pipeline.records import tfrecord_frame
+
+    vdir = layout.version_dir(root, version)
+    tmp = layout.join(vdir, ".tmp")
+    listing_errors = layout.join(tmp, "listing_errors.jsonl")
+    versions.write_bytes(listing_errors, b'{"uri": "x/a.jpg", "stage": "read", '
+                                         b'"reason": "not_found", "detail": "gone"}\n')
+    stats = []
+    for shard in range(2):
+        frame = tfrecord_frame(b"record %d" % shard)
+        temp = layout.join(tmp, f"rel-train.tfrecord-0000{shard}-of-00002.abc")
+        versions.write_bytes(temp, frame)
+        versions.write_bytes(temp + layout.INDEX_SUFFIX, b"0 %d\n" % len(frame))
+        stats.append({"split": "train", "shard": shard, "temp": temp,
+                      "index_temp": temp + layout.INDEX_SUFFIX, "num_examples": 1,
+                      "num_bytes": len(frame), "sha256": hashlib.sha256(frame).hexdigest(),
+                      "label_counts": {"cat": 1}, "errors": [], "passed_through": 1})
+    spec = commit.CommitSpec(
+        root=root, version=version, name="rel", labels=("cat",), num_shards={"train": 2},
+        listed=3, duplicates=0, listing_errors_path=listing_errors, input_fingerprint="sha256:x",
+        config={}, generator={}, max_error_rate=1.0, keep_versions=0, write_index=True)
+    return stats, spec
+
+
+def stored(root, vdir):
+    """{file: bytes} of LATEST, manifest.json and errors.jsonl, plus generations on gs://."""
+    paths = [layout.join(root, layout.LATEST), layout.join(vdir, layout.MANIFEST),
+             layout.join(vdir, layout.ERRORS)]
+    out = {}
+    for p in paths:
+        with versions.FileSystems.open(p) as f:
+            out[p] = f.read()
+        if p.startswith("gs://"):
+            bucket, name = versions.gcs_blob(p)
+            out[p + "#generation"] = bucket.get_blob(name).generation
+        else:
+            out[p + "#mtime"] = os.stat(p).st_mtime_ns
+    return out
+
+
+@pytest.mark.parametrize("where", ["local", "gcs"])
+def test_commit_stage_run_again_after_publishing_changes_nothing(where, request, tmp_path):
+    """Dataflow retries a failed bundle, the commit one included: the second run finds the
+    manifest, rewrites nothing, and LATEST, manifest.json and errors.jsonl stay
+    byte-identical (on gs://, not even rewritten: same generations)."""
+    if where == "gcs":
+        request.getfixturevalue("proxy")
+        root = f"gs://{request.getfixturevalue('gcs_bucket')}/ds"
+    else:
+        root = str(tmp_path / "ds")
+    version = "20260301T000000Z"
+    stats, spec = commit_inputs(root, version)
+    first = commit.commit(stats, spec, extra_files=(tfds_metadata.write,))
+    before = stored(root, spec.vdir)
+    time.sleep(1.1)  # a rewritten created_at would differ
+    again = commit.commit(stats, spec, extra_files=(tfds_metadata.write,))
+    assert again == first
+    assert stored(root, spec.vdir) == before
+    assert first["accounting"] == dict(first["accounting"], listed=3, failed=1, written=2)
+
+
+# --- injected faults --------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def gcs_inputs(proxy, gcs, tmp_path_factory):  # noqa: F811
+    """Images on gs:// (one of them broken) and one fault-free build of them."""
+    bucket = gcs.create_bucket()
+    local = tmp_path_factory.mktemp("gcs_inputs")
+    make_images(local, {"cat": 6, "dog": 6, "owl": 4,
+                        "dog/": {"broken.jpg": b"not an image"}})
+    src = f"gs://{bucket}/in"
+    gcs.upload_tree(local, src)
+    clean = build(src, f"gs://{bucket}/clean", *ARGS, "--max_error_rate", "0.2")
+    return src, bucket, clean
+
+
+def shard_bytes(gcs, result):  # noqa: F811
+    vdir = result["version_dir"]
+    return {(split, s["path"]): gcs.read(f"{vdir}/{s['path']}")
+            for split, info in result["manifest"]["splits"].items() for s in info["shards"]}
+
+
+def test_transient_gcs_errors_publish_the_same_shards(gcs, gcs_inputs, faults):  # noqa: F811
+    """~5% of requests get 503, 429, a reset before, or a reset after the server acted:
+    the build publishes shards byte-identical to the fault-free build; the reader reads
+    them."""
+    import readers
+
+    src, bucket, clean = gcs_inputs
+    faulty = build(src, f"gs://{bucket}/faulty", *ARGS, "--max_error_rate", "0.2")
+    faults.rate = 0.0
+    print(f"\ntransient faults: {faults.requests} requests, injected {faults.injected}")
+    assert sum(faults.injected.values()) >= 3, faults.injected
+
+    assert shard_bytes(gcs, faulty) == shard_bytes(gcs, clean)
+    for key in ("splits", "accounting", "errors", "labels", "input_fingerprint"):
+        assert faulty["manifest"][key] == clean["manifest"][key], key
+    assert gcs.read(f"{faulty['version_dir']}/errors.jsonl") == \
+        gcs.read(f"{clean['version_dir']}/errors.jsonl")
+    root = f"gs://{bucket}/faulty"
+    assert versions.list_versions(root) == {faulty["version"]: True}
+    assert not [u for u in gcs.list(f"{root}/") if "/.tmp/" in u or u.endswith("/.lock")]
+    for split, info in faulty["manifest"]["splits"].items():
+        ds = readers.make_dataset(root, split=split, batch_size=8, image_size=8,
+                                  training=False, dtype="uint8")
+        assert sum(int(labels.shape[0]) for _, labels in ds) == info["num_examples"]
+
+
+def test_shard_deleted_or_truncated_on_gcs_is_named_by_verify_and_reader(
+        gcs, gcs_inputs):  # noqa: F811
+    import tensorflow as tf
+
+    import readers
+    from beam_pipeline.tools import verify
+
+    src, bucket, clean = gcs_inputs
+    root = f"gs://{bucket}/damaged"
+    for uri in gcs.list(f"gs://{bucket}/clean/"):  # a copy: the clean build stays intact
+        gcs.upload_bytes(uri.replace("/clean/", "/damaged/"), gcs.read(uri))
+    vdir = layout.version_dir(root, clean["version"])
+    (_, train), = [(s, i["shards"][0]) for s, i in clean["manifest"]["splits"].items()
+                   if s == "train"]
+    (_, val), = [(s, i["shards"][0]) for s, i in clean["manifest"]["splits"].items()
+                 if s == "validation"]
+    bucket_obj, name = versions.gcs_blob(f"{vdir}/{train['path']}")
+    bucket_obj.delete_blob(name)
+    data = gcs.read(f"{vdir}/{val['path']}")
+    gcs.upload_bytes(f"{vdir}/{val['path']}", data[:len(data) // 2])
+
+    problems = verify.verify(root)
+    assert any(p.startswith(f"{train['path']}: missing") for p in problems), problems
+    assert any(p.startswith(f"{val['path']}: ") and "sha256" in p for p in problems), problems
+    for split, shard in (("train", train), ("validation", val)):
+        ds = readers.make_dataset(root, split=split, batch_size=8, image_size=8,
+                                  training=False, dtype="uint8")
+        with pytest.raises(tf.errors.OpError, match=shard["path"]):
+            for _ in ds:
+                pass
+
+
+def test_worker_process_killed_mid_shard_fails_cleanly_and_the_next_run_succeeds(tmp_path):
+    src, root = tmp_path / "in", str(tmp_path / "ds")
+    make_images(src, {"cat": 4, "dog": 4})
+    fifo = src / "cat" / "stuck.jpg"
+    os.mkfifo(fifo)
+    run = launch(tmp_path, "workers", "--input", src, "--output", root, *ARGS,
+                 "--direct_running_mode", "multi_processing", "--direct_num_workers", "2")
+    writer = hold_until_opened(fifo, run[0], run[2])
+    victim = None
+    for entry in os.listdir("/proc"):  # the SDK worker process reading the FIFO
+        try:
+            fds = os.listdir(f"/proc/{entry}/fd")
+            if any(os.readlink(f"/proc/{entry}/fd/{fd}") == str(fifo) for fd in fds):
+                victim = int(entry)
+        except (OSError, ValueError):
+            continue
+    assert victim and victim != run[0].pid, "no worker process holds the FIFO"
+    started = time.monotonic()
+    os.kill(victim, signal.SIGKILL)
+    code, out, err = finish(run, timeout=120)
+    os.close(writer)
+    print(f"\nworker {victim} killed: the launcher exited {code} after "
+          f"{time.monotonic() - started:.1f} s")
+    assert code == 1, err
+    assert "Traceback" not in err, err
+    [line] = error_lines(err)
+    assert line.startswith("error: build failed: a Beam worker process died"), line
+    assert not os.path.exists(layout.join(root, layout.LATEST))  # nothing published
+    assert not any(versions.list_versions(root).values())
+    assert not lock_exists(root)
+
+    fifo.unlink()
+    result = build(src, root, *ARGS)
+    assert versions.list_versions(root) == {result["version"]: True}
+
+
+def noise_jpeg(seed, size=(320, 240)):
+    from PIL import Image
+
+    rng = random.Random(seed)
+    pixels = bytes(rng.getrandbits(8) for _ in range(size[0] * size[1] * 3))
+    buf = io.BytesIO()
+    Image.frombytes("RGB", size, pixels).save(buf, "JPEG", quality=95)
+    return buf.getvalue()
+
+
+def test_output_disk_full_fails_with_one_line_and_keeps_the_previous_version(tmp_path):
+    """A 256 KiB tmpfs holds the first version; the second (~1 MB of incompressible JPEGs)
+    fills it mid-shard."""
+    import readers
+    from beam_pipeline.tools import verify
+
+    if not shutil.which("unshare"):
+        pytest.skip("needs unshare(1) to mount a tmpfs in a private mount namespace")
+    probe = subprocess.run(["unshare", "--mount", "--map-root-user", "sh", "-c",
+                            f"mount -t tmpfs -o size=64k tmpfs {tmp_path}"],
+                           capture_output=True, text=True)
+    if probe.returncode:
+        pytest.skip(f"cannot mount a tmpfs here (unshare --mount --map-root-user: "
+                    f"{probe.stderr.strip()}); the disk-full test needs one")
+    src, seed_root = tmp_path / "in", tmp_path / "v1"
+    make_images(src, {"cat": 3, "dog": 3})
+    v1 = build(src, seed_root, *ARGS)["version"]
+    make_images(src, {"cat": {f"big{i}.jpg": noise_jpeg(i) for i in range(8)}})
+    mnt, after = tmp_path / "mnt", tmp_path / "after"
+    mnt.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2")
+    script = (f"set -e; mount -t tmpfs -o size=256k tmpfs {mnt}; cp -a {seed_root} {mnt}/ds; "
+              f"set +e; {sys.executable} -m beam_pipeline --input {src} --output {mnt}/ds "
+              f"{' '.join(ARGS)} 2> {tmp_path}/full.err; echo $? > {tmp_path}/full.rc; "
+              f"cp -a {mnt}/ds {after}")
+    subprocess.run(["unshare", "--mount", "--map-root-user", "sh", "-c", script], env=env,
+                   cwd=tmp_path, check=True, timeout=300)
+    code = int((tmp_path / "full.rc").read_text())
+    err = (tmp_path / "full.err").read_text()
+    assert code == 1, err
+    [line] = error_lines(err)
+    assert "No space left on device" in line and f"{mnt}/ds/versions/" in line, line
+    assert err.strip() == line, err
+
+    root = str(after)  # what the full disk held afterwards, copied out
+    assert versions.read_json(layout.join(root, layout.LATEST)) == layout.latest_record(v1)
+    assert not [p for p in os.listdir(root) if p.startswith(".LATEST")]  # no partial LATEST
+    assert verify.verify(root) == []
+    info = readers.info(root)
+    assert info.version == v1
+    for split, s in info.splits.items():
+        ds = readers.make_dataset(root, split=split, batch_size=8, image_size=8,
+                                  training=False, dtype="uint8")
+        assert sum(int(labels.shape[0]) for _, labels in ds) == s.num_examples
