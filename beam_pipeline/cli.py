@@ -76,7 +76,8 @@ def run(argv=None):
             input_fingerprint=planned.fingerprint, config=config,
             generator=_generator(), max_error_rate=build.max_error_rate,
             keep_versions=build.keep_versions, write_index=build.write_index,
-            increment=increment and dict(increment.counts, **{"from": increment.previous}))
+            increment=increment and dict(increment.counts, **{"from": increment.previous}),
+            drop_content_duplicates=build.drop_content_duplicates)
         versions.copy_local_file(errors_path, spec.listing_errors_path)
         shards_index = _write_shard_listings(spec.tmp_dir, tasks)
     n_images, n_bytes, n_rejected = planned.num_images, planned.num_bytes, planned.errors

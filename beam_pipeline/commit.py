@@ -12,7 +12,7 @@ import logging
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from beam_pipeline import catalog, versions
+from beam_pipeline import catalog, duplicates, versions
 from readers import layout, schema
 
 
@@ -43,6 +43,7 @@ class CommitSpec:
     keep_versions: int
     write_index: bool
     increment: dict = None    # incremental: {"from": version, "removed": n, "changed": n, …}
+    drop_content_duplicates: bool = False
 
     @property
     def previous_vdir(self):
@@ -68,6 +69,7 @@ def commit(shard_stats, spec, extra_files=(), manifest_parts=()):
     done = layout.join(vdir, layout.MANIFEST)
     if versions.exists(done):  # run again after it wrote the manifest (a runner's retry):
         return _publish(spec, versions.read_json(done))  # publish only, rewrite nothing
+    content_duplicates, dropped = _content_duplicates(shard_stats, spec)
     listing_errors = [json.loads(l) for l in _read_lines(spec.listing_errors_path)]
     errors = listing_errors + [e for s in shard_stats for e in s["errors"]]
     written = sum(s["num_examples"] for s in shard_stats)
@@ -115,13 +117,15 @@ def commit(shard_stats, spec, extra_files=(), manifest_parts=()):
         "features": dict(schema.FEATURES),
         "key_scheme": layout.KEY_SCHEME,
         "splits": splits,
-        "accounting": {"listed": spec.listed, "duplicates": spec.duplicates,
+        "accounting": {"listed": spec.listed, "duplicates": spec.duplicates + dropped,
                        "failed": len(errors), "written": written,
                        "passed_through": sum(s.get("passed_through", 0) for s in shard_stats)},
         "errors": {"path": layout.ERRORS, "count": len(errors), "by_reason": reasons},
     }
     if catalog_rows is not None:
         manifest["catalog"] = {"path": layout.CATALOG, "rows": catalog_rows}
+    if content_duplicates is not None:
+        manifest["content_duplicates"] = dict(content_duplicates, dropped=dropped)
     if spec.increment:
         manifest["incremental"] = increment_summary(spec.increment, shard_stats)
     # Distinct processes that ran the shard writer (0 with --sink beam, which does not say).
@@ -174,6 +178,24 @@ def _commit_shard(stats, spec, split, shard):
     return {"path": final_name, "num_examples": stats["num_examples"],
             "num_bytes": stats["num_bytes"], "sha256": stats["sha256"],
             "origin": stats.get("origin", "hash")}
+
+
+def _content_duplicates(shard_stats, spec):
+    """Report groups of identical stored images; with --drop_content_duplicates, rewrite the
+    shards that hold the extra copies. -> (manifest entry or None, number dropped)."""
+    ordered = sorted((s for s in shard_stats if s.get("catalog_temp")),
+                     key=lambda s: (s["split"], s["shard"]))
+    if not ordered:
+        return None, 0
+    entry, extras = duplicates.report([s["catalog_temp"] for s in ordered], spec.vdir)
+    dropped = 0
+    if spec.drop_content_duplicates:
+        for s in ordered:
+            if s["path"] in extras:
+                before = s["num_examples"]
+                duplicates.drop(s, extras[s["path"]], spec.write_index)
+                dropped += before - s["num_examples"]
+    return entry, dropped
 
 
 def increment_summary(increment, shard_stats):

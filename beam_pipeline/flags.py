@@ -56,6 +56,9 @@ def add_build_args(parser):
         help="Image size the transform graph resizes to.")
     add("--force", type=boolean, nargs="?", const=True, default=False,
         help="Rebuild even when inputs and options are unchanged.")
+    add("--drop_content_duplicates", type=boolean, nargs="?", const=True, default=False,
+        help="Store one copy of byte-identical images (the key that sorts first); count the "
+             "others as duplicates. Without it they are only reported (duplicates.jsonl).")
     add("--full_rebuild", type=boolean, nargs="?", const=True, default=False,
         help="Convert every image again instead of reusing the previous version's records.")
     add("--max_delta_share", type=float, default=0.25,

@@ -243,6 +243,8 @@ class _GcsLock:
         from google.api_core import exceptions
         from google.cloud.storage.retry import DEFAULT_RETRY
 
+        if if_generation_match is None:  # would write unconditionally
+            raise ValueError(f"{lock_path(self.root)}: no generation to compare with")
         blob = self.bucket.blob(self.name)
         try:
             blob.upload_from_string(json.dumps(body) + "\n", content_type="application/json",
@@ -266,8 +268,10 @@ class _GcsLock:
             blob = self.bucket.get_blob(self.name, retry=DEFAULT_RETRY)
             if blob is None:
                 return None, 0, None
+            # Before the download, which resets them from its response headers.
+            generation, updated = blob.generation, blob.updated
             try:
-                data = blob.download_as_bytes(if_generation_match=blob.generation,
+                data = blob.download_as_bytes(if_generation_match=generation,
                                               retry=DEFAULT_RETRY)
             except (exceptions.PreconditionFailed, exceptions.NotFound):
                 continue  # rewritten or deleted between the two calls: look again
@@ -275,8 +279,8 @@ class _GcsLock:
                 body = json.loads(data)
             except ValueError:
                 body = {}
-            age = (_now() - blob.updated).total_seconds() if blob.updated else None
-            return body, blob.generation, age
+            age = (_now() - updated).total_seconds() if updated else None
+            return body, generation, age
         raise RuntimeError(f"{lock_path(self.root)}: changing too fast to read")
 
     def try_acquire(self):

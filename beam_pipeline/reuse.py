@@ -38,47 +38,59 @@ def link_or_copy(source, target):
     FileSystems.copy([source], [target])
 
 
+def copy_frames(source, target, rows, split, shard, final):
+    """Copy the TFRecord frames of `rows` (catalog rows, in order) from `source` to `target`.
+
+    Returns (their new catalog rows, sha256 of the new file, its size, index lines).
+    """
+    offset, digest, index, new_rows = 0, hashlib.sha256(), [], []
+    with (FileSystems.open(source, compression_type=RAW) as src,
+          FileSystems.create(target) as out):
+        for position, row in enumerate(rows):
+            src.seek(row["offset"])
+            frame = src.read(row["length"])
+            if len(frame) != row["length"]:
+                raise IOError(f"{source}: record {row['position']} is cut short "
+                              f"({len(frame)} of {row['length']} bytes)")
+            out.write(frame)
+            digest.update(frame)
+            index.append(f"{offset} {len(frame)}\n")
+            new_rows.append(dict(row, split=split, shard=shard, file=final,
+                                 position=position, offset=offset))
+            offset += len(frame)
+    return new_rows, digest.hexdigest(), offset, index
+
+
+def set_rows(stats, rows, write_index, index=None):
+    """Write a shard's catalog fragment (and index) from its rows; count them into stats."""
+    stats["catalog_temp"] = stats["temp"] + ".catalog.parquet"
+    with catalog.FragmentWriter(stats["catalog_temp"]) as fragment:
+        for row in rows:
+            fragment.append(row)
+    if write_index and index is not None:
+        stats["index_temp"] = stats["temp"] + layout.INDEX_SUFFIX
+        with FileSystems.create(stats["index_temp"]) as f:
+            f.write("".join(index).encode())
+    stats["num_examples"] = len(rows)
+    stats["label_counts"] = {}
+    for row in rows:
+        stats["label_counts"][row["label"]] = stats["label_counts"].get(row["label"], 0) + 1
+    return stats
+
+
 def run(kind, stats, listing, previous_vdir, write_index):
     """Fill a shard's `stats` (split, shard, path, temp set) from a reuse or copy task."""
     header, rows = read_task(listing)
     source = layout.join(previous_vdir, header["source"])
     split, shard, final, temp = stats["split"], stats["shard"], stats["path"], stats["temp"]
-    offset, digest = 0, hashlib.sha256()
-    new_rows = []
-    if kind == "reuse":
-        link_or_copy(source, temp)
-        if write_index and FileSystems.exists(layout.index_name(source)):
-            stats["index_temp"] = temp + layout.INDEX_SUFFIX
-            link_or_copy(layout.index_name(source), stats["index_temp"])
-        new_rows = [dict(r, split=split, shard=shard, file=final) for r in rows]
-        offset = sum(r["length"] for r in rows)
-        stats["sha256"] = header["sha256"]
-    else:
-        index = []
-        with (FileSystems.open(source, compression_type=RAW) as src,
-              FileSystems.create(temp) as out):
-            for position, row in enumerate(rows):
-                src.seek(row["offset"])
-                frame = src.read(row["length"])
-                if len(frame) != row["length"]:
-                    raise IOError(f"{source}: record {row['position']} is cut short "
-                                  f"({len(frame)} of {row['length']} bytes)")
-                out.write(frame)
-                digest.update(frame)
-                index.append(f"{offset} {len(frame)}\n")
-                new_rows.append(dict(row, split=split, shard=shard, file=final,
-                                     position=position, offset=offset))
-                offset += len(frame)
-        if write_index:
-            stats["index_temp"] = temp + layout.INDEX_SUFFIX
-            with FileSystems.create(stats["index_temp"]) as f:
-                f.write("".join(index).encode())
-        stats["sha256"] = digest.hexdigest()
-    stats["catalog_temp"] = temp + ".catalog.parquet"
-    with catalog.FragmentWriter(stats["catalog_temp"]) as fragment:
-        for row in new_rows:
-            fragment.append(row)
-    stats["num_examples"], stats["num_bytes"] = len(rows), offset
-    for row in rows:
-        stats["label_counts"][row["label"]] = stats["label_counts"].get(row["label"], 0) + 1
-    return stats
+    if kind == "copy":
+        rows, stats["sha256"], stats["num_bytes"], index = copy_frames(
+            source, temp, rows, split, shard, final)
+        return set_rows(stats, rows, write_index, index)
+    link_or_copy(source, temp)
+    if write_index and FileSystems.exists(layout.index_name(source)):
+        stats["index_temp"] = temp + layout.INDEX_SUFFIX
+        link_or_copy(layout.index_name(source), stats["index_temp"])
+    stats["sha256"], stats["num_bytes"] = header["sha256"], sum(r["length"] for r in rows)
+    return set_rows(stats, [dict(r, split=split, shard=shard, file=final) for r in rows],
+                    write_index=False)

@@ -252,12 +252,12 @@ def _read_gcs_latest(bucket, name):
         blob = bucket.get_blob(name, retry=DEFAULT_RETRY)
         if blob is None:
             return None, 0
+        generation = blob.generation  # (the download resets it from its response headers)
         try:  # that very generation, so the version and the generation belong together
-            data = blob.download_as_bytes(if_generation_match=blob.generation,
-                                          retry=DEFAULT_RETRY)
+            data = blob.download_as_bytes(if_generation_match=generation, retry=DEFAULT_RETRY)
         except (exceptions.PreconditionFailed, exceptions.NotFound):
             continue
-        return json.loads(data)["version"], blob.generation
+        return json.loads(data)["version"], generation
 
 
 _gcs_clients = {}

@@ -193,3 +193,38 @@ def test_incremental_on_gcs(gcs, gcs_bucket, tmp_path):  # noqa: F811
             uri = f"{root}/versions/{v2['version']}/{shard['path']}"
             assert objects[uri] == shard["num_bytes"]
     assert not [u for u in objects if "/.tmp/" in u]
+
+
+# --- content duplicates ---------------------------------------------------------------------
+
+def test_content_duplicates_are_reported_then_dropped(tmp_path, capsys):
+    from beam_pipeline.tools import verify
+
+    src = tmp_path / "src"
+    make_images(src, {"cat": 12, "dog": 12})
+    same = image_bytes((10, 20, 30))
+    # One image three times (two classes), another twice; their splits come from the hash.
+    make_images(src, {"cat": {"a.jpg": same, "b.jpg": same}, "dog": {"c.jpg": same},
+                      "owl": {"d.jpg": image_bytes((1, 1, 1)), "e.jpg": image_bytes((1, 1, 1))}})
+    kept = build([src], tmp_path / "kept", *ARGS)
+    entry = kept["manifest"]["content_duplicates"]
+    lines = [json.loads(l) for l in
+             (tmp_path / "kept" / "versions" / kept["version"] / "duplicates.jsonl").open()]
+    assert sorted(g["keys"] for g in lines) == [["cat/a.jpg", "cat/b.jpg", "dog/c.jpg"],
+                                                ["owl/d.jpg", "owl/e.jpg"]]
+    spans = sum(len(set(g["splits"])) > 1 for g in lines)
+    assert entry == {"groups": 2, "across_splits": spans, "path": "duplicates.jsonl",
+                     "dropped": 0}
+    assert kept["manifest"]["accounting"]["written"] == 29
+    result = verify.check(kept["root"])
+    assert result["problems"] == []
+    assert bool(result["warnings"]) == bool(spans)
+
+    dropped = build([src], tmp_path / "dropped", *ARGS, "--drop_content_duplicates")
+    m = check_invariants(dropped)
+    assert m["content_duplicates"]["dropped"] == 3
+    assert m["accounting"] == dict(m["accounting"], listed=29, duplicates=3, written=26)
+    keys = set(examples(dropped))
+    assert {"cat/a.jpg", "owl/d.jpg"} <= keys and not {"cat/b.jpg", "dog/c.jpg",
+                                                       "owl/e.jpg"} & keys
+    assert verify.check(dropped["root"])["problems"] == []

@@ -3,7 +3,6 @@
 import collections
 import datetime
 import hashlib
-import io
 import json
 import logging
 import os
@@ -15,11 +14,10 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
-from PIL import Image
 
 import readers
 from readers import layout, schema
-from tests.helpers import REPO, assert_same_arrays, build, same_arrays
+from tests.helpers import REPO, assert_same_arrays, build, image_bytes, same_arrays
 
 LABELS = ["daisy", "rose", "tulip"]
 SIZE = 16  # output image side; inputs are 40x30, so crops still have pixels to choose from
@@ -31,10 +29,7 @@ SIZE = 16  # output image side; inputs are 40x30, so crops still have pixels to 
 # came from and whether its label is the right one.
 
 def _jpeg(rid, label):
-    img = Image.new("RGB", (40, 30), (6 * rid, 100 * label, 50))
-    buf = io.BytesIO()
-    img.save(buf, "JPEG", quality=95)
-    return buf.getvalue()
+    return image_bytes((6 * rid, 100 * label, 50), (40, 30))
 
 
 def _example(rid, label):

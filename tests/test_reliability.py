@@ -50,7 +50,7 @@ def faults(proxy):
     """Turn the proxy's faults on (RATE, SEED) for one test; off again afterwards."""
     proxy.random.seed(SEED)
     proxy.injected = dict.fromkeys(proxy.injected, 0)
-    proxy.requests, proxy.rate = 0, RATE
+    proxy.requests, proxy.refused_412, proxy.rate = 0, 0, RATE
     yield proxy
     proxy.rate = 0.0
 
@@ -110,10 +110,22 @@ def hold_until_opened(fifo, proc, log, timeout=120):
 # --- one build per root ---------------------------------------------------------------------
 
 def feed(fifo, run, data):
-    """Once `run`'s shard writer opens the FIFO, hand it `data` (one image) and EOF."""
-    fd = hold_until_opened(fifo, run[0], run[2])
-    os.write(fd, data)
-    os.close(fd)
+    """Once `run`'s shard writer opens the FIFO, hand it `data` (one image) and EOF; the
+    FIFO keeps its mtime, so the next build lists the same inputs. False if `run` ended
+    without opening it (a build that reused the shard instead)."""
+    mtime = os.stat(fifo).st_mtime_ns
+    while run[0].poll() is None:
+        try:
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:  # ENXIO: no reader yet
+            time.sleep(0.05)
+            continue
+        os.set_blocking(fd, True)
+        os.write(fd, data)
+        os.close(fd)
+        os.utime(fifo, ns=(mtime, mtime))
+        return True
+    return False
 
 
 def wait_for(predicate, what, timeout=120):
@@ -151,11 +163,12 @@ def race(src, root, tmp_path):
     wait_for(lambda: "waiting: " in waiter[2].read_text(), "'waiting:' line")
     assert (f"waiting: {root} is being built by host {socket.gethostname()} "
             f"pid {winner[0].pid}") in waiter[2].read_text()
-    feed(fifo, winner, image_bytes((200, 40, 40)))
+    assert feed(fifo, winner, image_bytes((200, 40, 40))), winner[2].read_text()
     code, out, err = finish(winner)
     assert code == 0, err
     first = versions.latest(root)
-    feed(fifo, waiter, image_bytes((200, 40, 40)))
+    threading.Thread(target=feed, args=(fifo, waiter, image_bytes((200, 40, 40))),
+                     daemon=True).start()  # if it reads the images again
     code, out, err = finish(waiter)
     assert code == 0, err
     second = versions.latest(root)[0]

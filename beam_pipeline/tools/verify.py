@@ -264,7 +264,17 @@ def check(path):
     _check_errors_file(gfile, vdir, manifest, problems)
     _check_tfds(gfile, vdir, manifest, problems)
     return {"problems": problems.items, "version_dir": vdir, "version": manifest.get("version"),
-            "shards": files, "records": records}
+            "shards": files, "records": records, "warnings": _warnings(manifest)}
+
+
+def _warnings(manifest):
+    """Not damage, but worth knowing before training: identical images in two splits."""
+    dup = manifest.get("content_duplicates") or {}
+    if dup.get("across_splits"):
+        return [f"{dup['across_splits']} group(s) of byte-identical images span splits (a test "
+                f"image also in train inflates accuracy); see {dup['path']}, or rebuild with "
+                "--drop_content_duplicates"]
+    return []
 
 
 def verify(path):
@@ -294,6 +304,8 @@ def main(argv=None):
         print(f"error: {e}", file=sys.stderr)
         return 2
     where = result["version_dir"]
+    for warning in result["warnings"]:
+        print(f"warning: {warning}", file=sys.stderr)
     if not result["problems"]:
         print(f"OK {where}: {result['shards']} shards, {result['records']} records; sizes, "
               f"sha256, CRCs, counts and indexes match manifest.json")

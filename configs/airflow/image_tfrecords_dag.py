@@ -52,6 +52,10 @@ TEMPLATE_PARAMETERS = {
     "transform": "false",
     "transform_image_size": "224",
     "force": "false",
+    "drop_content_duplicates": "false",
+    "full_rebuild": "false",
+    "max_delta_share": "0.25",
+    "wait": "false",
     "keep_versions": "7",
     "verbose": "false",
 }
