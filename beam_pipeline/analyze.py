@@ -65,10 +65,11 @@ def analysis_rows(stats, split, num_labels, label_ids):
     if stats["split"] != split or not stats.get("num_examples"):
         return
     moments = stats.get("pixel_moments")
-    if moments is None:
-        raise ValueError(f"shard stats for {stats.get('path')!r} carry no pixel moments; the "
-                         "transform analysis needs the shard writer's (use --sink shards "
-                         "or --no_transform)")
+    if moments is None:  # --sink beam, or a shard an incremental build reused or copied
+        raise ValueError(f"shard stats for {stats.get('path')!r} ({stats.get('kind', 'images')})"
+                         " carry no pixel moments: the transform analysis needs every train "
+                         "shard written from its images (--sink shards, a full build) or "
+                         "--no_transform")
     counts = np.zeros(num_labels, np.int64)
     for label, n in stats["label_counts"].items():
         counts[label_ids[label]] = n

@@ -1,0 +1,97 @@
+"""Regeneration cost: an incremental version after +1% / -1% of the images vs a full build.
+
+    .venv/bin/python benchmarks/bench_incremental.py [--n 10000] [--repeat 1]
+
+The default command (configs/local.yaml, one worker per core) with --reencode always on
+N synthetic photos (benchmarks/common.py), then: 1% new images added (incremental), 1%
+deleted (incremental). Prints wall times side by side with the full build's and the share
+of shard bytes reused. Targets (issue 12): +1% <= 0.30x a full build with >= 90% of the
+bytes reused; -1% <= 0.5x. Medians over --repeat; read the ratios (shared machine).
+"""
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(__file__))
+from common import files_of, jpeg_tree, run_measured  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PY = sys.executable
+ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+
+
+def command(src, root, *extra):
+    return [PY, "-m", "beam_pipeline", "--config", os.path.join(HERE, "..", "configs/local.yaml"),
+            "--input", src, "--output", root, "--reencode", "always", *extra]
+
+
+def link_tree(files, base, dst):
+    for path in files:
+        target = os.path.join(dst, os.path.relpath(path, base))
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        os.link(path, target)
+
+
+def latest_manifest(root):
+    with open(os.path.join(root, "LATEST")) as f:
+        with open(os.path.join(root, json.load(f)["manifest"])) as m:
+            return json.load(m)
+
+
+def one_round(n, base, extra):
+    tmp = tempfile.mkdtemp(prefix="bench-incremental-")
+    try:
+        src, root = os.path.join(tmp, "src"), os.path.join(tmp, "root")
+        link_tree(files_of(base), base, src)
+        full = run_measured(command(src, root), env=ENV)[0]
+        # +1%: new files, in the same class folders
+        link_tree(extra, os.path.dirname(os.path.dirname(extra[0])), src)
+        add = run_measured(command(src, root), env=ENV)[0]
+        added = latest_manifest(root)["incremental"]
+        # -1%: delete as many, spread over the dataset
+        victims = random.Random(0).sample(files_of(src), len(extra))
+        for path in victims:
+            os.remove(path)
+        delete = run_measured(command(src, root), env=ENV)[0]
+        deleted = latest_manifest(root)["incremental"]
+        return full, add, added, delete, deleted
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--n", type=int, default=10000)
+    ap.add_argument("--repeat", type=int, default=1)
+    args = ap.parse_args()
+    step = max(1, args.n // 100)
+    base = jpeg_tree(args.n)
+    bigger = jpeg_tree(args.n + step)  # the same first N files plus `step` more
+    extra = [p for p in files_of(bigger) if int(os.path.basename(p)[:-4]) >= args.n]
+    print(f"data: {args.n} JPEGs (500x375), --reencode always; +{len(extra)} / -{len(extra)}; "
+          f"{os.cpu_count()} cores; median of {args.repeat}")
+    rounds = [one_round(args.n, base, extra) for _ in range(args.repeat)]
+    full = statistics.median(r[0] for r in rounds)
+    add = statistics.median(r[1] for r in rounds)
+    delete = statistics.median(r[3] for r in rounds)
+    added, deleted = rounds[-1][2], rounds[-1][4]
+    print(f"\n{'run':28}{'seconds':>9}{'vs full':>9}{'bytes reused':>14}  target")
+    print(f"{'full build':28}{full:9.1f}")
+    print(f"{'+1% (incremental)':28}{add:9.1f}{add / full:8.2f}x"
+          f"{added['bytes_reused_share']:13.0%}  <= 0.30x, >= 90% reused: "
+          f"{'PASS' if add / full <= 0.30 and added['bytes_reused_share'] >= 0.9 else 'FAIL'}")
+    print(f"{'-1% (incremental)':28}{delete:9.1f}{delete / full:8.2f}x"
+          f"{deleted['bytes_reused_share']:13.0%}  <= 0.5x: "
+          f"{'PASS' if delete / full <= 0.5 else 'FAIL'}")
+    print(f"\n+1%: {json.dumps({k: added[k] for k in ('reused', 'rewritten', 'added_shards')})}")
+    print(f"-1%: {json.dumps({k: deleted[k] for k in ('reused', 'rewritten', 'added_shards')})}")
+
+
+if __name__ == "__main__":
+    main()
