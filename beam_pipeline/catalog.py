@@ -27,6 +27,8 @@ SCHEMA = pa.schema([
     ("offset", pa.int64()),        # byte offset of its TFRecord frame in the shard file
     ("length", pa.int64()),        # frame length in bytes
     ("sha256", pa.string()),       # of the stored image/encoded bytes
+    ("height", pa.int32()),        # of the stored image
+    ("width", pa.int32()),
     ("input_size", pa.int64()),
     ("input_mtime", pa.float64()),  # mtime, or GCS update time
 ])
@@ -63,8 +65,13 @@ class FragmentWriter:
 
 
 def merge(fragments, path):
-    """Append the fragments (in order) into one Parquet file at `path`; returns its row count."""
-    rows = 0
+    """Append the fragments (in order) into one Parquet file at `path`.
+
+    Returns (row count, {longer side: count}) of the stored images.
+    """
+    import pyarrow.compute as pc
+
+    rows, sides = 0, {}
     with FileSystems.create(path) as raw, pq.ParquetWriter(raw, SCHEMA) as writer:
         for fragment in fragments:
             with FileSystems.open(fragment) as f:
@@ -73,7 +80,21 @@ def merge(fragments, path):
                 table = source.read_row_group(i)
                 writer.write_table(table)
                 rows += table.num_rows
-    return rows
+                longer = pc.max_element_wise(table["height"], table["width"])
+                for item in pc.value_counts(longer).to_pylist():
+                    if item["values"] is not None:
+                        sides[item["values"]] = sides.get(item["values"], 0) + item["counts"]
+    return rows, sides
+
+
+def median(counts):
+    """The median of a {value: count} histogram (None when empty)."""
+    total, seen = sum(counts.values()), 0
+    for value in sorted(counts):
+        seen += counts[value]
+        if 2 * seen >= total:
+            return value
+    return None
 
 
 def iter_rows(path):

@@ -326,10 +326,36 @@ def _print_summary(root, vdir, manifest, seconds):
               f"{inc['reused']['shards']} reused, {inc['rewritten']['shards']} rewritten, "
               f"{inc['added_shards']['shards']} new; {inc['bytes_reused_share']:.0%} of the "
               "bytes reused")
+    hint = big_image_hint(manifest)
+    if hint:
+        print(f"  hint: {hint}")
     if manifest["errors"]["count"]:
         reasons = ", ".join(f"{k}: {v}" for k, v in sorted(manifest["errors"]["by_reason"].items()))
         print(f"  rejected {manifest['errors']['count']} ({reasons}); see {vdir}/errors.jsonl")
     print(f"  files: {vdir}/ (readers take {root})")
+
+
+# TensorFlow decodes a 4032x3024 JPEG in 31.7 ms here (19.5 ms even at ratio=8: entropy
+# decoding dominates), so reader decode time follows the stored pixel count.
+DECODE_NS_PER_PIXEL = 31.7e6 / (4032 * 3024)
+BIG_SIDE, SUGGESTED_MAX_SIDE = 1024, 512
+
+
+def big_image_hint(manifest):
+    """A line for the summary when stored images are far larger than a training input."""
+    side = (manifest.get("stored_images") or {}).get("median_longer_side")
+    config = manifest.get("config") or {}
+    if not side or side <= BIG_SIDE or config.get("max_side"):
+        return None
+    shrink = (SUGGESTED_MAX_SIDE / side) ** 2  # pixels, and roughly JPEG bytes, scale so
+    total = sum(s["num_bytes"] for s in manifest["splits"].values())
+    pixels = side * side * 3 / 4  # a 4:3 image
+    before = pixels * DECODE_NS_PER_PIXEL / 1e6
+    return (f"stored images are large (median longer side {side} px); --max_side "
+            f"{SUGGESTED_MAX_SIDE} would store ~{1 / shrink:.0f}x fewer bytes "
+            f"(~{total * shrink / 2**30:.2f} GiB instead of {total / 2**30:.2f} GiB) and cut "
+            f"TensorFlow's decode from ~{before:.1f} ms to ~{before * shrink:.1f} ms per image "
+            f"(estimated; decoding at a lower ratio saves little)")
 
 
 def plan_split_order():

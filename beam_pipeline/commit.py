@@ -95,7 +95,7 @@ def commit(shard_stats, spec, extra_files=(), manifest_parts=()):
             "label_counts": {label: counts.get(label, 0) for label in spec.labels},
             "shards": shards,
         }
-    catalog_rows = _merge_catalog(shard_stats, spec)
+    catalog_rows, sides = _merge_catalog(shard_stats, spec)
     for label in spec.labels:
         if not any(s["label_counts"].get(label) for s in splits.values()):
             logging.warning("class %r has no images in this version; its id is kept", label)
@@ -124,6 +124,9 @@ def commit(shard_stats, spec, extra_files=(), manifest_parts=()):
     }
     if catalog_rows is not None:
         manifest["catalog"] = {"path": layout.CATALOG, "rows": catalog_rows}
+    if sides:
+        manifest["stored_images"] = {"median_longer_side": catalog.median(sides),
+                                     "max_longer_side": max(sides)}
     if content_duplicates is not None:
         manifest["content_duplicates"] = dict(content_duplicates, dropped=dropped)
     if spec.increment:
@@ -214,13 +217,14 @@ def increment_summary(increment, shard_stats):
 def _merge_catalog(shard_stats, spec):
     """Per-shard catalog fragments, in split and shard order -> VDIR/catalog.parquet.
 
-    Returns its row count, or None when the sink wrote no fragments (--sink beam).
+    Returns (its row count, {longer side: count}), or (None, {}) when the sink wrote no
+    fragments (--sink beam).
     """
     fragments = [s["catalog_temp"] for s in sorted(shard_stats, key=lambda s: (s["split"],
                                                                               s["shard"]))
                  if s.get("catalog_temp")]
     if not fragments:
-        return None
+        return None, {}
     return catalog.merge(fragments, layout.join(spec.vdir, layout.CATALOG))
 
 

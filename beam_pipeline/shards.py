@@ -134,6 +134,7 @@ class WriteShardFn(beam.DoFn):
                     "label_id": self.label_ids[ref.label], "split": split, "shard": shard,
                     "file": final, "position": stats["num_examples"],
                     "offset": stats["num_bytes"], "length": len(frame), "sha256": sha256,
+                    "height": encoded.height, "width": encoded.width,
                     "input_size": ref.size, "input_mtime": ref.mtime})
                 out.write(frame)
                 digest.update(frame)
