@@ -104,7 +104,8 @@ def run(argv=None):
         extra_files=(tfds_metadata.write,),  # TFDS dataset_info.json etc. beside the manifest
         transform_image_size=build.transform_image_size if build.transform else 0)
     if not waits:
-        lock.hand_off(root, version)  # the job outlives us: its commit stage releases the lock
+        if not pipeline_options.get_all_options().get("template_location"):  # a job starts:
+            lock.hand_off(root, version)  # it outlives us; its commit stage releases the lock
         result = p.run()
         template = pipeline_options.get_all_options().get("template_location")
         if template:  # Dataflow wrote the job file and started nothing: there is no job id

@@ -132,19 +132,22 @@ def release_submitted(root, version):
 
 
 def release_on_exit(fn):
-    """Decorator: every lock `fn` acquires (in this thread) is released when it returns or
-    raises, except one handed off to a submitted job."""
+    """Decorator: every lock `fn` acquires (in this thread) is released when it returns,
+    except one handed off to a submitted job, and whenever it raises (a failed submission
+    must not leave the root locked for SUBMITTED_TTL)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         outer = getattr(_local, "held", None)
-        _local.held = []
+        _local.held, failed = [], True
         try:
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
+            failed = False
+            return result
         finally:
             held, _local.held = _local.held, outer
             for lock in reversed(held):
-                lock.release()
+                lock.release(force=failed)
 
     return wrapper
 
@@ -209,7 +212,7 @@ class _LocalLock:
     def hand_off(self, version):
         pass  # a flock cannot outlive the launcher; local roots are held while it runs
 
-    def release(self):
+    def release(self, force=False):
         self.stop.set()
         if self.thread:
             self.thread.join()  # before closing: it touches the fd
@@ -322,11 +325,12 @@ class _GcsLock:
         body = _body(self.token, self.started, state="submitted", version=version)
         self.handed_off = self._write(body, self.generation)
 
-    def release(self):
+    def release(self, force=False):
+        """Delete the lock if still ours; one handed to a job only with `force`."""
         self.stop.set()
         if self.thread:
             self.thread.join()
-        if self.handed_off or self.lost or self.generation is None:
+        if (self.handed_off and not force) or self.lost or self.generation is None:
             return
         self._delete(self.generation)
 

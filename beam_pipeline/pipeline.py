@@ -30,8 +30,7 @@ class ImagesToTFRecords(beam.PTransform):
         label_ids = {label: i for i, label in enumerate(spec.labels)}
         shards = (pbegin
                   | "ShardIndex" >> beam.Create([self.shards_index])
-                  | "ReadShardIndex" >> beam.io.ReadAllFromText()
-                  | "ParseShard" >> beam.Map(parse_shard_line)
+                  | "ReadShardIndex" >> beam.FlatMap(read_shard_index)
                   # -> (split, shard, listing file of that shard, kind, origin)
                   | "ToWorkers" >> beam.Reshuffle())
         if self.sink == "beam":
@@ -60,11 +59,16 @@ class ImagesToTFRecords(beam.PTransform):
         return stats | "Commit" >> Commit(spec, self.extra_files, parts)  # -> manifest
 
 
-def parse_shard_line(line):
-    """A shard index line -> (split, shard, listing file, kind, origin).
+def read_shard_index(path):
+    """The shard index file -> (split, shard, listing file, kind, origin) per shard.
 
     kind: "images" (convert the listed images), "reuse" or "copy" (incremental builds:
     beam_pipeline/reuse.py); origin: "hash" or "delta" (beam_pipeline/incremental.py).
     """
-    split, shard, listing, kind, origin = json.loads(line)
-    return split, shard, listing, kind, origin
+    from apache_beam.io.filesystems import FileSystems
+
+    with FileSystems.open(path) as f:
+        for line in f:
+            if line.strip():
+                split, shard, listing, kind, origin = json.loads(line)
+                yield split, shard, listing, kind, origin

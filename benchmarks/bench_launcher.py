@@ -25,7 +25,8 @@ CLASSES = 100
 
 
 def tiny_tree(n):
-    """DATA/tiny-N/classNN/IIIIIII.jpg: hard links to 8 distinct 16x16 JPEGs."""
+    """DATA/tiny-N/classNN/IIIIIII.jpg: hard links to a few distinct 16x16 JPEGs (one per
+    50,000 files: ext4 allows 65,000 links to a file)."""
     from PIL import Image
 
     root = os.path.join(DATA, f"tiny-{n}")
@@ -34,10 +35,10 @@ def tiny_tree(n):
     seeds = os.path.join(DATA, "tiny-seeds")
     os.makedirs(seeds, exist_ok=True)
     sources = []
-    for i in range(8):
-        path = os.path.join(seeds, f"{i}.jpg")
+    for i in range(max(8, n // 50_000 + 1)):
+        path = os.path.join(seeds, f"{n}-{i}.jpg")
         out = io.BytesIO()
-        Image.new("RGB", (16, 16), (30 * i, 255 - 30 * i, 128)).save(out, "JPEG", quality=90)
+        Image.new("RGB", (16, 16), (i % 256, 255 - i % 256, 128)).save(out, "JPEG", quality=90)
         open(path, "wb").write(out.getvalue())
         sources.append(path)
     for c in range(CLASSES):
@@ -75,6 +76,8 @@ def main():
         rows.append((n, seconds, rss))
         print(f"{n:>10,} inputs: {seconds:7.1f} s, peak RSS {rss / 2**20:6.0f} MB "
               f"({n / seconds:,.0f} inputs/s)", flush=True)
+    if len(rows) < 2:
+        return
     (n0, _, r0), (n1, _, r1) = rows[0], rows[1]
     ratio = r1 / r0
     print(f"\npeak RSS {n1:,} vs {n0:,} inputs: {ratio:.2f}x "

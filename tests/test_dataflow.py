@@ -107,7 +107,7 @@ def test_dataflow_job_with_setup_file(gcs, gcs_bucket, tmp_path, make_images,  #
     proto = _pipeline_proto(proto_bytes)
 
     steps = {t.unique_name for t in proto.components.transforms.values()}
-    for step in ("ListShards", "WriteShards", "Commit/AllShards",
+    for step in ("ShardIndex", "ReadShardIndex", "ToWorkers", "WriteShards", "Commit/AllShards",
                  "Commit/WriteManifest"):
         assert f"ImagesToTFRecords/{step}" in steps, step
     # The workers' environment: the default Beam image for this SDK, plus the staged sdist
@@ -139,9 +139,8 @@ def _assert_graph_scales(proto):
     assert groupings == [
         ("ImagesToTFRecords/Commit/AllShards/AllShards/CombinePerKey/GroupByKey",
          "ImagesToTFRecords/Commit/AllShards/AllShards/KeyWithVoid"),
-        ("ImagesToTFRecords/ListShards/MaybeReshuffle/Reshuffle/ReshufflePerKey/GroupByKey",
-         "ImagesToTFRecords/ListShards/MaybeReshuffle/Reshuffle/ReshufflePerKey/"
-         "Map(reify_metadata_default_window)"),
+        ("ImagesToTFRecords/ToWorkers/ReshufflePerKey/GroupByKey",
+         "ImagesToTFRecords/ToWorkers/ReshufflePerKey/Map(reify_metadata_default_window)"),
     ]
     # ... and the commit's combine is fed by the shard writer, i.e. one small dict per shard.
     key_with_void = next(t for t in transforms.values()

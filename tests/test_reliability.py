@@ -109,12 +109,12 @@ def hold_until_opened(fifo, proc, log, timeout=120):
 
 # --- one build per root ---------------------------------------------------------------------
 
-def feed(fifo, run, data):
-    """Once `run`'s shard writer opens the FIFO, hand it `data` (one image) and EOF; the
-    FIFO keeps its mtime, so the next build lists the same inputs. False if `run` ended
-    without opening it (a build that reused the shard instead)."""
+def feed(fifo, alive, data):
+    """Once a shard writer opens the FIFO, hand it `data` (one image) and EOF; the FIFO keeps
+    its mtime, so a later build lists the same inputs. False if `alive()` turned false
+    first (a build that reused the shard instead of reading it)."""
     mtime = os.stat(fifo).st_mtime_ns
-    while run[0].poll() is None:
+    while alive():
         try:
             fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
         except OSError:  # ENXIO: no reader yet
@@ -135,21 +135,37 @@ def wait_for(predicate, what, timeout=120):
         time.sleep(0.05)
 
 
-def race(src, root, tmp_path):
-    """Two builds started together; while the winner runs, a third with --wait --force.
+class Stderr:
+    """What in-process code printed to stderr so far (capsys, read as it grows)."""
+
+    def __init__(self, capsys):
+        self.capsys, self.text = capsys, ""
+
+    def __str__(self):
+        self.text += self.capsys.readouterr().err
+        return self.text
+
+
+def race(src, root, tmp_path, capsys):
+    """Two builds started together (two processes, as two cron runs); while the winner
+    runs, a third with --wait --force (in this process: it has Beam and TF loaded already).
 
     Exactly one of the two publishes; the other exits 2 at once with one line naming the
-    winner; the third waits, starts after the winner has published, and publishes after it.
-    A FIFO among the inputs holds the winner mid-shard until the third is seen waiting.
+    winner; the third waits, takes the root after the winner has published, and publishes
+    after it. A FIFO among the inputs holds the winner mid-shard until the third is seen
+    waiting, whatever the machine's speed.
     """
-    fifo = src / "cat" / "fifo.jpg"
+    fifo, image = src / "cat" / "fifo.jpg", image_bytes((200, 40, 40))
     os.mkfifo(fifo)
-    argv = ["--input", src, "--output", root] + ARGS
+    argv = ["--input", str(src), "--output", root] + ARGS
     pair = [launch(tmp_path, tag, *argv) for tag in ("a", "b")]
     wait_for(lambda: any(run[0].poll() is not None for run in pair), "build exiting")
     loser = next(run for run in pair if run[0].poll() is not None)
     winner = next(run for run in pair if run is not loser)
-    waiter = launch(tmp_path, "c", *argv, "--force", "--wait")
+    waited, stderr = {}, Stderr(capsys)
+    waiter = threading.Thread(
+        target=lambda: waited.update(code=cli.main(argv + ["--force", "--wait"])))
+    waiter.start()
 
     code, out, err = finish(loser)
     assert code == 2, err
@@ -160,17 +176,16 @@ def race(src, root, tmp_path):
     assert line.endswith("nothing done. Pass --wait to wait for it"), line
     assert out == ""
 
-    wait_for(lambda: "waiting: " in waiter[2].read_text(), "'waiting:' line")
+    wait_for(lambda: "waiting: " in str(stderr), "'waiting:' line")
     assert (f"waiting: {root} is being built by host {socket.gethostname()} "
-            f"pid {winner[0].pid}") in waiter[2].read_text()
-    assert feed(fifo, winner, image_bytes((200, 40, 40))), winner[2].read_text()
+            f"pid {winner[0].pid}") in str(stderr)
+    assert feed(fifo, lambda: winner[0].poll() is None, image), winner[2].read_text()
     code, out, err = finish(winner)
     assert code == 0, err
     first = versions.latest(root)
-    threading.Thread(target=feed, args=(fifo, waiter, image_bytes((200, 40, 40))),
-                     daemon=True).start()  # if it reads the images again
-    code, out, err = finish(waiter)
-    assert code == 0, err
+    feed(fifo, waiter.is_alive, image)  # if it reads the images again (no reuse)
+    waiter.join(timeout=180)
+    assert waited == {"code": 0}, str(stderr)
     second = versions.latest(root)[0]
     assert second > first[0]
     assert second >= version_id(first[1]["created_at"]), "the --wait build overlapped"
@@ -178,67 +193,58 @@ def race(src, root, tmp_path):
     assert not lock_exists(root)
 
 
-def test_two_builds_on_a_local_root_one_publishes_one_exits_2_and_wait_serializes(tmp_path):
+def test_two_builds_on_a_local_root_one_publishes_one_exits_2_and_wait_serializes(
+        tmp_path, capsys):
     make_images(tmp_path / "in", {"cat": 4, "dog": 4})
-    race(tmp_path / "in", str(tmp_path / "ds"), tmp_path)
+    race(tmp_path / "in", str(tmp_path / "ds"), tmp_path, capsys)
 
 
 def test_two_builds_on_gcs_one_publishes_one_exits_2_and_wait_serializes(
-        proxy, gcs_bucket, tmp_path):
+        proxy, gcs_bucket, tmp_path, capsys):
     make_images(tmp_path / "in", {"cat": 4, "dog": 4})
-    race(tmp_path / "in", f"gs://{gcs_bucket}/ds", tmp_path)
+    race(tmp_path / "in", f"gs://{gcs_bucket}/ds", tmp_path, capsys)
 
 
-def test_local_lock_of_a_killed_build_does_not_block_the_next(tmp_path, capsys):
-    """A flock dies with its process: the file a killed build leaves names it, blocks
-    nothing, and the next build takes the root at once."""
-    src, root = tmp_path / "in", str(tmp_path / "ds")
-    make_images(src, {"cat": 2, "dog": 2})
+@pytest.mark.parametrize("where", ["local", "gcs"])
+def test_a_killed_build_never_blocks_the_next_for_long(where, request, tmp_path, monkeypatch,
+                                                       capsys):
+    """A launcher SIGKILLed while holding the lock (what a killed build leaves behind: it
+    takes the lock first). Local: the flock died with it; the file it leaves names it and
+    blocks nothing. gs://: its lock object stays until its heartbeat is TTL old; until
+    then a new build exits 2 naming it, then takes it over."""
+    if where == "gcs":
+        request.getfixturevalue("proxy")
+        root = f"gs://{request.getfixturevalue('gcs_bucket')}/ds"
+    else:
+        root = str(tmp_path / "ds")
+    make_images(tmp_path / "in", {"cat": 2, "dog": 2})
+    argv = ["--input", str(tmp_path / "in"), "--output", root] + ARGS
     holder = launch(tmp_path, "holder", f"import time; from beam_pipeline import lock; "
                     f"lock.acquire({root!r}); print('held', flush=True); time.sleep(600)",
                     python=("-c",))
     proc, out, _ = holder
     wait_for(lambda: "held" in out.read_text() or proc.poll() is not None, "lock holder")
     assert proc.poll() is None, holder[2].read_text()
-
-    argv = ["--input", str(src), "--output", root] + ARGS
-    assert cli.main(argv) == 2
+    assert cli.main(argv) == 2  # alive: the root is taken
     [line] = error_lines(capsys.readouterr().err)
     assert f"pid {proc.pid} since " in line and "(last heartbeat " in line, line
 
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    assert f'"pid": {proc.pid}' in open(lock.lock_path(root)).read()  # what it leaves
-    assert cli.main(argv) == 0
+    if where == "gcs":
+        body, _, age = lock._GcsLock(root)._read()
+        assert body["pid"] == proc.pid and body["state"] == "running"
+        monkeypatch.setattr(lock, "TTL", age + 3.0)  # expires 3 s from now
+        monkeypatch.setattr(lock, "HEARTBEAT", 0.5)
+        assert cli.main(argv) == 2  # dead, but not expired yet
+        [line] = error_lines(capsys.readouterr().err)
+        assert f"pid {proc.pid} since " in line, line
+        wait_for(lambda: lock._GcsLock(root)._read()[2] > lock.TTL, "expiry")
+    else:
+        with open(lock.lock_path(root)) as f:
+            assert f'"pid": {proc.pid}' in f.read()  # what it left: no flock, no block
+    assert cli.main(argv) == 0  # takes the root at once (local) or the expired lock (gs://)
     assert versions.latest(root)[0] and not lock_exists(root)
-
-
-def test_killed_build_on_gcs_holds_until_its_lock_expires_then_is_taken_over(
-        proxy, gcs_bucket, tmp_path, monkeypatch, capsys):
-    src, root = tmp_path / "in", f"gs://{gcs_bucket}/ds"
-    make_images(src, {"cat": 2, "dog": 2})
-    os.mkfifo(src / "cat" / "stuck.jpg")  # the build blocks reading it, mid-shard
-    argv = ["--input", str(src), "--output", root] + ARGS
-    run = launch(tmp_path, "killed", *argv)
-    writer = hold_until_opened(src / "cat" / "stuck.jpg", run[0], run[2])
-    os.killpg(run[0].pid, signal.SIGKILL)
-    run[0].wait()
-    os.close(writer)
-    (src / "cat" / "stuck.jpg").unlink()
-
-    holder, _, age = lock._GcsLock(root)._read()
-    assert holder["pid"] == run[0].pid and holder["state"] == "running"
-    monkeypatch.setattr(lock, "TTL", age + 4.0)  # not expired yet; in 4 s it is
-    assert cli.main(argv) == 2
-    [line] = error_lines(capsys.readouterr().err)
-    assert f"pid {run[0].pid} since " in line, line
-
-    while lock._GcsLock(root)._read()[2] <= lock.TTL:
-        time.sleep(0.2)
-    assert cli.main(argv) == 0  # takes the expired lock over, builds, publishes
-    version = versions.latest(root)[0]
-    assert versions.list_versions(root) == {version: True}  # the killed run's dir is gone
-    assert not lock_exists(root)
 
 
 @pytest.mark.parametrize("where", ["local", "gcs"])
@@ -253,6 +259,7 @@ def test_an_expired_lock_is_taken_over_by_exactly_one_of_many(where, request, tm
         dead.stop.set()  # its heartbeat stops, as when the process is killed
         dead.thread.join()
         monkeypatch.setattr(lock, "TTL", 1.0)
+        monkeypatch.setattr(lock, "HEARTBEAT", 0.2)  # the winner's stays fresh
         time.sleep(1.5)
     else:
         root = str(tmp_path / "ds")
@@ -375,41 +382,48 @@ def test_commit_stage_run_again_after_publishing_changes_nothing(where, request,
 
 @pytest.fixture(scope="module")
 def gcs_inputs(proxy, gcs, tmp_path_factory):  # noqa: F811
-    """Images on gs:// (one of them broken) and one fault-free build of them."""
+    """Images on gs:// (one of them broken) and a fault-free build of them to a local root
+    (keys are relative to the input root: where the output goes changes no byte)."""
     bucket = gcs.create_bucket()
     local = tmp_path_factory.mktemp("gcs_inputs")
-    make_images(local, {"cat": 6, "dog": 6, "owl": 4,
-                        "dog/": {"broken.jpg": b"not an image"}})
+    make_images(local / "in", {"cat": 6, "dog": 6, "owl": 4,
+                               "dog/": {"broken.jpg": b"not an image"}})
     src = f"gs://{bucket}/in"
-    gcs.upload_tree(local, src)
-    clean = build(src, f"gs://{bucket}/clean", *ARGS, "--max_error_rate", "0.2")
+    gcs.upload_tree(local / "in", src)
+    clean = build(src, local / "clean", *ARGS, "--max_error_rate", "0.2")
     return src, bucket, clean
 
 
-def shard_bytes(gcs, result):  # noqa: F811
-    vdir = result["version_dir"]
-    return {(split, s["path"]): gcs.read(f"{vdir}/{s['path']}")
-            for split, info in result["manifest"]["splits"].items() for s in info["shards"]}
+def version_files(result):
+    """{file name: bytes} of every shard, index and errors.jsonl of a built version."""
+    vdir, manifest = result["version_dir"], result["manifest"]
+    names = [layout.ERRORS] + [n for info in manifest["splits"].values()
+                               for s in info["shards"]
+                               for n in (s["path"], layout.index_name(s["path"]))]
+    out = {}
+    for name in names:
+        with versions.FileSystems.open(layout.join(vdir, name)) as f:
+            out[name] = f.read()
+    return out
 
 
 def test_transient_gcs_errors_publish_the_same_shards(gcs, gcs_inputs, faults):  # noqa: F811
-    """~5% of requests get 503, 429, a reset before, or a reset after the server acted:
-    the build publishes shards byte-identical to the fault-free build; the reader reads
+    """~5% of requests get a 503, a 429, a reset before or a reset after the server acted:
+    the build publishes shards byte-identical to a fault-free build, and the reader reads
     them."""
     import readers
 
     src, bucket, clean = gcs_inputs
-    faulty = build(src, f"gs://{bucket}/faulty", *ARGS, "--max_error_rate", "0.2")
+    root = f"gs://{bucket}/faulty"
+    faulty = build(src, root, *ARGS, "--max_error_rate", "0.2")
     faults.rate = 0.0
-    print(f"\ntransient faults: {faults.requests} requests, injected {faults.injected}")
+    print(f"\ntransient faults: {faults.requests} requests, injected {faults.injected}, "
+          f"{faults.refused_412} precondition failures")
     assert sum(faults.injected.values()) >= 3, faults.injected
 
-    assert shard_bytes(gcs, faulty) == shard_bytes(gcs, clean)
+    assert version_files(faulty) == version_files(clean)
     for key in ("splits", "accounting", "errors", "labels", "input_fingerprint"):
         assert faulty["manifest"][key] == clean["manifest"][key], key
-    assert gcs.read(f"{faulty['version_dir']}/errors.jsonl") == \
-        gcs.read(f"{clean['version_dir']}/errors.jsonl")
-    root = f"gs://{bucket}/faulty"
     assert versions.list_versions(root) == {faulty["version"]: True}
     assert not [u for u in gcs.list(f"{root}/") if "/.tmp/" in u or u.endswith("/.lock")]
     for split, info in faulty["manifest"]["splits"].items():
@@ -427,13 +441,10 @@ def test_shard_deleted_or_truncated_on_gcs_is_named_by_verify_and_reader(
 
     src, bucket, clean = gcs_inputs
     root = f"gs://{bucket}/damaged"
-    for uri in gcs.list(f"gs://{bucket}/clean/"):  # a copy: the clean build stays intact
-        gcs.upload_bytes(uri.replace("/clean/", "/damaged/"), gcs.read(uri))
+    gcs.upload_tree(clean["root"], root)  # a published dataset, now on gs://
     vdir = layout.version_dir(root, clean["version"])
-    (_, train), = [(s, i["shards"][0]) for s, i in clean["manifest"]["splits"].items()
-                   if s == "train"]
-    (_, val), = [(s, i["shards"][0]) for s, i in clean["manifest"]["splits"].items()
-                 if s == "validation"]
+    train = clean["manifest"]["splits"]["train"]["shards"][0]
+    val = clean["manifest"]["splits"]["validation"]["shards"][0]
     bucket_obj, name = versions.gcs_blob(f"{vdir}/{train['path']}")
     bucket_obj.delete_blob(name)
     data = gcs.read(f"{vdir}/{val['path']}")

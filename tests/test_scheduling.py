@@ -11,6 +11,7 @@ import pytest
 
 from beam_pipeline import options
 from tests.helpers import REPO
+
 METADATA = REPO / "configs" / "flex_template" / "metadata.json"
 DAG = REPO / "configs" / "airflow" / "image_tfrecords_dag.py"
 MAIN = REPO / "configs" / "flex_template" / "main.py"
