@@ -13,11 +13,13 @@ ROOT/.lock names the build that holds the root, as one JSON object:
   TTL seconds ago (by the server's clock: the object's `updated`) belonged to a killed
   build; the next build takes it over with a compare-and-swap on that generation, so two
   builds taking over the same dead lock cannot both win.
-* Runners that return once the job is submitted (Dataflow, templates): the launcher cannot
-  hold the lock for the job, so before submitting it hands the lock to the job (state
-  "submitted", the version, no heartbeat) and the job's commit stage releases it
-  (`release_submitted`). A job that dies before its commit leaves the lock until
-  SUBMITTED_TTL; the message names the version so an operator can delete ROOT/.lock sooner.
+* Runners that return once the job is submitted (Dataflow, a Flex Template's launcher):
+  the launcher cannot hold the lock for the job, so just before submitting it hands the
+  lock to the job (state "submitted", the version, no heartbeat) and the job's commit
+  stage releases it (`release_submitted`, after publishing or after refusing to). A job
+  that dies before its commit leaves the lock until SUBMITTED_TTL; the message names the
+  version so an operator can delete ROOT/.lock sooner. A submission that raises releases
+  the lock at once; a classic template (--template_location) starts no job and keeps none.
   Local roots are not handed off: their lock ends with the launcher.
 
 A second build exits with one line naming the holder (UserError: status 2), or with

@@ -13,8 +13,13 @@ Splits with no examples are left out (TFDS cannot read an empty split).
 Counts come from the manifest (what the writer counted), never from re-reading the shards.
 The FeaturesDict nests on '/': TFDS flattens nested dicts with '/' when it parses a
 tf.train.Example, so {'image': {'encoded': Image}} reads the key image/encoded.
+
+The files are written as the JSON that TFDS's own DatasetInfo.write_to_directory produces
+(a test compares the two), without importing tensorflow_datasets: that import costs 1-3 s,
+a fixed cost of every build's commit stage (and most of a small incremental run's).
 """
 
+import json
 import logging
 
 from readers import layout, schema
@@ -24,87 +29,98 @@ from readers import layout, schema
 TFDS_VERSION_PATTERN = "{format}.0.0"
 TFDS_FILES = ("dataset_info.json", "features.json", "metadata.json")
 LABELS_SUFFIX = ".labels.txt"  # ClassLabel names file: image-class-label.labels.txt
+TEMPLATE = "{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}"  # = layout.shard_name
+_CLASS = "tensorflow_datasets.core.features."
+FEATURES_DICT = _CLASS + "features_dict.FeaturesDict"
 
 
-def _feature(tfds, np, key, dtype, labels):
+def _feature(key, dtype, labels):
+    """One feature as TFDS serializes it in features.json."""
     if key == schema.ENCODED:
-        return tfds.features.Image(shape=(None, None, 3), encoding_format="jpeg")
+        return {"image": {"dtype": "uint8", "encodingFormat": "jpeg",
+                          "shape": {"dimensions": ["-1", "-1", "3"]}},
+                "pythonClassName": _CLASS + "image_feature.Image"}
     if key == schema.LABEL:
-        return tfds.features.ClassLabel(names=list(labels))
+        return {"classLabel": {"numClasses": str(len(labels))},
+                "pythonClassName": _CLASS + "class_label_feature.ClassLabel"}
     if dtype == "string":
-        return tfds.features.Text()
-    if dtype == "int64":
-        return tfds.features.Scalar(dtype=np.int64)
-    if dtype in ("float", "float32"):
-        return tfds.features.Scalar(dtype=np.float32)
+        return {"pythonClassName": _CLASS + "text_feature.Text", "text": {}}
+    if dtype in ("int64", "float", "float32"):
+        return {"pythonClassName": _CLASS + "scalar.Scalar",
+                "tensor": {"dtype": "float32" if dtype != "int64" else "int64",
+                           "encoding": "none", "shape": {}}}
     raise ValueError(f"feature {key!r}: dtype {dtype!r} has no TFDS equivalent")
 
 
-def features_dict(labels, features=None):
-    """The tfds.features.FeaturesDict for our Example keys, nested on '/'."""
-    import numpy as np
-    import tensorflow_datasets as tfds
-
+def features_json(labels, features=None):
+    """features.json: the FeaturesDict of our Example keys, nested on '/'."""
     nested = {}
     for key, dtype in (features or schema.FEATURES).items():
         *parents, leaf = key.split("/")
         node = nested
         for p in parents:
             node = node.setdefault(p, {})
-        node[leaf] = _feature(tfds, np, key, dtype, labels)
-    return tfds.features.FeaturesDict(nested)
+        node[leaf] = _feature(key, dtype, labels)
+
+    def to_json(node):
+        if "pythonClassName" in node:
+            return node
+        return {"featuresDict": {"features": {k: to_json(v) for k, v in sorted(node.items())}},
+                "pythonClassName": FEATURES_DICT}
+
+    return to_json(nested)
 
 
-def dataset_info(version_dir, manifest):
-    """A tfds.core.DatasetInfo built from the manifest's labels, features and counts."""
-    import tensorflow_datasets as tfds
-    from tensorflow_datasets.core import naming
-
+def dataset_info_json(manifest):
+    """dataset_info.json: name, version and the non-empty splits' shard lengths and bytes."""
     name = manifest["name"]
-    tfds_version = TFDS_VERSION_PATTERN.format(format=manifest["format_version"])
-    identity = tfds.core.DatasetIdentity(
-        name=name, version=tfds.core.Version(tfds_version), data_dir=version_dir,
-        module_name=__name__)
-    split_infos = []
+    splits = []
     for split, s in sorted(manifest["splits"].items()):
         if not s["num_examples"]:
             # TFDS cannot read a split with no examples ("corresponds to no data") and would
             # list it as of unknown size: leave it out, so info.splits lists what can be read.
             continue
-        template = naming.ShardedFileTemplate(
-            data_dir=version_dir, dataset_name=name, split=split, filetype_suffix="tfrecord")
-        expected = [template.sharded_filepath(shard_index=i, num_shards=len(s["shards"])).name
-                    for i in range(len(s["shards"]))]
+        n = len(s["shards"])
+        expected = [layout.shard_name(name, split, i, n) for i in range(n)]
         actual = [sh["path"] for sh in s["shards"]]
-        if expected != actual:  # layout.shard_name and TFDS's template must agree
+        if expected != actual:
             raise ValueError(f"split {split!r}: shard names {actual[:2]}… do not follow the "
                              f"TFDS template ({expected[:2]}…)")
-        split_infos.append(tfds.core.SplitInfo(
-            name=split, shard_lengths=[int(sh["num_examples"]) for sh in s["shards"]],
-            num_bytes=int(s["num_bytes"]), filename_template=template))
-    info = tfds.core.DatasetInfo(
-        builder=identity,
-        description=(f"{name}, build {manifest['version']}: images as JPEG with class labels "
-                     f"({len(manifest['labels'])} classes). Written by "
-                     f"{manifest.get('generator', {}).get('package', 'image-tfrecords')}; "
-                     f"see manifest.json beside this file."),
-        features=features_dict(manifest["labels"], manifest.get("features")),
-        metadata=tfds.core.MetadataDict(version=manifest["version"],
-                                        manifest=layout.MANIFEST),
-    )
-    info.set_splits(tfds.core.SplitDict(split_infos))
-    return info
+        splits.append({"filepathTemplate": TEMPLATE, "name": split,
+                       "numBytes": str(int(s["num_bytes"])),
+                       "shardLengths": [str(int(sh["num_examples"])) for sh in s["shards"]]})
+    return {
+        "description": (f"{name}, build {manifest['version']}: images as JPEG with class labels "
+                        f"({len(manifest['labels'])} classes). Written by "
+                        f"{manifest.get('generator', {}).get('package', 'image-tfrecords')}; "
+                        f"see manifest.json beside this file."),
+        "moduleName": __name__,
+        "name": name,
+        "splits": splits,
+        "version": TFDS_VERSION_PATTERN.format(format=manifest["format_version"]),
+    }
 
 
 def write(version_dir, manifest):
     """Commit hook: write the TFDS files into `version_dir` and list them in the manifest."""
+    from beam_pipeline import versions
+
     if int(manifest.get("label_offset", 0)) != 0:
         logging.warning("label_offset %s: TFDS ClassLabel ids start at 0; no TFDS metadata "
                         "written", manifest["label_offset"])
         return
-    info = dataset_info(version_dir, manifest)
-    info.write_to_directory(version_dir)
+    info = dataset_info_json(manifest)
     # ClassLabel.save_metadata names the file after the feature path, '/' -> '-'.
-    files = sorted(TFDS_FILES + (schema.LABEL.replace("/", "-") + LABELS_SUFFIX,))
+    labels_file = schema.LABEL.replace("/", "-") + LABELS_SUFFIX
+    contents = {
+        "dataset_info.json": json.dumps(info, indent=2, sort_keys=True),
+        "features.json": json.dumps(features_json(manifest["labels"], manifest.get("features")),
+                                    indent=4, sort_keys=True),
+        "metadata.json": json.dumps({"version": manifest["version"], "manifest": layout.MANIFEST}),
+        labels_file: "".join(f"{label}\n" for label in manifest["labels"]),
+    }
+    for name, text in contents.items():
+        versions.write_bytes(layout.join(version_dir, name), text.encode())
     empty = sorted(s for s, v in manifest["splits"].items() if not v["num_examples"])
-    manifest["tfds"] = {"version": str(info.version), "files": files, "omitted_splits": empty}
+    manifest["tfds"] = {"version": info["version"], "files": sorted(contents),
+                        "omitted_splits": empty}

@@ -3,8 +3,10 @@ random access through the .index files, tf.data for the CRCs (issue 7)."""
 
 import hashlib
 import io
+import json
 import os
 
+import numpy as np
 import pytest
 
 from readers import layout, schema
@@ -97,7 +99,47 @@ def test_tfds_metadata_counts_come_from_manifest_not_files(tmp_path):
 
     manifest["splits"]["train"]["shards"][0]["path"] = "fake-train-00000.tfrecord"
     with pytest.raises(ValueError, match="TFDS template"):
-        tfds_metadata.dataset_info(str(tmp_path), manifest)
+        tfds_metadata.write(str(tmp_path), manifest)
+
+
+def test_tfds_metadata_is_what_tfds_itself_writes(built_dataset, tmp_path):
+    """Our JSON (written without importing TFDS) equals DatasetInfo.write_to_directory's."""
+    import tensorflow_datasets as tfds
+    from tensorflow_datasets.core import naming
+
+    m, vdir = built_dataset["manifest"], built_dataset["version_dir"]
+    nested = {}
+    kinds = {"string": lambda: tfds.features.Text(),
+             "int64": lambda: tfds.features.Scalar(dtype=np.int64)}
+    for key, dtype in m["features"].items():
+        *parents, leaf = key.split("/")
+        node = nested
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = (tfds.features.Image(shape=(None, None, 3), encoding_format="jpeg")
+                      if key == schema.ENCODED else
+                      tfds.features.ClassLabel(names=m["labels"]) if key == schema.LABEL
+                      else kinds[dtype]())
+    info = tfds.core.DatasetInfo(
+        builder=tfds.core.DatasetIdentity(name=m["name"], version=tfds.core.Version("2.0.0"),
+                                          data_dir=str(tmp_path),
+                                          module_name="beam_pipeline.tfds_metadata"),
+        description=json.load(open(os.path.join(vdir, "dataset_info.json")))["description"],
+        features=tfds.features.FeaturesDict(nested),
+        metadata=tfds.core.MetadataDict(version=m["version"], manifest=layout.MANIFEST))
+    info.set_splits(tfds.core.SplitDict([
+        tfds.core.SplitInfo(name=split, shard_lengths=[sh["num_examples"] for sh in s["shards"]],
+                            num_bytes=s["num_bytes"], filename_template=naming.ShardedFileTemplate(
+                                data_dir=str(tmp_path), dataset_name=m["name"], split=split,
+                                filetype_suffix="tfrecord"))
+        for split, s in sorted(m["splits"].items()) if s["num_examples"]]))
+    info.write_to_directory(str(tmp_path))
+    for name in m["tfds"]["files"]:
+        ours = open(os.path.join(vdir, name)).read()
+        theirs = open(os.path.join(tmp_path, name)).read()
+        if name.endswith(".json"):
+            ours, theirs = json.loads(ours), json.loads(theirs)
+        assert ours == theirs, name
 
 
 # --- index files: the `tfrecord` package and raw random access -------------------------------

@@ -7,7 +7,6 @@ real SIGKILLs; the full disk is a real tmpfs mounted in a private mount namespac
 each test measured is in README "Measured" -> "Reliability".
 """
 
-import datetime
 import hashlib
 import io
 import os
@@ -280,6 +279,37 @@ def test_an_expired_lock_is_taken_over_by_exactly_one_of_many(where, request, tm
     assert len(won) == 1 and len(refused) == 5, (won, refused)
     won[0].release()
     assert not lock_exists(root)
+
+
+def test_a_submitted_job_holds_the_lock_until_its_commit_stage_releases_it(
+        proxy, gcs_bucket):
+    """Dataflow: the launcher returns after submitting; the job's commit stage releases
+    the lock it was handed. A submission that fails releases it at once."""
+    root, version = f"gs://{gcs_bucket}/ds", "20260401T000000Z"
+
+    @lock.release_on_exit
+    def launcher(fail):
+        lock.acquire(root)
+        lock.hand_off(root, version)
+        if fail:
+            raise RuntimeError("submission failed")
+        return "submitted"
+
+    with pytest.raises(RuntimeError):
+        launcher(fail=True)
+    assert not lock_exists(root)
+
+    assert launcher(fail=False) == "submitted"
+    with pytest.raises(lock.LockHeld, match=f"locked by version {version}, submitted to a "
+                                            "runner by host .* not committed yet"):
+        lock.acquire(root)
+    stats, spec = commit_inputs(root, "20260331T000000Z")  # another version's commit:
+    commit.commit(stats, spec)                              # not its lock to release
+    assert lock_exists(root)
+    stats, spec = commit_inputs(root, version)
+    commit.commit(stats, spec)  # the job's own last stage
+    assert not lock_exists(root)
+    assert versions.latest(root)[0] == version
 
 
 # --- LATEST only moves forward; a commit run twice changes nothing ------------------------
