@@ -20,11 +20,11 @@ setuptools.setup(
         "tensorflow-transform>=1.16",
         "pillow>=10",
         "simplejpeg>=1.8",  # libjpeg-turbo: strict decode (corrupt data is an error), fast codec
-        "tensorflow-datasets>=4.9",  # TFDS metadata beside each version (builder_from_directory)
         "pyyaml>=6",
     ],
     extras_require={
-        "test": ["pytest", "gcp-storage-emulator", "tfrecord", "psutil"],
+        # tensorflow-datasets only to prove TFDS reads our metadata (the writer doesn't need it)
+        "test": ["pytest", "gcp-storage-emulator", "tfrecord", "psutil", "tensorflow-datasets"],
     },
     entry_points={"console_scripts": [
         "image-tfrecords=beam_pipeline.cli:main",
