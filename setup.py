@@ -27,7 +27,7 @@ setuptools.setup(
         "test": ["pytest", "gcp-storage-emulator", "tfrecord", "psutil", "tensorflow-datasets"],
     },
     entry_points={"console_scripts": [
-        "image-tfrecords=beam_pipeline.cli:main",
+        "image-tfrecords=beam_pipeline.cli:console",
         "image-tfrecords-verify=beam_pipeline.tools.verify:main",
         "image-tfrecords-inspect=beam_pipeline.tools.inspect:main",
     ]},

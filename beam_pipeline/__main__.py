@@ -1,5 +1,3 @@
-import sys
+from beam_pipeline.cli import console
 
-from beam_pipeline.cli import main
-
-sys.exit(main())
+console()

@@ -220,9 +220,9 @@ def _merge_catalog(shard_stats, spec):
     Returns (its row count, {longer side: count}), or (None, {}) when the sink wrote no
     fragments (--sink beam).
     """
-    fragments = [s["catalog_temp"] for s in sorted(shard_stats, key=lambda s: (s["split"],
-                                                                              s["shard"]))
-                 if s.get("catalog_temp")]
+    fragments = [s["catalog_temp"] for s in sorted(
+        (s for s in shard_stats if s.get("catalog_temp")),
+        key=lambda s: (s["split"], s["shard"]))]
     if not fragments:
         return None, {}
     return catalog.merge(fragments, layout.join(spec.vdir, layout.CATALOG))

@@ -114,7 +114,7 @@ def plan_increment(by_key, previous_vdir, previous, spill_dir, target_shard_mb,
                 kind = "reuse" if n == s["num_examples"] else "copy"
                 tasks.append((split, index, kind, s.get("origin", HASH), s))
                 index += 1
-        deltas = min(count, math.ceil(size / (target_shard_mb * 2**20))) if count else 0
+        deltas = min(count, max(1, math.ceil(size / (target_shard_mb * 2**20)))) if count else 0
         fresh_shards[split] = (index, deltas)
         tasks += [(split, index + i, "images", DELTA, None) for i in range(deltas)]
         if index + deltas:

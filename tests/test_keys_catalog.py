@@ -54,14 +54,15 @@ def test_plan_is_independent_of_listing_order_and_cuts_the_same_shards_as_partit
     assert a.fingerprint == b.fingerprint
     assert a.per_split == b.per_split and a.num_images == 300
     num_shards = {"train": 4, "validation": 2, "test": 1}
+    by_position = plan.by_shard_position((line for _, line in b.by_key), str(tmp_path))
     streamed = {(split, shard): [ImageRef.from_json(l) for l in lines]
-                for split, shard, lines in plan.iter_shards(b.by_position, num_shards)}
+                for split, shard, lines in plan.iter_shards(by_position, num_shards)}
     with_splits = [ImageRef(r.key, r.uri, r.label, plan.assign_split(r.key, SPLITS), r.size,
                             r.mtime) for r in refs]
     assert streamed == plan.partition(with_splits, num_shards)
     assert sum(len(v) for v in streamed.values()) == 300
-    a.by_position.close()
-    b.by_position.close()
+    for spill in (a.by_key, b.by_key, by_position):
+        spill.close()
 
 
 def test_plan_drops_a_file_listed_twice_and_reports_a_conflicting_one(tmp_path):
@@ -72,7 +73,7 @@ def test_plan_drops_a_file_listed_twice_and_reports_a_conflicting_one(tmp_path):
                       tmp_path)
     assert (p.listed, p.duplicates, p.errors, p.num_images) == (7, 1, 2, 4)
     assert [e["reason"] for e in errors] == ["not_found", "conflicting_duplicate"]
-    p.by_position.close()
+    p.by_key.close()
 
 
 # --- keys -----------------------------------------------------------------------------------------

@@ -94,6 +94,7 @@ def test_tools_are_quiet_and_verbose_shows_tensorflow(build, tf_is_noisy, tmp_pa
         assert noise(loud.stderr), loud.stderr
 
 
+@pytest.mark.slow
 def test_build_errors_stay_visible_when_quiet(tmp_path):
     """Quiet hides TensorFlow's start-up, not our one-line errors."""
     proc = run("-m", "beam_pipeline", "--input", tmp_path, "--output", tmp_path / "o",

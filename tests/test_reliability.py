@@ -499,15 +499,10 @@ def test_worker_process_killed_mid_shard_fails_cleanly_and_the_next_run_succeeds
     run = launch(tmp_path, "workers", "--input", src, "--output", root, *ARGS,
                  "--direct_running_mode", "multi_processing", "--direct_num_workers", "2")
     writer = hold_until_opened(fifo, run[0], run[2])
-    victim = None
-    for entry in os.listdir("/proc"):  # the SDK worker process reading the FIFO
-        try:
-            fds = os.listdir(f"/proc/{entry}/fd")
-            if any(os.readlink(f"/proc/{entry}/fd/{fd}") == str(fifo) for fd in fds):
-                victim = int(entry)
-        except (OSError, ValueError):
-            continue
-    assert victim and victim != run[0].pid, "no worker process holds the FIFO"
+    victims = [pid for pid in descendants(run[0].pid)  # the SDK worker reading the FIFO
+               if str(fifo) in open_files(pid)]
+    assert len(victims) == 1 and victims[0] != run[0].pid, victims
+    victim = victims[0]
     started = time.monotonic()
     os.kill(victim, signal.SIGKILL)
     code, out, err = finish(run, timeout=120)
@@ -525,6 +520,37 @@ def test_worker_process_killed_mid_shard_fails_cleanly_and_the_next_run_succeeds
     fifo.unlink()
     result = build(src, root, *ARGS)
     assert versions.list_versions(root) == {result["version"]: True}
+
+
+def descendants(pid):
+    """Every live process below `pid` (from /proc: Linux)."""
+    children = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def open_files(pid):
+    paths = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                paths.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+            except OSError:
+                pass
+    except OSError:
+        pass
+    return paths
 
 
 def noise_jpeg(seed, size=(320, 240)):
