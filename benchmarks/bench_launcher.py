@@ -2,8 +2,8 @@
 
     .venv/bin/python benchmarks/bench_launcher.py [--sizes 50000,400000] [--also 1000000]
 
-Tiny images (100 classes, hard links of a few 16x16 JPEGs, so a million inputs cost no
-disk) make the listing and planning dominate: the default command (no --config: the
+Tiny images (100 classes, distinct 16x16 JPEGs of ~0.7 KB) make the listing and planning
+dominate: the default command (no --config: the
 in-process FnApiRunner) runs listing, fingerprint, plan, the job and commit in one process,
 so its peak RSS is what a Flex Template launcher VM must hold. Target: peak RSS at
 400,000 inputs <= 1.15x that at 50,000 (the old launcher held ~0.9 KB per listed image).
@@ -25,28 +25,26 @@ CLASSES = 100
 
 
 def tiny_tree(n):
-    """DATA/tiny-N/classNN/IIIIIII.jpg: hard links to a few distinct 16x16 JPEGs (one per
-    50,000 files: ext4 allows 65,000 links to a file)."""
+    """DATA/tiny-N/classNN/IIIIIII.jpg: N distinct 16x16 JPEGs (~0.7 KB each).
+
+    One encoded image with a COM segment carrying the file's number, so every file has
+    its own bytes (no content duplicates) and generating a million costs seconds.
+    """
     from PIL import Image
 
     root = os.path.join(DATA, f"tiny-{n}")
     if os.path.exists(os.path.join(root, ".complete")):
         return root
-    seeds = os.path.join(DATA, "tiny-seeds")
-    os.makedirs(seeds, exist_ok=True)
-    sources = []
-    for i in range(max(8, n // 50_000 + 1)):
-        path = os.path.join(seeds, f"{n}-{i}.jpg")
-        out = io.BytesIO()
-        Image.new("RGB", (16, 16), (i % 256, 255 - i % 256, 128)).save(out, "JPEG", quality=90)
-        open(path, "wb").write(out.getvalue())
-        sources.append(path)
+    out = io.BytesIO()
+    Image.new("RGB", (16, 16), (30, 200, 128)).save(out, "JPEG", quality=90)
+    jpeg = out.getvalue()
     for c in range(CLASSES):
         os.makedirs(os.path.join(root, f"class{c:02d}"), exist_ok=True)
     for i in range(n):
-        dst = os.path.join(root, f"class{i % CLASSES:02d}", f"{i:07d}.jpg")
-        if not os.path.exists(dst):
-            os.link(sources[i % len(sources)], dst)
+        comment = f"{i:08d}".encode()
+        data = jpeg[:2] + b"\xff\xfe" + (len(comment) + 2).to_bytes(2, "big") + comment + jpeg[2:]
+        with open(os.path.join(root, f"class{i % CLASSES:02d}", f"{i:07d}.jpg"), "wb") as f:
+            f.write(data)
     open(os.path.join(root, ".complete"), "w").close()
     return root
 
