@@ -190,7 +190,8 @@ def _content_duplicates(shard_stats, spec):
                      key=lambda s: (s["split"], s["shard"]))
     if not ordered:
         return None, 0
-    entry, extras = duplicates.report([s["catalog_temp"] for s in ordered], spec.vdir)
+    entry, extras = duplicates.report([s["catalog_temp"] for s in ordered], spec.vdir,
+                                      collect_extras=spec.drop_content_duplicates)
     dropped = 0
     if spec.drop_content_duplicates:
         for s in ordered:

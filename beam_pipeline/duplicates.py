@@ -33,18 +33,24 @@ def groups(fragments):
                     yield sha256, members
 
 
-def report(fragments, vdir):
-    """Write VDIR/duplicates.jsonl -> (manifest entry, {shard file: positions to drop})."""
-    lines, across, extras = [], 0, {}
-    for sha256, members in groups(fragments):
-        splits = sorted({split for _, split, _, _ in members})
-        across += len(splits) > 1
-        lines.append(json.dumps({"sha256": sha256, "keys": [m[0] for m in members],
-                                 "splits": [m[1] for m in members]}) + "\n")
-        for _, _, file, position in members[1:]:  # all but the key that sorts first
-            extras.setdefault(file, set()).add(position)
-    versions.write_bytes(layout.join(vdir, DUPLICATES), "".join(lines).encode())
-    return {"groups": len(lines), "across_splits": across, "path": DUPLICATES}, extras
+def report(fragments, vdir, collect_extras=False):
+    """Write VDIR/duplicates.jsonl -> (manifest entry, {shard file: positions to drop}).
+
+    The extra copies (all but the key that sorts first) are collected only when asked.
+    """
+    count, across, extras = 0, 0, {}
+    with tempfile.NamedTemporaryFile("w", suffix=".jsonl") as out:
+        for sha256, members in groups(fragments):
+            splits = [m[1] for m in members]
+            count += 1
+            across += len(set(splits)) > 1
+            out.write(json.dumps({"sha256": sha256, "keys": [m[0] for m in members],
+                                  "splits": splits}) + "\n")
+            for _, _, file, position in members[1:] if collect_extras else ():
+                extras.setdefault(file, set()).add(position)
+        out.flush()
+        versions.copy_local_file(out.name, layout.join(vdir, DUPLICATES))
+    return {"groups": count, "across_splits": across, "path": DUPLICATES}, extras
 
 
 def drop(stats, positions, write_index):
