@@ -128,8 +128,9 @@ def run(argv=None):
 
 
 def _can_increment(build, previous, labels):
-    """Reuse the previous version when it has a catalog, was built with the same options,
-    and its label ids still hold (a changed --label_file may renumber them)."""
+    """Reuse the previous version when it has a catalog, was built with the same options
+    by the same software (stored bytes depend on the codecs), and its label ids still hold
+    (a changed --label_file may renumber them)."""
     from beam_pipeline import options as opts
     from readers import layout
 
@@ -140,6 +141,7 @@ def _can_increment(build, previous, labels):
 
     before, now = same(previous.get("config", {})), same(build.build_config())
     return (before == now and previous.get("key_scheme") == layout.KEY_SCHEME
+            and previous.get("generator") == _generator()
             and list(labels[:len(previous["labels"])]) == list(previous["labels"]))
 
 
@@ -248,15 +250,19 @@ def _num_shards(per_split, build, pipeline_options):
 
 
 def _generator():
-    import apache_beam
+    """What built this version. The codecs are named because stored bytes depend on them:
+    an incremental run reuses records only from a version built by the same generator."""
     import importlib.metadata as md
 
-    try:
-        tf_version = md.version("tensorflow")
-    except md.PackageNotFoundError:
-        tf_version = None
+    def version(package):
+        try:
+            return md.version(package)
+        except md.PackageNotFoundError:
+            return None
+
     return {"package": "image-tfrecords", "version": __version__,
-            "apache_beam": apache_beam.__version__, "tensorflow": tf_version}
+            "apache_beam": version("apache-beam"), "tensorflow": version("tensorflow"),
+            "pillow": version("pillow"), "simplejpeg": version("simplejpeg")}
 
 
 class _ProgressPrinter:

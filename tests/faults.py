@@ -18,6 +18,12 @@ Every JSON-API request (google-cloud-storage, and so Beam's gcsio) then goes thr
   uploads (media, multipart), downloads, metadata reads, deletes, copies and rewrites (the
   destination). Not covered: a precondition on a resumable upload is checked when the
   upload starts, not when its last chunk lands, and requests inside a batch are not checked.
+* Finished resumable uploads: GCS answers a later request to a completed upload session
+  with the object (that is how a client whose final answer was lost learns the upload is
+  done); the emulator has forgotten the session and says 404, so the proxy answers instead.
+
+Faults are drawn in arrival order from a fixed seed: the rate and the sequence are fixed,
+but with requests in flight from several threads, which request meets which fault varies.
 """
 
 import json
@@ -48,6 +54,7 @@ class FaultProxy(socketserver.ThreadingTCPServer):
         self.cas_lock = threading.Lock()       # precondition check + execution, atomically
         self.requests, self.injected, self.refused_412 = 0, {f: 0 for f in faults}, 0
         self.log = []                          # (fault, method, path) of each injected fault
+        self.finished_uploads = {}             # upload_id -> the answer that completed it
         super().__init__(("127.0.0.1", 0), _Handler)
         self.thread = threading.Thread(target=self.serve_forever, daemon=True)
 
@@ -101,8 +108,10 @@ class FaultProxy(socketserver.ThreadingTCPServer):
 
 
 def _split(answer):
+    """(status, body) of a raw HTTP answer; status 0 when there is none."""
     head, _, body = answer.partition(b"\r\n\r\n")
-    return int(head.split(b" ", 2)[1]), body
+    parts = head.split(b" ", 2)
+    return (int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0), body
 
 
 def _preconditions(target):
@@ -178,6 +187,13 @@ class _Handler(socketserver.BaseRequestHandler):
         if fault == "drop":
             _reset(sock)
             return
+        upload_id = urllib.parse.parse_qs(urllib.parse.urlsplit(target).query).get("upload_id")
+        if upload_id and upload_id[0] in server.finished_uploads:
+            # GCS answers a completed resumable session with the object (200), which is how
+            # a client whose last answer was lost learns it is done; the emulator forgets
+            # finished sessions (404), so answer for it.
+            sock.sendall(server.finished_uploads[upload_id[0]])
+            return
         conditions = _preconditions(target)
         if conditions:
             with server.cas_lock:
@@ -190,6 +206,8 @@ class _Handler(socketserver.BaseRequestHandler):
                     server.refused_412 += 1
         else:
             answer = server.forward(head, body)
+        if upload_id and _split(answer)[0] in (200, 201):
+            server.finished_uploads[upload_id[0]] = answer
         if fault == "drop_after":
             _reset(sock)
             return
