@@ -13,7 +13,7 @@ import threading
 import time
 
 from beam_pipeline import __version__, lock
-from beam_pipeline.errors import UserError, error_record
+from beam_pipeline.errors import UserError
 
 
 @lock.release_on_exit  # the lock taken below is released however run() ends
@@ -22,8 +22,7 @@ def run(argv=None):
     import apache_beam as beam
     from apache_beam.options.pipeline_options import SetupOptions, StandardOptions
 
-    from beam_pipeline import incremental, listing, options as opts, plan, tfds_metadata, versions
-    from beam_pipeline.commit import CommitSpec
+    from beam_pipeline import options as opts, tfds_metadata, versions
     from beam_pipeline.pipeline import ImagesToTFRecords
     from readers import layout
 
@@ -32,56 +31,11 @@ def run(argv=None):
     _check_writable(root)
     lock.acquire(root, wait=build.wait)  # one build per root: exit 2 (or --wait) if held
 
-    config = build.build_config()
-    previous_version, previous = versions.latest(root)
-    fingerprint_config = {k: v for k, v in config.items() if k not in opts.NOT_FINGERPRINTED}
-    label_file = _read_label_file(build.label_file) if build.label_file else None
-    fingerprint_config["label_file"] = label_file
-    with tempfile.TemporaryDirectory(prefix="image-tfrecords-") as scratch:
-        # Listing -> sorted by key on disk (dedupe, fingerprint) -> by shard hash on disk.
-        errors_path = os.path.join(scratch, "listing_errors.jsonl")
-        with open(errors_path, "w") as errors_file:
-            planned = plan.plan_listing(
-                listing.iter_inputs(build.input), plan.parse_splits(build.splits),
-                versions.Fingerprint(fingerprint_config, __version__),
-                set(label_file) if label_file else None, scratch,
-                lambda e: errors_file.write(json.dumps(e) + "\n"))
-        if (previous and previous.get("input_fingerprint") == planned.fingerprint
-                and not build.force):
-            print(f"{root}: up to date (version {previous_version}, fingerprint unchanged); "
-                  "nothing written. Use --force to rebuild.")
-            return {"status": "up_to_date", "version": previous_version}
-
-        labels = plan.label_ids(planned.labels_present, previous["labels"] if previous else (),
-                                label_file)
-        increment = None
-        if _can_increment(build, previous, labels):
-            increment = incremental.plan_increment(
-                (item for item in planned.by_key), layout.version_dir(root, previous_version),
-                previous, scratch, build.target_shard_mb, build.max_delta_share)
-        if increment:
-            num_shards = increment.num_shards
-            tasks = incremental.task_listings(increment)
-        else:  # a full build: every image converted, shards cut by hash
-            num_shards = _num_shards(planned.per_split, build, pipeline_options)
-            by_position = plan.by_shard_position((line for _, line in planned.by_key), scratch)
-            tasks = ((split, shard, "images", incremental.HASH, lines)
-                     for split, shard, lines in plan.iter_shards(by_position, num_shards))
-        version = versions.claim_version(root)  # unique even when two runs start in one second
-        tmp_dir = layout.join(layout.version_dir(root, version), ".tmp")  # = CommitSpec.tmp_dir
-        spec = CommitSpec(
-            root=root, version=version, name=build.name, labels=tuple(labels),
-            num_shards=num_shards, listed=planned.listed, duplicates=planned.duplicates,
-            listing_errors_path=layout.join(tmp_dir, "listing_errors.jsonl"),
-            input_fingerprint=planned.fingerprint, config=config,
-            generator=_generator(), max_error_rate=build.max_error_rate,
-            keep_versions=build.keep_versions, write_index=build.write_index,
-            increment=increment and dict(increment.counts, **{"from": increment.previous}),
-            drop_content_duplicates=build.drop_content_duplicates)
-        versions.copy_local_file(errors_path, spec.listing_errors_path)
-        shards_index = _write_shard_listings(spec.tmp_dir, tasks)
-    n_images, n_bytes, n_rejected = planned.num_images, planned.num_bytes, planned.errors
-    duplicates = planned.duplicates
+    prepared = _prepare(build, root, pipeline_options)
+    if prepared["status"] == "up_to_date":
+        return prepared
+    spec, shards_index = prepared["spec"], prepared["shards_index"]
+    version, num_shards = spec.version, spec.num_shards
 
     pipeline_options.view_as(SetupOptions).save_main_session = False
     standard = pipeline_options.view_as(StandardOptions)
@@ -92,10 +46,12 @@ def run(argv=None):
                                       "SwitchingDirectRunner", "PrismRunner")
     waits = waits or _workers_in_launcher(pipeline_options, runner.split(".")[-1])
     progress_dir = layout.join(spec.tmp_dir, "progress") if waits else None
+    n_images = prepared["images"]
     print(f"Building {root} version {version}: {n_images} images "
-          f"({n_bytes / 2**20:.1f} MiB) in "
+          f"({prepared['bytes'] / 2**20:.1f} MiB) in "
           f"{', '.join(f'{s}: {n} shard(s)' for s, n in sorted(num_shards.items()))}; "
-          f"{n_rejected} rejected while listing, {duplicates} duplicate(s).", flush=True)
+          f"{prepared['rejected']} rejected while listing, {spec.duplicates} duplicate(s).",
+          flush=True)
 
     start = time.monotonic()
     p = beam.Pipeline(options=pipeline_options)
@@ -125,6 +81,69 @@ def run(argv=None):
     _print_summary(root, vdir, manifest, seconds)
     return {"status": "published", "version": version, "manifest": manifest,
             "version_dir": vdir, "seconds": seconds}
+
+
+def _prepare(build, root, pipeline_options):
+    """List, fingerprint and plan in flat memory; write the shard listings and their index.
+
+    listing (stream) -> sorted by uri on disk (dedupe, fingerprint) -> refs by key on disk
+    -> "up to date"? -> incremental plan (join with the previous catalog) or full plan
+    (sorted by shard hash) -> one listing file per shard task under VDIR/.tmp/.
+    """
+    from beam_pipeline import incremental, listing, options as opts, plan, versions
+    from beam_pipeline.commit import CommitSpec
+    from readers import layout
+
+    config = build.build_config()
+    previous_version, previous = versions.latest(root)
+    fingerprint_config = {k: v for k, v in config.items() if k not in opts.NOT_FINGERPRINTED}
+    label_file = _read_label_file(build.label_file) if build.label_file else None
+    fingerprint_config["label_file"] = label_file
+    with tempfile.TemporaryDirectory(prefix="image-tfrecords-") as scratch:
+        errors_path = os.path.join(scratch, "listing_errors.jsonl")
+        with open(errors_path, "w") as errors_file:
+            planned = plan.plan_listing(
+                listing.iter_inputs(build.input), plan.parse_splits(build.splits),
+                versions.Fingerprint(fingerprint_config, __version__),
+                set(label_file) if label_file else None, scratch,
+                lambda e: errors_file.write(json.dumps(e) + "\n"))
+        if (previous and previous.get("input_fingerprint") == planned.fingerprint
+                and not build.force):
+            print(f"{root}: up to date (version {previous_version}, fingerprint unchanged); "
+                  "nothing written. Use --force to rebuild.")
+            return {"status": "up_to_date", "version": previous_version}
+
+        labels = plan.label_ids(planned.labels_present, previous["labels"] if previous else (),
+                                label_file)
+        increment = None
+        if _can_increment(build, previous, labels):
+            increment = incremental.plan_increment(
+                planned.by_key, layout.version_dir(root, previous_version), previous, scratch,
+                build.target_shard_mb, build.max_delta_share)
+        if increment:
+            num_shards = increment.num_shards
+            tasks = incremental.task_listings(increment)
+        else:  # a full build: every image converted, shards cut by hash
+            num_shards = _num_shards(planned.per_split, build, pipeline_options)
+            by_position = plan.by_shard_position((line for _, line in planned.by_key), scratch)
+            tasks = ((split, shard, "images", incremental.HASH, lines)
+                     for split, shard, lines in plan.iter_shards(by_position, num_shards))
+        version = versions.claim_version(root)  # unique even when two runs start in one second
+        tmp_dir = layout.join(layout.version_dir(root, version), ".tmp")  # = CommitSpec.tmp_dir
+        spec = CommitSpec(
+            root=root, version=version, name=build.name, labels=tuple(labels),
+            num_shards=num_shards, listed=planned.listed, duplicates=planned.duplicates,
+            listing_errors_path=layout.join(tmp_dir, "listing_errors.jsonl"),
+            input_fingerprint=planned.fingerprint, config=config,
+            generator=_generator(), max_error_rate=build.max_error_rate,
+            keep_versions=build.keep_versions, write_index=build.write_index,
+            increment=increment and dict(increment.counts, **{"from": increment.previous}),
+            drop_content_duplicates=build.drop_content_duplicates)
+        versions.copy_local_file(errors_path, spec.listing_errors_path)
+        shards_index = _write_shard_listings(spec.tmp_dir, tasks)
+    return {"status": "planned", "spec": spec, "shards_index": shards_index,
+            "images": planned.num_images, "bytes": planned.num_bytes,
+            "rejected": planned.errors}
 
 
 def _can_increment(build, previous, labels):

@@ -1,8 +1,7 @@
 """pytest fixtures: a real GCS JSON-API server (gcp-storage-emulator) on loopback.
 
-Import the fixtures into a test module (tests/conftest.py is not ours to edit):
-
-    from gcs_emulator import gcs, gcs_bucket  # noqa: F401  (pytest fixtures)
+tests/conftest.py registers this module as a plugin: a test takes `gcs` / `gcs_bucket`
+as arguments, nothing to import.
 
 `gcs` (module): starts `python -m gcp_storage_emulator start` in a subprocess on a free
 127.0.0.1 port, in memory, and points every Google client in this process and its children

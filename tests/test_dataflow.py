@@ -17,7 +17,6 @@ import tarfile
 
 import pytest
 
-from gcs_emulator import gcs, gcs_bucket  # noqa: F401  (pytest fixtures)
 from tests.helpers import REPO
 
 PROJECT, REGION = "demo-project", "us-central1"
@@ -36,7 +35,7 @@ def source_copy(tmp_path):
     return src
 
 
-def _upload_images(gcs, bucket, tmp_path, make_images):  # noqa: F811
+def _upload_images(gcs, bucket, tmp_path, make_images):
     make_images(tmp_path / "in", {"daisy": 2, "rose": 2})
     gcs.upload_tree(tmp_path / "in", f"gs://{bucket}/in")
     return f"gs://{bucket}/in"
@@ -63,7 +62,7 @@ def _pipeline_proto(data):
 
 
 @pytest.mark.slow
-def test_dataflow_job_with_setup_file(gcs, gcs_bucket, tmp_path, make_images,  # noqa: F811
+def test_dataflow_job_with_setup_file(gcs, gcs_bucket, tmp_path, make_images,
                                       source_copy, capsys):
     from beam_pipeline import cli
 
@@ -150,7 +149,7 @@ def _assert_graph_scales(proto):
 
 
 @pytest.mark.slow
-def test_dataflow_job_with_custom_container(gcs, gcs_bucket, tmp_path, make_images):  # noqa: F811
+def test_dataflow_job_with_custom_container(gcs, gcs_bucket, tmp_path, make_images):
     """--sdk_container_image instead of --setup_file: the job names the image, stages no sdist."""
     from beam_pipeline import cli
 

@@ -14,7 +14,6 @@ import json
 
 import pytest
 
-from gcs_emulator import gcs, gcs_bucket  # noqa: F401  (pytest fixtures)
 
 pytestmark = pytest.mark.slow  # every test here talks to the storage emulator
 
@@ -39,7 +38,7 @@ def _upload_inputs(gcs, bucket, tmp_path, make_images):
             "--input", f"{base}/lists/extra.csv"]
 
 
-def test_build_and_read_on_gcs(gcs, gcs_bucket, tmp_path, make_images):  # noqa: F811
+def test_build_and_read_on_gcs(gcs, gcs_bucket, tmp_path, make_images):
     from beam_pipeline import cli
 
     root = f"gs://{gcs_bucket}/datasets/pets"
@@ -107,7 +106,7 @@ def test_build_and_read_on_gcs(gcs, gcs_bucket, tmp_path, make_images):  # noqa:
     assert not [r for r in gcs.proxy.refused if "google" in r], gcs.proxy.refused
 
 
-def test_versions_delete_and_prune_on_gcs(gcs, gcs_bucket):  # noqa: F811
+def test_versions_delete_and_prune_on_gcs(gcs, gcs_bucket):
     """GCS has no directories: deleting a version or the temp dir must remove every object
     under the prefix, nested ones included."""
     from beam_pipeline import versions
@@ -138,7 +137,7 @@ def test_versions_delete_and_prune_on_gcs(gcs, gcs_bucket):  # noqa: F811
         f"{root}/versions/{new}/x-train.tfrecord-00000-of-00001"]
 
 
-def test_unwritable_gcs_output_is_one_clear_error(gcs, gcs_bucket, tmp_path,  # noqa: F811
+def test_unwritable_gcs_output_is_one_clear_error(gcs, gcs_bucket, tmp_path,
                                                   make_images):
     from beam_pipeline import cli
     from beam_pipeline.errors import UserError
@@ -149,7 +148,7 @@ def test_unwritable_gcs_output_is_one_clear_error(gcs, gcs_bucket, tmp_path,  # 
     gc.collect()  # the failed writer retries on finalization: now, while the emulator is up
 
 
-def test_commit_retried_after_failed_manifest_write_keeps_listing_errors(  # noqa: F811
+def test_commit_retried_after_failed_manifest_write_keeps_listing_errors(
         gcs, gcs_bucket, monkeypatch):
     """A retried commit (the manifest write failed once) must publish the same accounting."""
     from beam_pipeline import commit, versions

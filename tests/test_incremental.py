@@ -15,7 +15,6 @@ import time
 
 import pytest
 
-from gcs_emulator import gcs, gcs_bucket  # noqa: F401  (pytest fixtures)
 from readers import layout, schema
 from tests.helpers import REPO, build, check_invariants, image_bytes, make_images, read_records
 
@@ -175,7 +174,7 @@ def test_a_killed_incremental_run_leaves_latest_alone(first, tmp_path):
     assert_same_as_full_build(v2, src, tmp_path)
 
 
-def test_incremental_on_gcs(gcs, gcs_bucket, tmp_path):  # noqa: F811
+def test_incremental_on_gcs(gcs, gcs_bucket, tmp_path):
     src = tmp_path / "src"
     make_images(src, {"cat": 12, "dog": 10})
     base = f"gs://{gcs_bucket}/in"
@@ -185,6 +184,7 @@ def test_incremental_on_gcs(gcs, gcs_bucket, tmp_path):  # noqa: F811
     gcs.upload_bytes(f"{base}/dog/new.jpg", image_bytes((5, 50, 5)))
     v2 = build([base], root, *ARGS)
     inc = v2["manifest"]["incremental"]
+    assert inc["from"] == v1["version"]
     assert (inc["unchanged"], inc["added"], inc["removed"]) == (22, 1, 0)
     assert inc["reused"]["shards"] >= 2 and inc["bytes_reused_share"] > 0.8
     objects = gcs.list(f"{root}/")

@@ -12,7 +12,6 @@ from beam_pipeline import plan, versions
 from beam_pipeline.plan import ImageRef
 from beam_pipeline.spill import SortedSpill
 from readers import layout, schema
-from gcs_emulator import gcs, gcs_bucket  # noqa: F401  (pytest fixtures)
 from tests.helpers import FAST, build, check_invariants, make_images, read_records
 
 SPLITS = plan.parse_splits("train=0.8,validation=0.1,test=0.1")
@@ -92,7 +91,7 @@ def test_several_inputs_prefix_keys_with_their_names(tmp_path):
 
 @pytest.mark.slow
 def test_same_images_under_another_path_and_on_gcs_build_identical_shards(
-        tmp_path, gcs, gcs_bucket):  # noqa: F811
+        tmp_path, gcs, gcs_bucket):
     """Moving a dataset (another folder, or a bucket) keeps every split and shard byte."""
     here = tmp_path / "here" / "images"
     make_images(here, {"cat": 6, "dog": 5, "owl": 4})

@@ -14,7 +14,6 @@ import time
 import pytest
 
 from beam_pipeline import cli, commit, versions
-from gcs_emulator import gcs, gcs_bucket  # noqa: F401  (pytest fixtures)
 from readers import layout, schema
 from tests.helpers import REPO, build, image_bytes, make_images, read_records
 
@@ -257,12 +256,12 @@ def test_runs_starting_in_the_same_second_get_different_versions(tmp_path, monke
 
 # --- the same cycle on gs:// (storage emulator) --------------------------------------------
 
-def objects(gcs, bucket):  # noqa: F811
+def objects(gcs, bucket):
     return {(b.name, b.generation, b.size) for b in gcs.client.list_blobs(bucket)}
 
 
 @pytest.mark.slow
-def test_regeneration_cycle_on_gcs(gcs, gcs_bucket, tmp_path, monkeypatch):  # noqa: F811
+def test_regeneration_cycle_on_gcs(gcs, gcs_bucket, tmp_path, monkeypatch):
     local = tmp_path / "in"
     make_images(local, {"cat": 2, "dog": 2})
     src, root = f"gs://{gcs_bucket}/in", f"gs://{gcs_bucket}/ds"
