@@ -20,7 +20,8 @@ from beam_pipeline.errors import UserError
 def run(argv=None):
     """Build one dataset version. Returns a dict describing what happened."""
     import apache_beam as beam
-    from apache_beam.options.pipeline_options import SetupOptions, StandardOptions
+    from apache_beam.options.pipeline_options import (DirectOptions, SetupOptions,
+                                                      StandardOptions)
 
     from beam_pipeline import options as opts, tfds_metadata, versions
     from beam_pipeline.pipeline import ImagesToTFRecords
@@ -46,6 +47,13 @@ def run(argv=None):
                                       "SwitchingDirectRunner", "PrismRunner")
     waits = waits or _workers_in_launcher(pipeline_options, runner.split(".")[-1])
     progress_dir = layout.join(spec.tmp_dir, "progress") if waits else None
+    direct = pipeline_options.view_as(DirectOptions)
+    if (runner.split(".")[-1] in ("FnApiRunner", "DirectRunner")
+            and direct.direct_num_workers == 0 and prepared["to_convert"] < SMALL_JOB):
+        # "One worker per core" (configs/local.yaml), but starting and stopping worker
+        # processes (~5 s) costs more than converting this few images on one core: a small
+        # (typically incremental) job runs in process. An explicit worker count is kept.
+        direct.direct_running_mode, direct.direct_num_workers = "in_memory", 1
     n_images = prepared["images"]
     print(f"Building {root} version {version}: {n_images} images "
           f"({prepared['bytes'] / 2**20:.1f} MiB) in "
@@ -81,6 +89,9 @@ def run(argv=None):
     _print_summary(root, vdir, manifest, seconds)
     return {"status": "published", "version": version, "manifest": manifest,
             "version_dir": vdir, "seconds": seconds}
+
+
+SMALL_JOB = 2000  # images to convert below which a local job runs in process
 
 
 def _prepare(build, root, pipeline_options):
@@ -143,7 +154,8 @@ def _prepare(build, root, pipeline_options):
         shards_index = _write_shard_listings(spec.tmp_dir, tasks)
     return {"status": "planned", "spec": spec, "shards_index": shards_index,
             "images": planned.num_images, "bytes": planned.num_bytes,
-            "rejected": planned.errors}
+            "rejected": planned.errors,
+            "to_convert": len(increment.fresh) if increment else planned.num_images}
 
 
 def _can_increment(build, previous, labels):

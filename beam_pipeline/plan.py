@@ -25,8 +25,8 @@ class ImageRef:
     size: int = 0
     mtime: float = 0.0            # mtime or GCS update time; for the fingerprint and catalog
 
-    def to_json(self):
-        return json.dumps(dataclasses.astuple(self))
+    def to_json(self):  # a list, not dataclasses.astuple: that deep-copies (10x slower)
+        return json.dumps([self.key, self.uri, self.label, self.split, self.size, self.mtime])
 
     @classmethod
     def from_json(cls, line):
