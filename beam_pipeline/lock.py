@@ -129,8 +129,13 @@ def hand_off(root, version):
 def release_submitted(root, version):
     """Called by the job's commit stage: release a lock handed to the job that built
     `version`; any other lock (a running launcher's, a newer build's) is left alone."""
-    if root.startswith("gs://"):
+    if not root.startswith("gs://"):
+        return
+    try:
         _GcsLock(root.rstrip("/")).release_if_submitted(version)
+    except Exception as e:  # never fail a commit that has published: the lock expires
+        logging.warning("could not release %s (%s); it expires %g h after submission",
+                        lock_path(root), e, SUBMITTED_TTL / 3600)
 
 
 def release_on_exit(fn):

@@ -1,6 +1,6 @@
 """A fault-injecting HTTP proxy in front of the GCS emulator (issue 13).
 
-    with FaultProxy(gcs.endpoint, rate=0.05, seed=13) as proxy:
+    with FaultProxy(gcs.endpoint, rate=0.05, seed=13) as proxy:   # gcs: the emulator fixture
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)   # children inherit it
         ...                      # proxy.injected == {"503": 4, "429": 3, "drop": 2, ...}
 
@@ -35,7 +35,7 @@ import struct
 import threading
 import urllib.parse
 
-from gcs_emulator import _header, _read_chunked, _read_head
+from tests.gcs_emulator import _header, _read_chunked, _read_head
 
 FAULTS = ("503", "429", "drop", "drop_after")
 _OBJECT = re.compile(r".*/b/([^/]+)/o/(.+)$")  # the last /b/B/o/NAME: a copy's destination

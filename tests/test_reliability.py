@@ -22,9 +22,8 @@ import time
 import pytest
 
 from beam_pipeline import cli, commit, lock, tfds_metadata, versions
-from faults import FaultProxy
-from gcs_emulator import gcs, gcs_bucket  # noqa: F401  (pytest fixtures)
 from readers import layout
+from tests.faults import FaultProxy
 from tests.helpers import REPO, build, image_bytes, make_images
 
 pytestmark = pytest.mark.slow
@@ -35,7 +34,7 @@ SEED, RATE = 13, 0.05  # transient storage faults: fixed seed, ~5% of requests
 
 
 @pytest.fixture(scope="module")
-def proxy(gcs):  # noqa: F811
+def proxy(gcs):
     """Every google-cloud-storage request of this module (and of the builds it starts)
     goes through a FaultProxy: preconditions enforced, faults off until a test turns
     them on."""
@@ -411,7 +410,7 @@ def test_commit_stage_run_again_after_publishing_changes_nothing(where, request,
 # --- injected faults --------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def gcs_inputs(proxy, gcs, tmp_path_factory):  # noqa: F811
+def gcs_inputs(proxy, gcs, tmp_path_factory):
     """Images on gs:// (one of them broken) and a fault-free build of them to a local root
     (keys are relative to the input root: where the output goes changes no byte)."""
     bucket = gcs.create_bucket()
@@ -437,7 +436,7 @@ def version_files(result):
     return out
 
 
-def test_transient_gcs_errors_publish_the_same_shards(gcs, gcs_inputs, faults):  # noqa: F811
+def test_transient_gcs_errors_publish_the_same_shards(gcs, gcs_inputs, faults):
     """~5% of requests get a 503, a 429, a reset before or a reset after the server acted:
     the build publishes shards byte-identical to a fault-free build, and the reader reads
     them."""
@@ -463,7 +462,7 @@ def test_transient_gcs_errors_publish_the_same_shards(gcs, gcs_inputs, faults): 
 
 
 def test_shard_deleted_or_truncated_on_gcs_is_named_by_verify_and_reader(
-        gcs, gcs_inputs):  # noqa: F811
+        gcs, gcs_inputs):
     import tensorflow as tf
 
     import readers
@@ -499,9 +498,10 @@ def test_worker_process_killed_mid_shard_fails_cleanly_and_the_next_run_succeeds
     run = launch(tmp_path, "workers", "--input", src, "--output", root, *ARGS,
                  "--direct_running_mode", "multi_processing", "--direct_num_workers", "2")
     writer = hold_until_opened(fifo, run[0], run[2])
-    victims = [pid for pid in descendants(run[0].pid)  # the SDK worker reading the FIFO
-               if str(fifo) in open_files(pid)]
-    assert len(victims) == 1 and victims[0] != run[0].pid, victims
+    victims = []  # the SDK worker reading the FIFO (its open() returns just after ours)
+    wait_for(lambda: victims.extend(p for p in descendants(run[0].pid)
+                                    if str(fifo) in open_files(p)) or victims, "FIFO reader")
+    assert len(victims) == 1, victims
     victim = victims[0]
     started = time.monotonic()
     os.kill(victim, signal.SIGKILL)
