@@ -1,5 +1,6 @@
 """Pure record work: one stored image -> serialized tf.train.Example -> TFRecord frame, and back."""
 
+import functools
 import hashlib
 import struct
 
@@ -41,14 +42,17 @@ def serialize_example(features):
             feature = _field(1, _field(1, value))                    # bytes_list.value
         else:
             feature = _field(3, _field(1, _varint(value & _U64)))    # int64_list.value, packed
-        entries.append(_field(1, _field(1, key.encode()) + _field(2, feature)))
+        entries.append(_field(1, _key_field(key) + _field(2, feature)))
     return _field(1, b"".join(entries))                               # Example.features
 
 
 _U64 = (1 << 64) - 1
+_SMALL = [bytes((n,)) for n in range(0x80)]  # one-byte varints: most tags and lengths
 
 
 def _varint(n):
+    if n < 0x80:
+        return _SMALL[n]
     out = bytearray()
     while n > 0x7F:
         out.append((n & 0x7F) | 0x80)
@@ -57,9 +61,17 @@ def _varint(n):
     return bytes(out)
 
 
+_TAGS = {number: _varint(number << 3 | 2) for number in (1, 2, 3)}
+
+
 def _field(number, payload):
     """A length-delimited protobuf field (wire type 2)."""
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+    return _TAGS[number] + _varint(len(payload)) + payload
+
+
+@functools.lru_cache(maxsize=64)
+def _key_field(key):
+    return _field(1, key.encode())
 
 
 def tfrecord_frame(record):
