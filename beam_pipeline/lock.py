@@ -161,7 +161,16 @@ def release_on_exit(fn):
 
 # --- local: flock ---------------------------------------------------------------------------
 
-class _LocalLock:
+class _Heartbeat:
+    """A daemon thread that runs the lock's `_beat` until `stop` is set."""
+
+    def start_heartbeat(self):
+        self.thread = threading.Thread(target=self._beat, daemon=True,
+                                       name=f"lock-heartbeat {self.root}")
+        self.thread.start()
+
+
+class _LocalLock(_Heartbeat):
     def __init__(self, root):
         self.root, self.path = root, lock_path(root)
         self.fd, self.token = None, uuid.uuid4().hex
@@ -204,11 +213,6 @@ class _LocalLock:
                 time.sleep(0.05)
         return {}, None
 
-    def start_heartbeat(self):
-        self.thread = threading.Thread(target=self._beat, daemon=True,
-                                       name=f"lock-heartbeat {self.root}")
-        self.thread.start()
-
     def _beat(self):
         while not self.stop.wait(HEARTBEAT):
             try:
@@ -235,7 +239,7 @@ class _LocalLock:
 
 # --- gs://: an object with generation preconditions -----------------------------------------
 
-class _GcsLock:
+class _GcsLock(_Heartbeat):
     def __init__(self, root):
         from beam_pipeline import versions
 
@@ -308,11 +312,6 @@ class _GcsLock:
                 return None
             return self.try_acquire()
         return holder, age
-
-    def start_heartbeat(self):
-        self.thread = threading.Thread(target=self._beat, daemon=True,
-                                       name=f"lock-heartbeat {self.root}")
-        self.thread.start()
 
     def _beat(self):
         while not self.stop.wait(HEARTBEAT):

@@ -35,7 +35,7 @@ import struct
 import threading
 import urllib.parse
 
-from tests.gcs_emulator import _header, _read_chunked, _read_head
+from tests.gcs_emulator import _header, _read_head, read_body
 
 FAULTS = ("503", "429", "drop", "drop_after")
 _OBJECT = re.compile(r".*/b/([^/]+)/o/(.+)$")  # the last /b/B/o/NAME: a copy's destination
@@ -168,17 +168,9 @@ class _Handler(socketserver.BaseRequestHandler):
             return
         request_line = head.split(b"\r\n", 1)[0].decode("latin-1")
         method, target = request_line.split(" ")[:2]
-        if (_header(head, b"expect") or b"").lower() == b"100-continue":
-            sock.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
-        if (_header(head, b"transfer-encoding") or b"").lower() == b"chunked":
-            body = _read_chunked(sock, body)
-        else:
-            length = int(_header(head, b"content-length") or 0)
-            while len(body) < length:
-                chunk = sock.recv(65536)
-                if not chunk:
-                    return
-                body += chunk
+        body = read_body(sock, head, body)
+        if body is None:
+            return
         fault = server.draw(method, target.split("?")[0])
         if fault in ("503", "429"):
             sock.sendall(_error(int(fault), "Service Unavailable" if fault == "503"

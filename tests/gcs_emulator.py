@@ -202,6 +202,22 @@ def _eof():
     raise ConnectionError("client closed the connection mid-request")
 
 
+def read_body(sock, head, body):
+    """A request's whole body (None when the client hung up): answers `Expect: 100-continue`
+    (else curl waits a second) and reads chunked bodies (TF's resumable-upload PUTs)."""
+    if (_header(head, b"expect") or b"").lower() == b"100-continue":
+        sock.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+    if (_header(head, b"transfer-encoding") or b"").lower() == b"chunked":
+        return _read_chunked(sock, body)
+    length = int(_header(head, b"content-length") or 0)
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return None
+        body += chunk
+    return body
+
+
 def _header(head, name):
     for line in head.split(b"\r\n")[1:]:
         key, _, value = line.partition(b":")
@@ -276,17 +292,9 @@ class _ProxyHandler(socketserver.BaseRequestHandler):
         if host == "www.googleapis.com" and not path.startswith(_STORAGE_PATHS):
             self._refuse(sock, f"{host} {request_line}")
             return
-        if (_header(head, b"expect") or b"").lower() == b"100-continue":
-            sock.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")  # else curl waits a second
-        if (_header(head, b"transfer-encoding") or b"").lower() == b"chunked":
-            body = _read_chunked(sock, body)  # TF's resumable-upload PUTs are chunked
-        else:
-            length = int(_header(head, b"content-length") or 0)
-            while len(body) < length:
-                chunk = sock.recv(65536)
-                if not chunk:
-                    return
-                body += chunk
+        body = read_body(sock, head, body)
+        if body is None:
+            return
         # The emulator speaks HTTP/1.0 and reads Content-Length: hand it a plain request.
         lines = [l for l in head.split(b"\r\n")[:-2] if l.split(b":")[0].strip().lower()
                  not in (b"transfer-encoding", b"content-length", b"expect", b"proxy-connection")]
