@@ -441,14 +441,14 @@ def main(argv=None):
     return 0 if result["status"] in ("published", "up_to_date", "submitted") else 1
 
 
-def console():
-    """`python -m beam_pipeline` and the console script: main(), then exit.
+def console(argv=None):
+    """`python -m beam_pipeline`, the console script and the Flex Template: main(), then exit.
 
     After a --transform build has published, interpreter teardown with TensorFlow's and
     tensorflow-transform's C++ threads still running segfaults (exit 139, seen every time
     with configs/local.yaml). Everything is written by then, so flush and skip the teardown.
     """
-    code = main()
+    code = main(argv)
     if "tensorflow" in sys.modules:
         sys.stdout.flush()
         sys.stderr.flush()

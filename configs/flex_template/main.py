@@ -10,10 +10,10 @@ already up to date.
 
 import sys
 
-from beam_pipeline.cli import main
+from beam_pipeline.cli import console
 
 if __name__ == "__main__":
     argv = sys.argv[1:]
     if not any(a == "--runner" or a.startswith("--runner=") for a in argv):
         argv = ["--runner=DataflowRunner"] + argv  # never the DirectRunner on the launcher VM
-    sys.exit(main(argv))
+    console(argv)
