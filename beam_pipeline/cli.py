@@ -446,10 +446,13 @@ def console(argv=None):
 
     After a --transform build has published, interpreter teardown with TensorFlow's and
     tensorflow-transform's C++ threads still running segfaults (exit 139, seen every time
-    with configs/local.yaml). Everything is written by then, so flush and skip the teardown.
+    with configs/local.yaml). Everything is written by then, so flush and skip the teardown,
+    but only when this call loaded TensorFlow: a process that had it before (a test runner)
+    exits as usual.
     """
+    loaded_before = "tensorflow" in sys.modules  # e.g. a test runner calling this in-process
     code = main(argv)
-    if "tensorflow" in sys.modules:
+    if "tensorflow" in sys.modules and not loaded_before:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

@@ -194,3 +194,31 @@ def test_help_is_fast_and_lists_build_options():
                 if line.startswith("import time:")}
     assert "tensorflow" not in imported, "--help must not import TensorFlow"
     assert seconds < 60
+
+
+def test_console_exits_normally_where_tensorflow_was_loaded_before(monkeypatch):
+    """A process that had TensorFlow before (this test runner) gets a plain SystemExit, so
+    the suite goes on (console's os._exit is only for runs that loaded TensorFlow)."""
+    import tensorflow  # noqa: F401
+
+    monkeypatch.setattr(cli, "main", lambda argv=None: 3)
+    with pytest.raises(SystemExit) as exit_:
+        cli.console([])
+    assert exit_.value.code == 3
+
+
+@pytest.mark.slow
+def test_console_skips_the_teardown_after_loading_tensorflow():
+    """A run that loaded TensorFlow (a --transform build) exits with main's status, skipping
+    the interpreter teardown that segfaults (exit 139) with TFT's threads still running."""
+    code = ("from beam_pipeline import cli\n"
+            "def main(argv=None):\n"
+            "    import tensorflow\n"
+            "    print('built', flush=True)\n"
+            "    return 3\n"
+            "cli.main = main\n"
+            "cli.console([])\n"
+            "print('not reached')\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=REPO, timeout=300)
+    assert proc.returncode == 3 and proc.stdout.splitlines() == ["built"], proc
