@@ -9,7 +9,6 @@ Incremental regeneration and users' queries both read it:
     pd.read_parquet("ROOT/versions/V/catalog.parquet").query("split == 'test'")
 """
 
-import io
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -74,10 +73,7 @@ def merge(fragments, path):
     rows, sides = 0, {}
     with FileSystems.create(path) as raw, pq.ParquetWriter(raw, SCHEMA) as writer:
         for fragment in fragments:
-            with FileSystems.open(fragment) as f:
-                source = pq.ParquetFile(io.BytesIO(f.read()))
-            for i in range(source.num_row_groups):
-                table = source.read_row_group(i)
+            for table in iter_tables(fragment):
                 writer.write_table(table)
                 rows += table.num_rows
                 longer = pc.max_element_wise(table["height"], table["width"])
@@ -97,11 +93,17 @@ def median(counts):
     return None
 
 
-def iter_rows(path):
-    """The rows of a catalog file as dicts, one row group (one shard) in memory at a time."""
+def iter_tables(path):
+    """A catalog file's row groups (one per shard), one in memory at a time."""
     from apache_beam.io.filesystem import CompressionTypes
 
     with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
         source = pq.ParquetFile(f)  # reads the footer, then one row group at a time
         for i in range(source.num_row_groups):
-            yield from source.read_row_group(i).to_pylist()
+            yield source.read_row_group(i)
+
+
+def iter_rows(path):
+    """The rows of a catalog file as dicts, one row group at a time."""
+    for table in iter_tables(path):
+        yield from table.to_pylist()

@@ -69,7 +69,10 @@ def commit(shard_stats, spec, extra_files=(), manifest_parts=()):
     done = layout.join(vdir, layout.MANIFEST)
     if versions.exists(done):  # run again after it wrote the manifest (a runner's retry):
         return _publish(spec, versions.read_json(done))  # publish only, rewrite nothing
-    content_duplicates, dropped = _content_duplicates(shard_stats, spec)
+    # Shards with a catalog fragment (not --sink beam), in split and shard order.
+    cataloged = sorted((s for s in shard_stats if s.get("catalog_temp")),
+                       key=lambda s: (s["split"], s["shard"]))
+    content_duplicates, dropped = _content_duplicates(cataloged, spec)
     listing_errors = [json.loads(l) for l in _read_lines(spec.listing_errors_path)]
     errors = listing_errors + [e for s in shard_stats for e in s["errors"]]
     written = sum(s["num_examples"] for s in shard_stats)
@@ -95,7 +98,7 @@ def commit(shard_stats, spec, extra_files=(), manifest_parts=()):
             "label_counts": {label: counts.get(label, 0) for label in spec.labels},
             "shards": shards,
         }
-    catalog_rows, sides = _merge_catalog(shard_stats, spec)
+    catalog_rows, sides = _merge_catalog(cataloged, spec)
     for label in spec.labels:
         if not any(s["label_counts"].get(label) for s in splits.values()):
             logging.warning("class %r has no images in this version; its id is kept", label)
@@ -183,11 +186,9 @@ def _commit_shard(stats, spec, split, shard):
             "origin": stats.get("origin", "hash")}
 
 
-def _content_duplicates(shard_stats, spec):
+def _content_duplicates(ordered, spec):
     """Report groups of identical stored images; with --drop_content_duplicates, rewrite the
     shards that hold the extra copies. -> (manifest entry or None, number dropped)."""
-    ordered = sorted((s for s in shard_stats if s.get("catalog_temp")),
-                     key=lambda s: (s["split"], s["shard"]))
     if not ordered:
         return None, 0
     entry, extras = duplicates.report([s["catalog_temp"] for s in ordered], spec.vdir,
@@ -215,18 +216,16 @@ def increment_summary(increment, shard_stats):
     return summary
 
 
-def _merge_catalog(shard_stats, spec):
-    """Per-shard catalog fragments, in split and shard order -> VDIR/catalog.parquet.
+def _merge_catalog(ordered, spec):
+    """The shards' catalog fragments, in order -> VDIR/catalog.parquet.
 
     Returns (its row count, {longer side: count}), or (None, {}) when the sink wrote no
     fragments (--sink beam).
     """
-    fragments = [s["catalog_temp"] for s in sorted(
-        (s for s in shard_stats if s.get("catalog_temp")),
-        key=lambda s: (s["split"], s["shard"]))]
-    if not fragments:
+    if not ordered:
         return None, {}
-    return catalog.merge(fragments, layout.join(spec.vdir, layout.CATALOG))
+    return catalog.merge([s["catalog_temp"] for s in ordered],
+                         layout.join(spec.vdir, layout.CATALOG))
 
 
 def _rename(temp, final):

@@ -96,17 +96,6 @@ def shard_of(split, key, num_shards):
     return min(int(shard_position(split, key) * num_shards), num_shards - 1)
 
 
-def partition(refs, num_shards):
-    """refs with splits -> {(split, shard): [ImageRef in shard order]}; only non-empty shards."""
-    shards = {}
-    for ref in refs:
-        position = shard_position(ref.split, ref.key)
-        shard = min(int(position * num_shards[ref.split]), num_shards[ref.split] - 1)
-        shards.setdefault((ref.split, shard), []).append((position, ref))
-    return {k: [ref for _, ref in sorted(v, key=lambda item: item[0])]
-            for k, v in sorted(shards.items())}
-
-
 def auto_num_shards(total_bytes, target_mb, multiple_of=1):
     """Shards of ~target_mb each, rounded up to a multiple of the worker count for balance."""
     n = max(1, math.ceil(total_bytes / (target_mb * 2**20)))

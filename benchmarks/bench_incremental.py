@@ -19,16 +19,12 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import files_of, jpeg_tree, run_measured  # noqa: E402
+from common import build_command, files_of, jpeg_tree, run_measured  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-PY = sys.executable
-ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
 
 
 def command(src, root, *extra):
-    return [PY, "-m", "beam_pipeline", "--config", os.path.join(HERE, "..", "configs/local.yaml"),
-            "--input", src, "--output", root, "--reencode", "always", *extra]
+    return build_command(src, root, "--reencode", "always", *extra)
 
 
 def link_tree(files, base, dst):
@@ -49,16 +45,16 @@ def one_round(n, base, extra):
     try:
         src, root = os.path.join(tmp, "src"), os.path.join(tmp, "root")
         link_tree(files_of(base), base, src)
-        full = run_measured(command(src, root), env=ENV)[0]
+        full = run_measured(command(src, root))[0]
         # +1%: new files, in the same class folders
         link_tree(extra, os.path.dirname(os.path.dirname(extra[0])), src)
-        add = run_measured(command(src, root), env=ENV)[0]
+        add = run_measured(command(src, root))[0]
         added = latest_manifest(root)["incremental"]
         # -1%: delete as many, spread over the dataset
         victims = random.Random(0).sample(files_of(src), len(extra))
         for path in victims:
             os.remove(path)
-        delete = run_measured(command(src, root), env=ENV)[0]
+        delete = run_measured(command(src, root))[0]
         deleted = latest_manifest(root)["incremental"]
         return full, add, added, delete, deleted
     finally:

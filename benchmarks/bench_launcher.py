@@ -20,7 +20,6 @@ sys.path.insert(0, os.path.dirname(__file__))
 from common import DATA, run_measured  # noqa: E402
 
 PY = sys.executable
-ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
 CLASSES = 100
 
 
@@ -55,7 +54,7 @@ def measure(n):
     try:
         cmd = [PY, "-m", "beam_pipeline", "--input", src, "--output", os.path.join(tmp, "out"),
                "--force"]
-        seconds, proc_rss, tree_rss, _ = run_measured(cmd, env=ENV)
+        seconds, proc_rss, tree_rss, _ = run_measured(cmd)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return seconds, proc_rss

@@ -21,21 +21,17 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import files_of, jpeg_tree, run_measured  # noqa: E402
+from common import build_command, files_of, jpeg_tree, run_measured  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-PY = sys.executable
-ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
 
 
 def pipeline(src, out, *extra):
-    return [PY, "-m", "beam_pipeline", "--config", os.path.join(HERE, "..", "configs/local.yaml"),
-            "--input", src, "--output", out, "--no_transform", "--force",
-            "--splits", "train=1.0", *extra]
+    return build_command(src, out, "--force", "--splits", "train=1.0", *extra)
 
 
 def baseline(src, out, *mode):
-    return [PY, os.path.join(HERE, "baseline_pool.py"), src, out, *mode]
+    return [sys.executable, os.path.join(HERE, "baseline_pool.py"), src, out, *mode]
 
 
 def measure(make_cmd, n, repeat):
@@ -43,7 +39,7 @@ def measure(make_cmd, n, repeat):
     for _ in range(repeat):
         tmp = tempfile.mkdtemp(prefix="bench-")
         try:
-            runs.append(run_measured(make_cmd(os.path.join(tmp, "out")), env=ENV))
+            runs.append(run_measured(make_cmd(os.path.join(tmp, "out"))))
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     seconds = statistics.median(r[0] for r in runs)

@@ -21,22 +21,17 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import jpeg_tree  # noqa: E402
+from common import ENV, REPO, build_command, jpeg_tree  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-PY = sys.executable
-ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
 TARGET = 1.25  # re-encode build with --transform / without
 BUILDS = (("re-encode", False), ("re-encode", True), ("pass-through", False),
           ("pass-through", True))  # (build, --transform)
 
 
 def build(src, out, reencode, transform):
-    return [PY, "-m", "beam_pipeline", "--config", os.path.join(REPO, "configs/local.yaml"),
-            "--input", src, "--output", out, "--force",
+    return build_command(src, out, "--force",
             "--reencode", "always" if reencode == "re-encode" else "auto",
-            "--transform" if transform else "--no_transform"]
+            "--transform" if transform else "--no_transform")
 
 
 def timed_build(cmd, out):

@@ -9,6 +9,16 @@ import threading
 import time
 
 DATA = os.path.join(os.path.dirname(__file__), "_data")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+
+
+def build_command(src, out, *extra):
+    """The default local command (configs/local.yaml: one worker process per core)."""
+    import sys
+
+    return [sys.executable, "-m", "beam_pipeline", "--config",
+            os.path.join(REPO, "configs", "local.yaml"), "--input", src, "--output", out, *extra]
 
 
 def _make(args):
@@ -56,7 +66,7 @@ def files_of(root):
                   if f.endswith(".jpg"))
 
 
-def run_measured(cmd, env=None):
+def run_measured(cmd, env=ENV):
     """Run cmd; return (seconds, peak RSS of its largest process, peak RSS of the tree), bytes."""
     import psutil
 

@@ -44,7 +44,7 @@ def _refs(n):
                      None, 100 + i, 1.5) for i in range(n)]
 
 
-def test_plan_is_independent_of_listing_order_and_cuts_the_same_shards_as_partition(tmp_path):
+def test_plan_is_independent_of_listing_order_and_cuts_shards_by_hash(tmp_path):
     refs = _refs(300)
     shuffled = refs[:]
     random.Random(3).shuffle(shuffled)
@@ -56,9 +56,14 @@ def test_plan_is_independent_of_listing_order_and_cuts_the_same_shards_as_partit
     by_position = plan.by_shard_position((line for _, line in b.by_key), str(tmp_path))
     streamed = {(split, shard): [ImageRef.from_json(l) for l in lines]
                 for split, shard, lines in plan.iter_shards(by_position, num_shards)}
-    with_splits = [ImageRef(r.key, r.uri, r.label, plan.assign_split(r.key, SPLITS), r.size,
-                            r.mtime) for r in refs]
-    assert streamed == plan.partition(with_splits, num_shards)
+    expected = {}  # shard_of(split, key), ordered by shard_position inside a shard
+    for r in refs:
+        split = plan.assign_split(r.key, SPLITS)
+        expected.setdefault((split, plan.shard_of(split, r.key, num_shards[split])), []).append(
+            ImageRef(r.key, r.uri, r.label, split, r.size, r.mtime))
+    for shard in expected.values():
+        shard.sort(key=lambda ref: plan.shard_position(ref.split, ref.key))
+    assert streamed == expected
     assert sum(len(v) for v in streamed.values()) == 300
     for spill in (a.by_key, b.by_key, by_position):
         spill.close()

@@ -176,19 +176,10 @@ def test_shard_contents_and_order_pinned():
          plan.ImageRef(key=key, uri=f"/in/{key}", label="x", split=split).to_json())
         for key, (split, _) in PINNED.items())
 
-    def key_of(ref):  # an ImageRef or its JSON line
-        return (ref if isinstance(ref, plan.ImageRef) else plan.ImageRef.from_json(ref)).key
-
-    got = {(split, shard): [key_of(ref) for ref in refs]  # each run before the next shard
-           for split, shard, refs in plan.iter_shards(by_position, PINNED_NUM_SHARDS)}
+    got = {(split, shard): [plan.ImageRef.from_json(line).key for line in lines]
+           # each run is consumed before the next shard
+           for split, shard, lines in plan.iter_shards(by_position, PINNED_NUM_SHARDS)}
     assert got == PINNED_SHARDS and list(got) == sorted(got)
-
-
-def test_partition_pinned():
-    ref = collections.namedtuple("Ref", "key split")  # what partition reads of an ImageRef
-    refs = [ref(key, split) for key, (split, _) in PINNED.items()]
-    got = plan.partition(refs, PINNED_NUM_SHARDS)
-    assert {k: [r.key for r in v] for k, v in got.items()} == PINNED_SHARDS
 
 
 def test_label_ids_pinned():
