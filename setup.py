@@ -29,6 +29,6 @@ setuptools.setup(
     entry_points={"console_scripts": [
         "image-tfrecords=beam_pipeline.cli:console",
         "image-tfrecords-verify=beam_pipeline.tools.verify:main",
-        "image-tfrecords-inspect=beam_pipeline.tools.inspect:main",
+        "image-tfrecords-inspect=beam_pipeline.tools.inspect_dataset:main",
     ]},
 )

@@ -12,7 +12,8 @@ import tempfile
 import threading
 import time
 
-from beam_pipeline import __version__, lock
+from beam_pipeline import __version__
+from beam_pipeline.store import lock
 from beam_pipeline.errors import UserError
 
 
@@ -23,8 +24,10 @@ def run(argv=None):
     from apache_beam.options.pipeline_options import (DirectOptions, SetupOptions,
                                                       StandardOptions)
 
-    from beam_pipeline import options as opts, tfds_metadata, versions
-    from beam_pipeline.pipeline import ImagesToTFRecords
+    from beam_pipeline.launcher import options as opts
+    from beam_pipeline.job import tfds_metadata
+    from beam_pipeline.store import versions
+    from beam_pipeline.job.pipeline import ImagesToTFRecords
     from readers import layout
 
     pipeline_options, build = opts.parse(argv)
@@ -101,8 +104,9 @@ def _prepare(build, root, pipeline_options):
     -> "up to date"? -> incremental plan (join with the previous catalog) or full plan
     (sorted by shard hash) -> one listing file per shard task under VDIR/.tmp/.
     """
-    from beam_pipeline import incremental, listing, options as opts, plan, versions
-    from beam_pipeline.commit import CommitSpec
+    from beam_pipeline.launcher import incremental, listing, options as opts, plan
+    from beam_pipeline.store import versions
+    from beam_pipeline.job.commit import CommitSpec
     from readers import layout
 
     config = build.build_config()
@@ -162,7 +166,7 @@ def _can_increment(build, previous, labels):
     """Reuse the previous version when it has a catalog, was built with the same options
     by the same software (stored bytes depend on the codecs), and its label ids still hold
     (a changed --label_file may renumber them)."""
-    from beam_pipeline import options as opts
+    from beam_pipeline.launcher import options as opts
     from readers import layout
 
     if previous is None or build.full_rebuild or build.transform or "catalog" not in previous:
@@ -208,7 +212,7 @@ def _write_shard_listings(tmp_dir, shards):
 
     from apache_beam.io.filesystems import FileSystems
 
-    from beam_pipeline import versions
+    from beam_pipeline.store import versions
     from readers import layout
 
     index, in_flight = [], []
@@ -241,7 +245,7 @@ def _write_shard_listings(tmp_dir, shards):
 def _check_writable(root):
     from apache_beam.io.filesystems import FileSystems
 
-    from beam_pipeline import versions
+    from beam_pipeline.store import versions
 
     probe = f"{root}/.write-check-{os.getpid()}"
     try:
@@ -270,7 +274,7 @@ def _num_shards(per_split, build, pipeline_options):
     """Per split: --num_shards, or auto by size; never more shards than images."""
     from apache_beam.options.pipeline_options import DirectOptions
 
-    from beam_pipeline import plan
+    from beam_pipeline.launcher import plan
 
     workers = pipeline_options.view_as(DirectOptions).direct_num_workers or os.cpu_count() or 1
     shards = {}
@@ -397,7 +401,7 @@ def big_image_hint(manifest):
 
 
 def plan_split_order():
-    from beam_pipeline.plan import SPLIT_NAMES
+    from beam_pipeline.launcher.plan import SPLIT_NAMES
 
     return SPLIT_NAMES
 
@@ -406,11 +410,11 @@ def main(argv=None):
     """Console entry point: exit 0 only when a version was published (or was up to date)."""
     argv = sys.argv[1:] if argv is None else argv
     if "-h" in argv or "--help" in argv:  # answer before Beam and TensorFlow load
-        from beam_pipeline.flags import help_parser
+        from beam_pipeline.launcher.flags import help_parser
 
         help_parser().print_help()
         return 0
-    from beam_pipeline.flags import wants_verbose
+    from beam_pipeline.launcher.flags import wants_verbose
     from readers import _quiet
 
     verbose = wants_verbose(argv)

@@ -34,4 +34,4 @@ assert apache_beam.__version__ == '2.77.0', apache_beam.__version__"
 COPY beam_pipeline/ beam_pipeline/
 COPY readers/ readers/
 RUN pip install --no-deps . \
-    && python -c "import beam_pipeline.shards, readers.layout"
+    && python -c "import beam_pipeline.job.shards, readers.layout"

@@ -1,4 +1,4 @@
-"""`--sink beam` (beam_pipeline/tools/beam_sink.py): the comparison sink, through
+"""`--sink beam` (beam_pipeline/job/beam_sink.py): the comparison sink, through
 beam.io.WriteToTFRecord, writes the same records as the default shard writer, with the same
 accounting (DESIGN §1, §4)."""
 

@@ -99,7 +99,7 @@ def test_dataflow_job_with_setup_file(gcs, gcs_bucket, tmp_path, make_images,
         pkg_info = sdist.extractfile(next(n for n in sdist.getnames()
                                           if n.endswith("/PKG-INFO") and n.count("/") == 1))
         assert "Name: image-tfrecords" in pkg_info.read().decode()
-    assert {"setup.py", "beam_pipeline/shards.py", "beam_pipeline/commit.py",
+    assert {"setup.py", "beam_pipeline/job/shards.py", "beam_pipeline/job/commit.py",
             "readers/dataset.py", "readers/layout.py"} <= names
     proto_bytes = gcs.read(options["pipelineUrl"])
     assert hashlib.sha256(proto_bytes).hexdigest() == options["pipelineProtoHash"]

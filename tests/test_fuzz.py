@@ -21,7 +21,7 @@ import pytest
 import simplejpeg
 from PIL import Image, ImageDraw
 
-from beam_pipeline import images
+from beam_pipeline.job import images
 
 SEED = 10
 SIZES = ((192, 144), (160, 120))  # two clean images per format: the second feeds splices

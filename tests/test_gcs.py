@@ -109,7 +109,7 @@ def test_build_and_read_on_gcs(gcs, gcs_bucket, tmp_path, make_images):
 def test_versions_delete_and_prune_on_gcs(gcs, gcs_bucket):
     """GCS has no directories: deleting a version or the temp dir must remove every object
     under the prefix, nested ones included."""
-    from beam_pipeline import versions
+    from beam_pipeline.store import versions
 
     root = f"gs://{gcs_bucket}/ds"
     old, broken, new = "20260101T000000Z", "20260102T000000Z", "20260103T000000Z"
@@ -151,7 +151,8 @@ def test_unwritable_gcs_output_is_one_clear_error(gcs, gcs_bucket, tmp_path,
 def test_commit_retried_after_failed_manifest_write_keeps_listing_errors(
         gcs, gcs_bucket, monkeypatch):
     """A retried commit (the manifest write failed once) must publish the same accounting."""
-    from beam_pipeline import commit, versions
+    from beam_pipeline.job import commit
+    from beam_pipeline.store import versions
 
     root, version = f"gs://{gcs_bucket}/ds", "20260105T000000Z"
     vdir = f"{root}/versions/{version}"

@@ -1,4 +1,4 @@
-"""Unit tests for beam_pipeline.images with known pixels (no Beam, no TensorFlow)."""
+"""Unit tests for beam_pipeline.job.images with known pixels (no Beam, no TensorFlow)."""
 
 import io
 import random
@@ -10,9 +10,9 @@ import pytest
 import simplejpeg
 from PIL import Image
 
-from beam_pipeline import images
+from beam_pipeline.job import images
 from beam_pipeline.tools import sample_data
-from beam_pipeline.images import EncodeOptions, ImageError
+from beam_pipeline.job.images import EncodeOptions, ImageError
 
 RED, BLUE, WHITE = (255, 0, 0), (0, 0, 255), (255, 255, 255)
 

@@ -75,7 +75,7 @@ def test_tfds_reads_slices_with_decoded_images_and_names(tfds_builder, built_dat
 
 def test_tfds_metadata_counts_come_from_manifest_not_files(tmp_path):
     """dataset_info is built from the manifest alone: no shard file has to exist."""
-    from beam_pipeline import tfds_metadata
+    from beam_pipeline.job import tfds_metadata
 
     manifest = {
         "format_version": 1, "name": "fake", "version": "20260101T000000Z",
@@ -123,7 +123,7 @@ def test_tfds_metadata_is_what_tfds_itself_writes(built_dataset, tmp_path):
     info = tfds.core.DatasetInfo(
         builder=tfds.core.DatasetIdentity(name=m["name"], version=tfds.core.Version("2.0.0"),
                                           data_dir=str(tmp_path),
-                                          module_name="beam_pipeline.tfds_metadata"),
+                                          module_name="beam_pipeline.job.tfds_metadata"),
         description=json.load(open(os.path.join(vdir, "dataset_info.json")))["description"],
         features=tfds.features.FeaturesDict(nested),
         metadata=tfds.core.MetadataDict(version=m["version"], manifest=layout.MANIFEST))

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from beam_pipeline import cli, flags, options
+from beam_pipeline import cli
+from beam_pipeline.launcher import flags, options
 from beam_pipeline.errors import UserError
 from readers import layout
 from tests.helpers import REPO

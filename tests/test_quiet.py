@@ -76,7 +76,7 @@ def test_build_is_quiet(build):
 @pytest.mark.parametrize("args, expect", [
     (["-m", "readers", "{root}", "--split", "train", "--batch_size", "2"], "Read back"),
     (["-m", "beam_pipeline.tools.verify", "{root}"], "OK "),
-    (["-m", "beam_pipeline.tools.inspect", "{root}", "--out", "{out}", "--n", "4"],
+    (["-m", "beam_pipeline.tools.inspect_dataset", "{root}", "--out", "{out}", "--n", "4"],
      "wrote "),
 ])
 def test_tools_are_quiet_and_verbose_shows_tensorflow(build, tf_is_noisy, tmp_path, args,

@@ -1,4 +1,4 @@
-"""Unit tests for beam_pipeline.records (Example + TFRecord framing) and beam_pipeline.plan."""
+"""Unit tests for beam_pipeline.job.records (Example + TFRecord framing) and beam_pipeline.launcher.plan."""
 
 import collections
 import hashlib
@@ -8,8 +8,9 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from beam_pipeline import plan, records
-from beam_pipeline.images import Encoded
+from beam_pipeline.launcher import plan
+from beam_pipeline.job import records
+from beam_pipeline.job.images import Encoded
 from readers import schema
 
 

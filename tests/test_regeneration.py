@@ -13,7 +13,9 @@ import time
 
 import pytest
 
-from beam_pipeline import cli, commit, versions
+from beam_pipeline import cli
+from beam_pipeline.job import commit
+from beam_pipeline.store import versions
 from readers import layout, schema
 from tests.helpers import REPO, build, image_bytes, make_images, read_records
 

@@ -21,7 +21,9 @@ import time
 
 import pytest
 
-from beam_pipeline import cli, commit, lock, tfds_metadata, versions
+from beam_pipeline import cli
+from beam_pipeline.job import commit, tfds_metadata
+from beam_pipeline.store import lock, versions
 from readers import layout
 from tests.faults import FaultProxy
 from tests.helpers import REPO, build, image_bytes, make_images
@@ -346,7 +348,7 @@ def test_concurrent_publishers_leave_latest_on_the_newest(where, request, tmp_pa
 
 def commit_inputs(root, version):
     """What the job hands its commit stage: temp shards and listing errors in .tmp/."""
-    from beam_pipeline.records import tfrecord_frame
+    from beam_pipeline.job.records import tfrecord_frame
 
     vdir = layout.version_dir(root, version)
     tmp = layout.join(vdir, ".tmp")

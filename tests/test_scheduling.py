@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from beam_pipeline import options
+from beam_pipeline.launcher import options
 from tests.helpers import REPO
 
 METADATA = REPO / "configs" / "flex_template" / "metadata.json"

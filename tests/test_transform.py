@@ -191,7 +191,7 @@ def test_validation_and_test_images_do_not_influence_the_statistics(built):
 # --- the analysis rows (no Beam) ------------------------------------------------------------
 
 def test_analysis_rows_carry_exact_shard_sums():
-    from beam_pipeline import analyze
+    from beam_pipeline.job import analyze
 
     labels = {"a": 0, "b": 1, "c": 2}
     big = 255.0 ** 2 * 4e10  # a shard's sum of squares beyond float32, exact in float64
@@ -211,7 +211,7 @@ def test_analysis_rows_carry_exact_shard_sums():
 
 def test_rows_sum_exactly_to_numpy_statistics():
     """Per-shard integer sums, added in Python ints -> float64 mean/std as NumPy's."""
-    from beam_pipeline import analyze, images
+    from beam_pipeline.job import analyze, images
 
     rng = np.random.default_rng(0)
     shards = [rng.integers(0, 256, (n, 3), dtype=np.uint8) for n in (5000, 7, 12345)]
@@ -313,7 +313,7 @@ def test_the_transform_layer_takes_raw_jpeg_bytes_alone(built, tft_output):
     """Served requests carry no shard columns (nor a label): TFT supplies what is unfed."""
     import tensorflow as tf
 
-    from beam_pipeline import analyze
+    from beam_pipeline.job import analyze
 
     jpeg = _records(built, "test")[0][1][schema.ENCODED]
     out = tft_output.transform_features_layer()({schema.ENCODED: tf.stack([jpeg, jpeg])})

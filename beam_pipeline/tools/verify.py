@@ -21,7 +21,7 @@ import hashlib
 import json
 import sys
 
-from beam_pipeline.records import FrameError, read_frame
+from beam_pipeline.job.records import FrameError, read_frame
 from readers import _quiet, layout, schema
 
 MAX_PROBLEMS_PER_FILE = 10   # a corrupt shard can fail every record; say so, not 10,000 times

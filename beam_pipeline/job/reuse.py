@@ -13,7 +13,7 @@ import os
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from beam_pipeline import catalog
+from beam_pipeline.store import catalog
 from readers import layout
 
 RAW = CompressionTypes.UNCOMPRESSED

@@ -241,7 +241,7 @@ class _LocalLock(_Heartbeat):
 
 class _GcsLock(_Heartbeat):
     def __init__(self, root):
-        from beam_pipeline import versions
+        from beam_pipeline.store import versions
 
         self.root = root
         self.bucket, self.name = versions.gcs_blob(lock_path(root))

@@ -7,7 +7,7 @@ import yaml
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_pipeline.errors import UserError
-from beam_pipeline.flags import add_build_args, boolean  # noqa: F401 — boolean is public here
+from beam_pipeline.launcher.flags import add_build_args, boolean  # noqa: F401 — boolean is public here
 
 
 class BuildOptions(PipelineOptions):
@@ -19,7 +19,7 @@ class BuildOptions(PipelineOptions):
 
     def validate_build(self):
         """Check values where they are set, naming the bad one."""
-        from beam_pipeline import plan
+        from beam_pipeline.launcher import plan
 
         if not self.input:
             raise UserError("--input is required (a directory, glob or .csv/.jsonl manifest)")
@@ -50,7 +50,7 @@ class BuildOptions(PipelineOptions):
             raise UserError(str(e)) from e
 
     def encode_options(self):
-        from beam_pipeline.images import EncodeOptions
+        from beam_pipeline.job.images import EncodeOptions
 
         return EncodeOptions(max_side=self.max_side, reencode=self.reencode, validate=self.validate,
                              jpeg_quality=self.jpeg_quality, max_pixels=self.max_pixels)
@@ -203,7 +203,7 @@ def parse(argv):
     pre.add_argument("--config")
     known, rest = pre.parse_known_args(argv)
     if "-h" in rest or "--help" in rest:  # Beam's base PipelineOptions would print an empty help
-        from beam_pipeline.flags import help_parser
+        from beam_pipeline.launcher.flags import help_parser
 
         help_parser().print_help()
         raise SystemExit(0)

@@ -11,8 +11,9 @@ import itertools
 import json
 import tempfile
 
-from beam_pipeline import catalog, reuse, versions
-from beam_pipeline.spill import SortedSpill
+from beam_pipeline.store import catalog, versions
+from beam_pipeline.job import reuse
+from beam_pipeline.store.spill import SortedSpill
 from readers import layout
 
 DUPLICATES = "duplicates.jsonl"

@@ -4,9 +4,9 @@ import json
 
 import apache_beam as beam
 
-from beam_pipeline.commit import Commit
-from beam_pipeline.plan import ImageRef
-from beam_pipeline.shards import WriteShardFn
+from beam_pipeline.job.commit import Commit
+from beam_pipeline.launcher.plan import ImageRef
+from beam_pipeline.job.shards import WriteShardFn
 
 
 class ImagesToTFRecords(beam.PTransform):
@@ -34,7 +34,7 @@ class ImagesToTFRecords(beam.PTransform):
                   # -> (split, shard, listing file of that shard, kind, origin)
                   | "ToWorkers" >> beam.Reshuffle())
         if self.sink == "beam":
-            from beam_pipeline.tools.beam_sink import WriteWithBeamSink
+            from beam_pipeline.job.beam_sink import WriteWithBeamSink
 
             stats = (shards
                      | "ListingFiles" >> beam.MapTuple(lambda split, shard, listing, *_: listing)
@@ -52,7 +52,7 @@ class ImagesToTFRecords(beam.PTransform):
             # -> shard stats (one small dict per shard; with --transform, + pixel_moments)
         parts = ()
         if self.transform_image_size:
-            from beam_pipeline.analyze import AnalyzeTrain
+            from beam_pipeline.job.analyze import AnalyzeTrain
 
             parts = (stats | "AnalyzeTrain" >> AnalyzeTrain(spec, self.transform_image_size),)
             # -> [{"transform": {...}}] once VDIR/transform_fn/ is written
@@ -63,7 +63,7 @@ def read_shard_index(path):
     """The shard index file -> (split, shard, listing file, kind, origin) per shard.
 
     kind: "images" (convert the listed images), "reuse" or "copy" (incremental builds:
-    beam_pipeline/reuse.py); origin: "hash" or "delta" (beam_pipeline/incremental.py).
+    beam_pipeline/job/reuse.py); origin: "hash" or "delta" (beam_pipeline/launcher/incremental.py).
     """
     from apache_beam.io.filesystems import FileSystems
 

@@ -11,9 +11,9 @@ import io
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from beam_pipeline import images, records
+from beam_pipeline.job import images, records
 from beam_pipeline.errors import error_record
-from beam_pipeline.shards import read_bytes
+from beam_pipeline.job.shards import read_bytes
 from readers import layout, schema
 
 

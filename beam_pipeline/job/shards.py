@@ -18,9 +18,10 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from beam_pipeline import catalog, images, records, reuse
+from beam_pipeline.store import catalog
+from beam_pipeline.job import images, records, reuse
 from beam_pipeline.errors import error_record
-from beam_pipeline.plan import ImageRef
+from beam_pipeline.launcher.plan import ImageRef
 from readers import layout
 
 READ_AHEAD = 16  # images fetched concurrently: hides gs:// latency, bounds memory

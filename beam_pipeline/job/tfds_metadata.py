@@ -103,7 +103,7 @@ def dataset_info_json(manifest):
 
 def write(version_dir, manifest):
     """Commit hook: write the TFDS files into `version_dir` and list them in the manifest."""
-    from beam_pipeline import versions
+    from beam_pipeline.store import versions
 
     if int(manifest.get("label_offset", 0)) != 0:
         logging.warning("label_offset %s: TFDS ClassLabel ids start at 0; no TFDS metadata "

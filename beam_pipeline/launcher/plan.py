@@ -142,7 +142,7 @@ def plan_listing(items, splits, fingerprint, known_labels, spill_dir, write_erro
     takes each errors.jsonl record; `known_labels` (a --label_file's classes) or None.
     """
     from beam_pipeline.errors import error_record
-    from beam_pipeline.spill import SortedSpill
+    from beam_pipeline.store.spill import SortedSpill
 
     plan = Plan(fingerprint="", labels_present=set(), by_key=SortedSpill(spill_dir))
     with SortedSpill(spill_dir) as by_uri:
@@ -185,7 +185,7 @@ def plan_listing(items, splits, fingerprint, known_labels, spill_dir, write_erro
 
 def by_shard_position(ref_lines, spill_dir):
     """ImageRef JSON lines (with splits) -> a SortedSpill in (split, shard hash) order."""
-    from beam_pipeline.spill import SortedSpill
+    from beam_pipeline.store.spill import SortedSpill
 
     spill = SortedSpill(spill_dir)
     for line in ref_lines:

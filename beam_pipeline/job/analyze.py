@@ -173,7 +173,7 @@ def _write_asset(temp_dir, name, text):
 
     import numpy as np
 
-    from beam_pipeline import versions
+    from beam_pipeline.store import versions
 
     path = "/".join([temp_dir, uuid.uuid4().hex, name])
     versions.write_bytes(path, text.encode())

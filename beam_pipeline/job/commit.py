@@ -12,7 +12,8 @@ import logging
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from beam_pipeline import catalog, duplicates, versions
+from beam_pipeline.store import catalog, versions
+from beam_pipeline.job import duplicates
 from readers import layout, schema
 
 
@@ -163,7 +164,7 @@ def _publish(spec, manifest):
 def _release_lock(spec):
     """A job submitted by a launcher that did not wait holds ROOT/.lock: done with it now.
     (A waiting launcher's lock is its own to release; this leaves it alone.)"""
-    from beam_pipeline import lock
+    from beam_pipeline.store import lock
 
     lock.release_submitted(spec.root, spec.version)
 

@@ -22,8 +22,9 @@ import itertools
 import json
 import math
 
-from beam_pipeline import catalog, plan
-from beam_pipeline.spill import SortedSpill
+from beam_pipeline.store import catalog
+from beam_pipeline.launcher import plan
+from beam_pipeline.store.spill import SortedSpill
 from readers import layout
 
 HASH, DELTA = "hash", "delta"  # a shard's origin: a full build's hash shards, or added later

@@ -1,4 +1,4 @@
-"""Look at a dataset before training on it: `python -m beam_pipeline.tools.inspect PATH --out DIR`.
+"""Look at a dataset before training on it: `python -m beam_pipeline.tools.inspect_dataset PATH --out DIR`.
 
 Prints the manifest summary (splits, classes, counts, rejected inputs by reason) and writes
 two PNGs into DIR:
@@ -70,7 +70,7 @@ def summary(manifest, version_dir=None):
 
 def _record_at(gfile, shard_path, position, index):
     """The serialized Example at `position` of a shard: seek via its index, else scan."""
-    from beam_pipeline.records import read_frame
+    from beam_pipeline.job.records import read_frame
 
     with gfile.GFile(shard_path, "rb") as f:
         if index is not None:
@@ -306,7 +306,7 @@ def inspect(path, out_dir, n=16, split=None, seed=0):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(
-        prog="python -m beam_pipeline.tools.inspect", allow_abbrev=False,
+        prog="python -m beam_pipeline.tools.inspect_dataset", allow_abbrev=False,
         description="Print a dataset's manifest summary and write a contact sheet and a "
                     "class-count chart (PNG).")
     parser.add_argument("path", help="dataset root (follows LATEST) or versions/V directory")

@@ -1,0 +1,1 @@
+"""Runs on Beam workers: shard writing, records, images, commit. No TensorFlow, picklable, idempotent."""

@@ -1,0 +1,1 @@
+"""Runs where the build starts: options, listing, planning, the shard index."""

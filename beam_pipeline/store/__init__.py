@@ -1,0 +1,1 @@
+"""The dataset root: file I/O, versions and LATEST, locks, the catalog."""
