@@ -7,7 +7,7 @@ import sys
 import pytest
 from PIL import Image
 
-from beam_pipeline.tools import inspect as inspect_cmd
+from beam_pipeline.tools import inspect_dataset as inspect_cmd
 from readers import layout
 
 
