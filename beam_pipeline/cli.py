@@ -15,6 +15,7 @@ import time
 from beam_pipeline import __version__
 from beam_pipeline.store import lock
 from beam_pipeline.errors import UserError
+from beam_pipeline.refs import split_order
 
 
 @lock.release_on_exit  # the lock taken below is released however run() ends
@@ -353,8 +354,7 @@ def _print_summary(root, vdir, manifest, seconds):
           f"{acc['duplicates']} + failed {acc['failed']}")
     labels = manifest["labels"]
     width = max([len(l) for l in labels] + [5])
-    order = {name: i for i, name in enumerate(plan_split_order())}
-    splits = sorted(manifest["splits"], key=lambda s: (order.get(s, len(order)), s))
+    splits = split_order(manifest["splits"])
     print("  " + "class".ljust(width) + "".join(f"{s:>12}" for s in splits))
     for label in labels:
         print("  " + label.ljust(width) + "".join(
@@ -398,12 +398,6 @@ def big_image_hint(manifest):
             f"(~{total * shrink / 2**30:.2f} GiB instead of {total / 2**30:.2f} GiB) and cut "
             f"TensorFlow's decode from ~{before:.1f} ms to ~{before * shrink:.1f} ms per image "
             f"(estimated; decoding at a lower ratio saves little)")
-
-
-def plan_split_order():
-    from beam_pipeline.launcher.plan import SPLIT_NAMES
-
-    return SPLIT_NAMES
 
 
 def main(argv=None):

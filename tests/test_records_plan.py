@@ -11,6 +11,7 @@ from PIL import Image
 from beam_pipeline.launcher import plan
 from beam_pipeline.job import records
 from beam_pipeline.job.images import Encoded
+from beam_pipeline.refs import SPLIT_NAMES, ImageRef
 from readers import schema
 
 
@@ -155,8 +156,8 @@ def test_unit_hash_pinned_values():
 
 def test_shard_of_layout_splits_pinned():
     """A ROOT/<split>/<class>/ layout fixes the split; the shard still hashes (split, key)."""
-    assert [plan.shard_of(s, "train/dog/x.png", 3) for s in plan.SPLIT_NAMES] == [1, 2, 1]
-    assert [plan.shard_of(s, "validation/cat/y.jpg", 3) for s in plan.SPLIT_NAMES] == [0, 2, 2]
+    assert [plan.shard_of(s, "train/dog/x.png", 3) for s in SPLIT_NAMES] == [1, 2, 1]
+    assert [plan.shard_of(s, "validation/cat/y.jpg", 3) for s in SPLIT_NAMES] == [0, 2, 2]
 
 
 PINNED_NUM_SHARDS = {"train": 3, "validation": 1, "test": 2}
@@ -174,10 +175,10 @@ def test_shard_contents_and_order_pinned():
     """The launcher's streaming path: refs spilled sorted by shard_sort_key, cut into shards."""
     by_position = sorted(
         (plan.shard_sort_key(split, key),
-         plan.ImageRef(key=key, uri=f"/in/{key}", label="x", split=split).to_json())
+         ImageRef(key=key, uri=f"/in/{key}", label="x", split=split).to_json())
         for key, (split, _) in PINNED.items())
 
-    got = {(split, shard): [plan.ImageRef.from_json(line).key for line in lines]
+    got = {(split, shard): [ImageRef.from_json(line).key for line in lines]
            # each run is consumed before the next shard
            for split, shard, lines in plan.iter_shards(by_position, PINNED_NUM_SHARDS)}
     assert got == PINNED_SHARDS and list(got) == sorted(got)
@@ -239,8 +240,8 @@ def test_label_file_order_wins():
 
 
 def test_image_ref_json_round_trip():
-    ref = plan.ImageRef("x/ü.jpg", "gs://b/x/ü.jpg", "x", "train", 12, 3.5)
-    assert plan.ImageRef.from_json(ref.to_json()) == ref
+    ref = ImageRef("x/ü.jpg", "gs://b/x/ü.jpg", "x", "train", 12, 3.5)
+    assert ImageRef.from_json(ref.to_json()) == ref
 
 
 def test_serialize_example_equals_tensorflow_deterministic_serialization():

@@ -5,7 +5,7 @@ import json
 import apache_beam as beam
 
 from beam_pipeline.job.commit import Commit
-from beam_pipeline.launcher.plan import ImageRef
+from beam_pipeline.refs import ImageRef
 from beam_pipeline.job.shards import WriteShardFn
 
 

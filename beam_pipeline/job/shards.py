@@ -21,7 +21,7 @@ from apache_beam.metrics import Metrics
 from beam_pipeline.store import catalog
 from beam_pipeline.job import images, records, reuse
 from beam_pipeline.errors import error_record
-from beam_pipeline.launcher.plan import ImageRef
+from beam_pipeline.refs import ImageRef
 from readers import layout
 
 READ_AHEAD = 16  # images fetched concurrently: hides gs:// latency, bounds memory

@@ -24,6 +24,7 @@ import math
 
 from beam_pipeline.store import catalog
 from beam_pipeline.launcher import plan
+from beam_pipeline.refs import ImageRef
 from beam_pipeline.store.spill import SortedSpill
 from readers import layout
 
@@ -81,7 +82,7 @@ def plan_increment(by_key, previous_vdir, previous, spill_dir, target_shard_mb,
     counts = collections.Counter()
     with previous_rows:
         for _, new_line, old_line in join_by_key(by_key, previous_rows):
-            ref = plan.ImageRef.from_json(new_line) if new_line else None
+            ref = ImageRef.from_json(new_line) if new_line else None
             row = json.loads(old_line) if old_line else None
             if ref and row and unchanged(ref, row):
                 counts["unchanged"] += 1

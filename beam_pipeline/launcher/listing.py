@@ -21,7 +21,7 @@ import re
 import threading
 
 from beam_pipeline.errors import UserError, error_record
-from beam_pipeline.launcher.plan import SPLIT_NAMES, ImageRef
+from beam_pipeline.refs import SPLIT_NAMES, ImageRef
 
 IMAGE_EXTENSIONS = {".jpg", ".jpeg", ".png", ".gif", ".bmp", ".tif", ".tiff", ".webp"}
 GLOB_CHARS = set("*?[")

@@ -9,31 +9,8 @@ import hashlib
 import itertools
 import json
 import math
-from typing import Optional
 
-SPLIT_NAMES = ("train", "validation", "test")
-
-
-@dataclasses.dataclass(frozen=True, order=True)
-class ImageRef:
-    """One listed input: small, and streamed through the launcher, never held all at once."""
-
-    key: str                      # identity: path relative to its input root (image/filename)
-    uri: str                      # where to read it: absolute local path or gs:// uri
-    label: str
-    split: Optional[str] = None   # fixed by layout or manifest column, else hashed
-    size: int = 0
-    mtime: float = 0.0            # mtime or GCS update time; for the fingerprint and catalog
-
-    def to_json(self):  # a list, not dataclasses.astuple: that deep-copies (10x slower)
-        return json.dumps([self.key, self.uri, self.label, self.split, self.size, self.mtime])
-
-    @classmethod
-    def from_json(cls, line):
-        return cls(*json.loads(line))
-
-    def with_key(self, key):
-        return dataclasses.replace(self, key=key)
+from beam_pipeline.refs import ImageRef
 
 
 def unit_hash(*parts):

@@ -17,18 +17,17 @@ import math
 import random
 import sys
 
+from beam_pipeline.refs import split_order
 from readers import _quiet, layout, schema
 
 CONTACT_SHEET = "contact_sheet.png"
 CLASS_COUNTS = "class_counts.png"
-SPLIT_ORDER = ("train", "validation", "test")
 MAX_CHART_INCHES = 24.0   # bar chart width cap (100 dpi)
 MAX_NAMED_CLASSES = 80    # beyond this, x ticks are class ids, not names
 
 
 def _ordered_splits(manifest):
-    order = {s: i for i, s in enumerate(SPLIT_ORDER)}
-    return sorted(manifest.get("splits", {}), key=lambda s: (order.get(s, len(order)), s))
+    return split_order(manifest.get("splits", {}))
 
 
 def summary(manifest, version_dir=None):
