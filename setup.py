@@ -24,7 +24,8 @@ setuptools.setup(
     ],
     extras_require={
         # tensorflow-datasets only to prove TFDS reads our metadata (the writer doesn't need it)
-        "test": ["pytest", "gcp-storage-emulator", "tfrecord", "psutil", "tensorflow-datasets"],
+        "test": ["pytest", "gcp-storage-emulator", "tfrecord", "psutil", "tensorflow-datasets",
+                 "hypothesis"],
     },
     entry_points={"console_scripts": [
         "image-tfrecords=beam_pipeline.cli:console",

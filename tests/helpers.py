@@ -5,6 +5,7 @@ nothing imports conftest by name. One helper per job:
 
 * `REPO`                   the repository root (a pathlib.Path)
 * `image_bytes`, `make_images`   tiny solid-colour images / an ImageFolder tree in milliseconds
+* `noise_image(size, sigma, seed)`   Gaussian grey noise like Image.effect_noise, but seeded
 * `build(inputs, root, …)`       the real CLI, in-process (FnApiRunner), one call per build
 * `read_records(vdir)`           every record of a built version, parsed, in manifest order
 * `shard_files`, `errors_of`, `check_invariants`   the manifest and errors.jsonl (DESIGN §4)
@@ -46,6 +47,17 @@ def image_bytes(colour=(200, 30, 30), size=(24, 16), fmt="JPEG", **save):
     buf = io.BytesIO()
     Image.new("RGB", size, colour).save(buf, fmt, **save)
     return buf.getvalue()
+
+
+def noise_image(size, sigma, seed=0):
+    """A grey ("L") image of Gaussian noise around 128, like Image.effect_noise, but from a
+    seed: effect_noise is unseeded, so its bytes (and libjpeg's messages about damage to
+    them) changed from run to run."""
+    import numpy as np
+
+    width, height = size
+    noise = np.random.default_rng(seed).normal(128, sigma, (height, width))
+    return Image.fromarray(noise.clip(0, 255).astype(np.uint8), "L")
 
 
 def make_images(root, spec, size=(24, 16)):

@@ -13,6 +13,7 @@ from PIL import Image
 from beam_pipeline.job import images
 from beam_pipeline.tools import sample_data
 from beam_pipeline.job.images import EncodeOptions, ImageError
+from tests.helpers import noise_image
 
 RED, BLUE, WHITE = (255, 0, 0), (0, 0, 255), (255, 255, 255)
 
@@ -362,19 +363,19 @@ def test_zero_byte_file():
 
 
 def test_truncated_jpeg():
-    data = jpeg(Image.effect_noise((64, 64), 60).convert("RGB"))
+    data = jpeg(noise_image((64, 64), 60).convert("RGB"))
     e = reject(data[: len(data) // 2])
     assert (e.stage, e.reason) == ("decode", "truncated")
     assert e.detail
 
 
 def test_jpeg_truncated_inside_its_header():
-    data = jpeg(Image.effect_noise((64, 64), 60).convert("RGB"))
+    data = jpeg(noise_image((64, 64), 60).convert("RGB"))
     assert reject(data[:300]).reason == "truncated"
 
 
 def test_truncated_png():
-    data = save(Image.effect_noise((64, 64), 60), "PNG")
+    data = save(noise_image((64, 64), 60), "PNG")
     assert reject(data[: len(data) // 2]).reason == "truncated"
 
 
@@ -435,7 +436,7 @@ def test_max_pixels_above_pillows_default_is_honoured():
 # --- strict validation (libjpeg-turbo warnings) ------------------------------------------------
 
 def noise_jpeg(size=(96, 64)):
-    return jpeg(Image.effect_noise(size, 60).convert("RGB"))
+    return jpeg(noise_image(size, 60).convert("RGB"))
 
 
 def scan_middle(data):
@@ -488,7 +489,7 @@ def test_junk_before_end_of_image_is_rejected():
 
 
 def test_png_pixel_data_checked_against_its_crc():
-    data = save(Image.effect_noise((64, 64), 60), "PNG")
+    data = save(noise_image((64, 64), 60), "PNG")
     i = data.index(b"IDAT") + 40
     damaged = data[:i] + bytes([data[i] ^ 0x04]) + data[i + 1:]
     e = reject(damaged)
@@ -509,7 +510,7 @@ def test_validate_header_stores_what_decode_stores(variant):
 
 
 def test_reencode_is_baseline_420_rgb():
-    encoded = convert(save(Image.effect_noise((64, 48), 60).convert("RGB"), "PNG"))
+    encoded = convert(save(noise_image((64, 48), 60).convert("RGB"), "PNG"))
     assert simplejpeg.decode_jpeg_header(encoded.data)[2:] == ("YCbCr", "420")
 
 
@@ -548,7 +549,7 @@ def test_pixel_moments_exact():
 @pytest.mark.parametrize("opts", [{}, {"validate": "header"}, {"reencode": "always"},
                                   {"max_side": 16}])
 def test_moments_are_those_of_the_stored_pixels(opts):
-    data = jpeg(Image.effect_noise((48, 32), 40).convert("RGB"))
+    data = jpeg(noise_image((48, 32), 40).convert("RGB"))
     encoded = images.convert(data, EncodeOptions(**opts), with_moments=True)
     assert encoded.moments == images.pixel_moments(images.decode(data, EncodeOptions(**opts)))
     count, _, _ = encoded.moments
@@ -557,7 +558,7 @@ def test_moments_are_those_of_the_stored_pixels(opts):
 
 
 def test_moments_of_a_pass_through_match_its_stored_bytes():
-    data = jpeg(Image.effect_noise((48, 32), 40).convert("RGB"))
+    data = jpeg(noise_image((48, 32), 40).convert("RGB"))
     encoded = images.convert(data, with_moments=True)
     assert encoded.passed_through
     assert encoded.moments == images.pixel_moments(simplejpeg.decode_jpeg(data))
