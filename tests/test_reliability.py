@@ -219,7 +219,7 @@ def test_a_killed_build_never_blocks_the_next_for_long(where, request, tmp_path,
         root = str(tmp_path / "ds")
     make_images(tmp_path / "in", {"cat": 2, "dog": 2})
     argv = ["--input", str(tmp_path / "in"), "--output", root] + ARGS
-    holder = launch(tmp_path, "holder", f"import time; from beam_pipeline import lock; "
+    holder = launch(tmp_path, "holder", f"import time; from beam_pipeline.store import lock; "
                     f"lock.acquire({root!r}); print('held', flush=True); time.sleep(600)",
                     python=("-c",))
     proc, out, _ = holder
