@@ -26,6 +26,10 @@ setuptools.setup(
         # tensorflow-datasets only to prove TFDS reads our metadata (the writer doesn't need it)
         "test": ["pytest", "gcp-storage-emulator", "tfrecord", "psutil", "tensorflow-datasets",
                  "hypothesis"],
+        # benchmarks/bench_near_duplicates.py: imagehash only as the yardstick the job's own
+        # hash was measured against; the photos that scikit-image, scikit-learn and matplotlib
+        # ship are its test images.
+        "bench": ["imagehash", "scikit-image", "scikit-learn", "matplotlib", "psutil"],
     },
     entry_points={"console_scripts": [
         "image-tfrecords=beam_pipeline.cli:console",

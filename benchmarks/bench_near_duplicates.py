@@ -1,0 +1,390 @@
+"""Near-duplicate detection: which perceptual hash and threshold, at what cost, and how grouping
+scales.
+
+    python benchmarks/bench_near_duplicates.py accuracy   # hashes compared, ROC per threshold
+    python benchmarks/bench_near_duplicates.py cost       # per-image cost beside the decode
+    python benchmarks/bench_near_duplicates.py grouping [RADIUS]  # time, RSS at 50k/200k/400k
+    python benchmarks/bench_near_duplicates.py            # all three
+
+Needs the "bench" extra (imagehash as the yardstick; the photos scikit-image, scikit-learn
+and matplotlib ship). Everything generated is seeded.
+
+accuracy: ~22 photos -> "scenes" (the photo and 5 crops of 55-75% of each side) -> each scene
+stored as an original (JPEG q90 or PNG) and 4 variants: cropped by up to 10%, resized to
+40-90%, brightness +/-10%, then JPEG q40-95 or PNG. Pairs: positive = same scene; hard
+negative = crops of one photo overlapping less than half (of the smaller crop); distinct =
+different photos; pairs of one photo's scenes overlapping more are left out.
+"""
+
+import io
+import os
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import simplejpeg
+from PIL import Image, ImageEnhance
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from beam_pipeline.job import perceptual  # noqa: E402
+
+SEED = 21
+SKIMAGE_PHOTOS = ["astronaut.png", "camera.png", "chelsea.png", "coffee.png", "coins.png",
+                  "hubble_deep_field.jpg", "rocket.jpg", "retina.jpg", "motorcycle_left.png",
+                  "moon.png", "page.png", "text.png", "cell.png", "brick.png", "grass.png",
+                  "gravel.png", "ihc.png", "microaneurysms.png", "clock_motion.png"]
+MAX_SIDE = 800
+CROPS_PER_PHOTO = 5
+
+
+# --- the photos and their variants ------------------------------------------------------------
+
+def photos():
+    import matplotlib
+    import skimage.data
+    import sklearn.datasets
+
+    sk = os.path.dirname(skimage.data.__file__)
+    paths = [os.path.join(sk, n) for n in SKIMAGE_PHOTOS]
+    paths += [os.path.join(os.path.dirname(sklearn.datasets.__file__), "images", n)
+              for n in ("china.jpg", "flower.jpg")]
+    paths.append(os.path.join(matplotlib.get_data_path(), "sample_data", "grace_hopper.jpg"))
+    out = []
+    for p in paths:
+        img = Image.open(p).convert("RGB")
+        img.thumbnail((MAX_SIDE, MAX_SIDE), Image.Resampling.LANCZOS)
+        out.append((os.path.basename(p), img))
+    return out
+
+
+def encode(img, fmt, quality=90):
+    buf = io.BytesIO()
+    if fmt == "PNG":
+        img.save(buf, "PNG")
+    else:
+        img.save(buf, "JPEG", quality=quality)
+    return buf.getvalue()
+
+
+KINDS = ("crop", "resize", "quality", "brightness", "format", "all")
+
+
+def variant(img, rng, kind):
+    """One near-duplicate of `kind`: crop <= 10% of each side's length in all, resize to
+    40-90%, brightness +/-10%, JPEG q40-95, the other format (PNG <-> JPEG q90), or all of
+    these at once (JPEG q40-95 or, 30% of the time, PNG)."""
+    fmt, quality = ("PNG", 90) if kind == "all" and rng.random() < 0.3 else ("JPEG", 90)
+    if kind in ("crop", "all"):
+        w, h = img.size
+        cw, ch = rng.uniform(0, 0.10) * w, rng.uniform(0, 0.10) * h
+        left, top = rng.uniform(0, cw), rng.uniform(0, ch)
+        img = img.crop((round(left), round(top), round(w - (cw - left)), round(h - (ch - top))))
+    if kind in ("resize", "all"):
+        s = rng.uniform(0.4, 0.9)
+        img = img.resize((max(1, round(img.width * s)), max(1, round(img.height * s))),
+                         Image.Resampling.LANCZOS)
+    if kind in ("brightness", "all"):
+        img = ImageEnhance.Brightness(img).enhance(rng.uniform(0.9, 1.1))
+    if kind in ("quality", "all") and fmt == "JPEG":
+        quality = rng.randint(40, 95)
+    return encode(img, fmt, quality), kind
+
+
+def overlap(a, b):
+    """Intersection area over the smaller box's area."""
+    iw = max(0, min(a[2], b[2]) - max(a[0], b[0]))
+    ih = max(0, min(a[3], b[3]) - max(a[1], b[1]))
+    small = min((a[2] - a[0]) * (a[3] - a[1]), (b[2] - b[0]) * (b[3] - b[1]))
+    return iw * ih / small
+
+
+def corpus(rng):
+    """[(data, photo index, scene box, kind)]; scene boxes are fractions of the photo."""
+    items = []
+    for p, (_, img) in enumerate(photos()):
+        scenes = [(0.0, 0.0, 1.0, 1.0)]
+        for _ in range(CROPS_PER_PHOTO):
+            fw, fh = rng.uniform(0.55, 0.75), rng.uniform(0.55, 0.75)
+            x, y = rng.uniform(0, 1 - fw), rng.uniform(0, 1 - fh)
+            scenes.append((x, y, x + fw, y + fh))
+        for k, box in enumerate(scenes):
+            w, h = img.size
+            scene = img.crop(tuple(round(v * s) for v, s in zip(box, (w, h, w, h))))
+            original = "PNG" if k % 2 else "JPEG"
+            items.append((encode(scene, original), p, box, "original"))
+            for kind in KINDS:
+                data, kind = variant(scene, rng, kind)
+                if kind == "format" and original == "PNG":
+                    data = encode(scene, "JPEG")
+                elif kind == "format":
+                    data = encode(scene, "PNG")
+                items.append((data, p, box, kind))
+    return items
+
+
+def pair_labels(items):
+    """Upper-triangle pair index arrays and labels: 1 positive, 0 hard negative,
+    -1 distinct, None (left out) as 9."""
+    n = len(items)
+    i, j = np.triu_indices(n, 1)
+    label = np.full(i.shape, 9, np.int8)
+    for q, (a, b) in enumerate(zip(i, j)):
+        (_, pa, ba, _), (_, pb, bb, _) = items[a], items[b]
+        if pa != pb:
+            label[q] = -1
+        elif ba == bb:
+            label[q] = 1
+        elif overlap(ba, bb) < 0.5:
+            label[q] = 0
+    return i, j, label
+
+
+# --- the hashes compared ----------------------------------------------------------------------
+
+def is_jpeg(data):
+    return data[:3] == b"\xff\xd8\xff"
+
+
+def small_grey(data, side=perceptual.MIN_SIDE):
+    """What the writer would have: a strict DCT-scaled grey decode for a JPEG; for others the
+    full decode (Pillow), which the hash then box-averages itself."""
+    if is_jpeg(data):
+        return simplejpeg.decode_jpeg(data, "GRAY", min_width=side, min_height=side,
+                                      strict=True)[:, :, 0]
+    return np.asarray(Image.open(io.BytesIO(data)).convert("L"))
+
+
+def lib_full(fn):
+    return lambda data: int(str(fn(Image.open(io.BytesIO(data)))), 16)
+
+
+def lib_small(fn):
+    def h(data):
+        g = small_grey(data)
+        f = perceptual.shrink_factor(*g.shape)
+        img = Image.fromarray(g, "L")
+        return int(str(fn(img.reduce(f) if f > 1 else img)), 16)
+    return h
+
+
+def methods():
+    import imagehash
+
+    return {
+        "ours: pHash of scaled decode": lambda d: perceptual.phash(small_grey(d)),
+        "ours: pHash, decode scaled >= 64": lambda d: perceptual.phash(small_grey(d, 64)),
+        "imagehash.phash, scaled decode": lib_small(imagehash.phash),
+        "imagehash.dhash, scaled decode": lib_small(imagehash.dhash),
+        "imagehash.phash, full decode": lib_full(imagehash.phash),
+        "imagehash.dhash, full decode": lib_full(imagehash.dhash),
+        "imagehash.average_hash, full": lib_full(imagehash.average_hash),
+        "imagehash.whash (haar), full": lib_full(imagehash.whash),
+    }
+
+
+def roc(dist, label, t):
+    pos, hard, other = label == 1, label == 0, label == -1
+    tp = int((dist[pos] <= t).sum())
+    fp_hard, fp_other = int((dist[hard] <= t).sum()), int((dist[other] <= t).sum())
+    fp = fp_hard + fp_other
+    return (tp / pos.sum(), fp_hard / max(1, hard.sum()), fp_other / max(1, other.sum()),
+            tp / (tp + fp) if tp + fp else 1.0, fp)
+
+
+def recall_by_kind(items, i, j, label, dist, t):
+    """Recall on (original, variant) pairs per kind of variant, and on variant-variant pairs."""
+    kind = np.array([it[3] for it in items])
+    ki, kj = kind[i], kind[j]
+    pos = label == 1
+    out = {}
+    for k in KINDS:
+        sel = pos & (((ki == "original") & (kj == k)) | ((kj == "original") & (ki == k)))
+        out[k] = float((dist[sel] <= t).mean())
+    sel = pos & (ki != "original") & (kj != "original")
+    out["variant-variant"] = float((dist[sel] <= t).mean())
+    return out
+
+
+def accuracy():
+    rng = random.Random(SEED)
+    items = corpus(rng)
+    i, j, label = pair_labels(items)
+    print(f"{len(items)} images ({sum(is_jpeg(d) for d, *_ in items)} JPEG); pairs: "
+          f"{(label == 1).sum()} positive, {(label == 0).sum()} hard negative, "
+          f"{(label == -1).sum()} distinct ({(label == 9).sum()} overlapping crops left out)")
+    best, kinds = {}, {}
+    for name, fn in methods().items():
+        h = np.array([fn(d) for d, *_ in items], dtype=np.uint64)
+        dist = perceptual.hamming_many(h[i], h[j])
+        rows = [(t, *roc(dist, label, t)) for t in range(0, 25)]
+        ok = [r for r in rows if r[4] >= 0.99]
+        best[name] = max(ok, key=lambda r: r[1]) if ok else rows[0]
+        kinds[name] = recall_by_kind(items, i, j, label, dist, best[name][0])
+        pos = dist[label == 1]
+        print(f"\n{name}: positive distance median {np.median(pos):.0f}, p95 "
+              f"{np.percentile(pos, 95):.0f}, max {pos.max()}; hard negative min "
+              f"{dist[label == 0].min()}, distinct min {dist[label == -1].min()}")
+        print("  t  recall  FPR hard  FPR distinct  precision  false pairs")
+        for t, rec, fh, fo, prec, fp in rows[4:21]:
+            print(f" {t:2d}  {rec:6.1%}  {fh:8.2%}  {fo:12.4%}  {prec:9.2%}  {fp:11d}")
+    print("\nbest threshold with precision >= 99% (targets: recall >= 95%, precision >= 99%)")
+    for name, (t, rec, fh, fo, prec, fp) in best.items():
+        print(f"  {name:34s} t={t:2d}  recall {rec:6.1%}  precision {prec:7.2%}  "
+              + "  ".join(f"{k} {v:.0%}" for k, v in kinds[name].items()))
+
+
+# --- cost beside the writer's decode ----------------------------------------------------------
+
+def per_image_us(fn, datas, repeat=5):
+    """Median over images of the best of `repeat` runs, in microseconds."""
+    out = []
+    for d in datas:
+        best = float("inf")
+        for _ in range(repeat):
+            t = time.perf_counter()
+            fn(d)
+            best = min(best, time.perf_counter() - t)
+        out.append(best * 1e6)
+    return statistics.median(out)
+
+
+def corruptions(datas, rng, per=8):
+    """Byte flips inside the entropy-coded data, and truncations."""
+    out = []
+    for d in datas:
+        sos = d.find(b"\xff\xda")
+        for _ in range(per):
+            b = bytearray(d)
+            if rng.random() < 0.25:
+                b = b[:rng.randrange(sos + 20, len(d) - 2)]
+            else:
+                k = rng.randrange(sos + 20, len(d) - 2)
+                b[k] ^= 1 << rng.randrange(8)
+            out.append(bytes(b))
+    return out
+
+
+def refused(fn, d):
+    try:
+        fn(d)
+    except (ValueError, KeyError):
+        return True
+    return False
+
+
+def cost():
+    import imagehash
+    from common import _make
+
+    tmp = tempfile.mkdtemp()
+    datas = []
+    for k in range(40):  # the default pipeline benchmark's images: 500x375 JPEG q75
+        _make((os.path.join(tmp, f"{k}.jpg"), k))
+        datas.append(open(os.path.join(tmp, f"{k}.jpg"), "rb").read())
+    full_grey = lambda d: simplejpeg.decode_jpeg(d, "GRAY", strict=True)  # noqa: E731
+    full_rgb = lambda d: simplejpeg.decode_jpeg(d, "RGB", strict=True)  # noqa: E731
+    scaled = lambda d: simplejpeg.decode_jpeg(  # noqa: E731
+        d, "GRAY", min_width=perceptual.MIN_SIDE, min_height=perceptual.MIN_SIDE, strict=True)
+    small = [scaled(d)[:, :, 0] for d in datas]
+    rgb = [full_rgb(d) for d in datas]
+    pil_small = [Image.fromarray(s, "L") for s in small]
+    figures = {
+        "full strict grey decode (the writer's check today)": per_image_us(full_grey, datas),
+        "full strict RGB decode (re-encode path)": per_image_us(full_rgb, datas),
+        "strict grey decode scaled to >= 32 px": per_image_us(scaled, datas),
+        "ours: pHash of the scaled decode's pixels": per_image_us(perceptual.phash, small),
+        "ours: pHash of full RGB pixels": per_image_us(perceptual.phash, rgb),
+        "imagehash.phash of the scaled decode": per_image_us(imagehash.phash, pil_small),
+        "imagehash.phash of the JPEG (open + full)": per_image_us(lib_full(imagehash.phash),
+                                                                  datas),
+    }
+    slope = 350.0
+    print(f"per image, median of {len(datas)} 500x375 JPEGs (the pipeline benchmark's), best "
+          f"of 5 runs each; % of a {slope:.0f} us/image build slope")
+    for name, us in figures.items():
+        print(f"  {name:52s} {us:8.1f} us  {us / slope:6.1%}")
+    saved = figures["full strict grey decode (the writer's check today)"] - \
+        figures["strict grey decode scaled to >= 32 px"]
+    net = figures["ours: pHash of the scaled decode's pixels"] - saved
+    print(f"  pass-through JPEG checked by the scaled decode, plus the hash: {net:+.1f} us "
+          f"({net / slope:+.1%})")
+    bad = corruptions(datas, random.Random(SEED))
+    a = [refused(full_grey, d) for d in bad]
+    b = [refused(scaled, d) for d in bad]
+    print(f"strict check, full vs scaled decode, on {len(bad)} corrupted JPEGs: full refuses "
+          f"{sum(a)}, scaled refuses {sum(b)}, verdicts agree on {sum(x == y for x, y in zip(a, b))}")
+
+
+# --- grouping at scale ------------------------------------------------------------------------
+
+GROUP_SIZES = (50_000, 200_000, 400_000)
+GROUPING_RADIUS = 4
+
+
+def synthetic_rows(n, radius, seed=SEED):
+    """n uniform random 64-bit hashes; 1% of them get a planted near copy within `radius`."""
+    from beam_pipeline.store import near_duplicates
+
+    rng = np.random.default_rng(seed)
+    h = rng.integers(0, 2**63, n, dtype=np.int64).astype(np.uint64) * np.uint64(2) \
+        + rng.integers(0, 2, n, dtype=np.int64).astype(np.uint64)
+    planted = n // 100
+    for k in range(planted):
+        flips = rng.choice(64, rng.integers(1, radius + 1), replace=False)
+        h[n - planted + k] = h[k] ^ np.uint64(sum(1 << int(f) for f in flips))
+    splits = ("train", "validation", "test")
+    return [near_duplicates.Row(f"img/{k:08d}.jpg", splits[k % 3], int(v))
+            for k, v in enumerate(h)], planted
+
+
+def grouping_one(n, radius):
+    """Runs in a child process so ru_maxrss is this size's own peak."""
+    from beam_pipeline.store import near_duplicates
+
+    rows, planted = synthetic_rows(n, radius)
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t = time.perf_counter()
+    found = near_duplicates.find_groups(iter(rows), radius)
+    pairs = sum(len(g.keys) - 1 for g in found)
+    took = time.perf_counter() - t
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(f"{n} {took:.2f} {peak / 1024:.1f} {(peak - base) / 1024:.1f} {pairs} {planted}")
+
+
+def grouping(radius=GROUPING_RADIUS):
+    """Exact search is linear only while buckets stay small: uniform hashes put n / 2**(64 /
+    (radius + 1)) rows in each band's bucket, and at radius 14 a 50k run already takes ~1 min
+    and finds ~4,400 chance pairs (P(d <= 14) ~ 3.5e-6 for random 64-bit hashes)."""
+    print(f"grouping uniform random hashes, radius {radius}; each size in its own process "
+          f"(rows are generated in memory first: 'peak' includes them, 'grouping' is peak minus "
+          f"the RSS before grouping)")
+    print("       n   seconds  us/image  peak MB  grouping MB  pairs found  planted")
+    out = []
+    for n in GROUP_SIZES:
+        r = subprocess.run([sys.executable, __file__, "_group", str(n), str(radius)],
+                           capture_output=True, text=True, check=True)
+        n_, took, peak, grew, pairs, planted = r.stdout.split()
+        out.append((int(n_), float(took), float(grew)))
+        print(f" {int(n_):7d}  {float(took):8.2f}  {float(took) / int(n_) * 1e6:8.1f}  "
+              f"{float(peak):7.0f}  {float(grew):11.1f}  {int(pairs):11d}  {int(planted):7d}")
+    (n0, t0, m0), (n1, t1, m1) = out[0], out[-1]
+    print(f"time per image {n1 // 1000}k vs {n0 // 1000}k: {(t1 / n1) / (t0 / n0):.2f}x "
+          f"(linear = 1.00x); grouping memory {n1 // 1000}k vs {n0 // 1000}k: "
+          f"{max(m1, 1) / max(m0, 1):.2f}x (target <= 1.15x)")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    what = sys.argv[1] if len(sys.argv) > 1 else "all"
+    if what == "_group":
+        grouping_one(int(sys.argv[2]), int(sys.argv[3]))
+    else:
+        for name, fn in (("accuracy", accuracy), ("cost", cost), ("grouping", grouping)):
+            if what in (name, "all"):
+                print(f"== {name}")
+                fn(*map(int, sys.argv[2:]))

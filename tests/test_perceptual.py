@@ -1,0 +1,101 @@
+"""beam_pipeline.job.perceptual with known pixels (no Beam, no TensorFlow)."""
+
+import io
+
+import numpy as np
+import pytest
+import simplejpeg
+from PIL import Image
+
+from beam_pipeline.job import perceptual
+
+
+def gradient(h=64, w=64):
+    y, x = np.mgrid[0:h, 0:w]
+    return ((x * 255) // (w - 1)).astype(np.uint8)
+
+
+def photo_like(seed, h=256, w=320):
+    """Smooth random blobs: a deterministic stand-in for a photo."""
+    rng = np.random.default_rng(seed)
+    small = rng.integers(0, 256, (6, 8, 3), dtype=np.uint8)
+    return np.asarray(Image.fromarray(small, "RGB").resize((w, h), Image.Resampling.BICUBIC))
+
+
+def test_constant_image_hashes_to_the_dc_bit_only():
+    # A flat image has energy in the DC coefficient alone: only the top-left bit is above
+    # the median (0) of the 64 low frequencies, and it is the most significant bit.
+    assert perceptual.phash(np.full((40, 40), 128, np.uint8)) == 1 << 63
+
+
+def test_horizontal_gradient_sets_the_first_row_bits():
+    # Brightness rising left to right: the DC term and the first horizontal frequencies are
+    # non-zero, every vertical frequency is zero; the odd horizontal ones are negative.
+    bits = perceptual.phash_bits(perceptual.thumbnail(gradient()))
+    assert bits.reshape(8, 8)[1:].sum() == 0
+    assert bits[0]
+
+
+def test_bits_pack_most_significant_first():
+    h = perceptual.phash(gradient())
+    bits = perceptual.phash_bits(perceptual.thumbnail(gradient()))
+    assert h == int("".join("1" if b else "0" for b in bits), 2)
+    assert 0 <= h < 1 << 64
+
+
+def test_equals_imagehash_phash_on_the_same_thumbnail():
+    imagehash = pytest.importorskip("imagehash")
+    for seed in range(5):
+        grey = np.asarray(Image.fromarray(photo_like(seed)).convert("L").reduce(8))
+        assert perceptual.phash(grey) == int(str(imagehash.phash(Image.fromarray(grey))), 16)
+
+
+def test_rgb_grey_and_single_channel_agree():
+    rgb = photo_like(1)
+    grey = np.asarray(Image.fromarray(rgb).convert("L"))
+    assert perceptual.phash(rgb) == perceptual.phash(grey) == perceptual.phash(grey[:, :, None])
+
+
+def test_scaled_jpeg_decode_and_full_pixels_hash_alike():
+    # The writer hashes a JPEG from a 1/8-scaled decode and other formats from full pixels.
+    rgb = photo_like(2, 384, 512)
+    jpeg = simplejpeg.encode_jpeg(rgb, quality=90, colorspace="RGB")
+    small = simplejpeg.decode_jpeg(jpeg, "GRAY", min_width=perceptual.MIN_SIDE,
+                                   min_height=perceptual.MIN_SIDE, strict=True)
+    assert small.shape == (48, 64, 1)
+    assert perceptual.hamming(perceptual.phash(small), perceptual.phash(rgb)) <= 4
+
+
+def test_near_copies_are_near_and_different_photos_are_far():
+    rgb = photo_like(3)
+    img = Image.fromarray(rgb)
+    buf = io.BytesIO()
+    img.resize((160, 128), Image.Resampling.LANCZOS).save(buf, "JPEG", quality=50)
+    copy = np.asarray(Image.open(buf))
+    h = perceptual.phash(rgb)
+    assert perceptual.hamming(h, perceptual.phash(copy)) <= 4
+    assert all(perceptual.hamming(h, perceptual.phash(photo_like(s))) > 16 for s in (4, 5, 6))
+
+
+def test_hamming():
+    assert perceptual.hamming(0b1011, 0b0001) == 2
+    assert perceptual.hamming((1 << 64) - 1, 0) == 64
+    a = np.array([0, 1 << 63, 7], np.uint64)
+    assert perceptual.hamming_many(a, np.uint64(0)).tolist() == [0, 1, 3]
+
+
+def test_signed_round_trip():
+    for h in (0, 1, (1 << 63) - 1, 1 << 63, (1 << 64) - 1):
+        v = perceptual.to_signed(h)
+        assert -(1 << 63) <= v < 1 << 63
+        assert perceptual.from_signed(v) == h
+
+
+@pytest.mark.parametrize("pixels, message", [
+    (np.zeros((4, 4), np.float32), "uint8"),
+    (np.zeros((4, 4, 4), np.uint8), "HxW"),
+    (np.zeros((0, 5), np.uint8), "empty"),
+])
+def test_rejects_what_is_not_an_image(pixels, message):
+    with pytest.raises(ValueError, match=message):
+        perceptual.phash(pixels)
