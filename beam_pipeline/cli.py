@@ -27,7 +27,7 @@ def run(argv=None):
 
     from beam_pipeline.launcher import options as opts
     from beam_pipeline.job import tfds_metadata
-    from beam_pipeline.store import versions
+    from beam_pipeline.store import files
     from beam_pipeline.job.pipeline import ImagesToTFRecords
     from readers import layout
 
@@ -89,7 +89,7 @@ def run(argv=None):
         p.run().wait_until_finish()
     seconds = time.monotonic() - start
     vdir = layout.version_dir(root, version)
-    manifest = versions.read_json(layout.join(vdir, layout.MANIFEST))
+    manifest = files.read_json(layout.join(vdir, layout.MANIFEST))
     _print_summary(root, vdir, manifest, seconds)
     return {"status": "published", "version": version, "manifest": manifest,
             "version_dir": vdir, "seconds": seconds}
@@ -106,7 +106,7 @@ def _prepare(build, root, pipeline_options):
     (sorted by shard hash) -> one listing file per shard task under VDIR/.tmp/.
     """
     from beam_pipeline.launcher import incremental, listing, options as opts, plan
-    from beam_pipeline.store import versions
+    from beam_pipeline.store import files, versions
     from beam_pipeline.job.commit import CommitSpec
     from readers import layout
 
@@ -155,7 +155,7 @@ def _prepare(build, root, pipeline_options):
             keep_versions=build.keep_versions, write_index=build.write_index,
             increment=increment and dict(increment.counts, **{"from": increment.previous}),
             drop_content_duplicates=build.drop_content_duplicates)
-        versions.copy_local_file(errors_path, spec.listing_errors_path)
+        files.copy_local_file(errors_path, spec.listing_errors_path)
         shards_index = _write_shard_listings(spec.tmp_dir, tasks)
     return {"status": "planned", "spec": spec, "shards_index": shards_index,
             "images": planned.num_images, "bytes": planned.num_bytes,
@@ -213,7 +213,7 @@ def _write_shard_listings(tmp_dir, shards):
 
     from apache_beam.io.filesystems import FileSystems
 
-    from beam_pipeline.store import versions
+    from beam_pipeline.store import files
     from readers import layout
 
     index, in_flight = [], []
@@ -233,26 +233,26 @@ def _write_shard_listings(tmp_dir, shards):
                 out.write("".join(buffer).encode())
                 out.close()
                 continue
-            in_flight.append(pool.submit(versions.write_bytes, path, "".join(buffer).encode()))
+            in_flight.append(pool.submit(files.write_bytes, path, "".join(buffer).encode()))
             if len(in_flight) >= 32:
                 in_flight.pop(0).result()
         for future in in_flight:
             future.result()
     index_path = layout.join(tmp_dir, "shards.jsonl")
-    versions.write_bytes(index_path, "".join(index).encode())
+    files.write_bytes(index_path, "".join(index).encode())
     return index_path
 
 
 def _check_writable(root):
     from apache_beam.io.filesystems import FileSystems
 
-    from beam_pipeline.store import versions
+    from beam_pipeline.store import files
 
     probe = f"{root}/.write-check-{os.getpid()}"
     try:
         if not root.startswith("gs://"):
             os.makedirs(root, exist_ok=True)
-        versions.write_bytes(probe, b"ok")
+        files.write_bytes(probe, b"ok")
         FileSystems.delete([probe])
     except Exception as e:
         raise UserError(f"--output {root}: not writable ({type(e).__name__}: {e})") from e

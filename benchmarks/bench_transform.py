@@ -58,7 +58,7 @@ def stored_train_stats(vdir, manifest):
     from PIL import Image
 
     sys.path.insert(0, REPO)
-    from beam_pipeline.job.records import read_frame
+    from readers.frames import read_frame
 
     total, sums, squares = 0, np.zeros(3), np.zeros(3)
     for shard in manifest["splits"]["train"]["shards"]:

@@ -5,6 +5,7 @@ Uses tf.io.gfile so local paths and gs:// behave the same without Apache Beam.
 
 import json
 import posixpath
+import re
 
 LATEST = "LATEST"
 VERSIONS = "versions"
@@ -26,6 +27,18 @@ def join(*parts):
 def shard_name(name, split, shard, num_shards):
     """TFDS file naming: NAME-SPLIT.tfrecord-SSSSS-of-NNNNN."""
     return f"{name}-{split}.tfrecord-{shard:05d}-of-{num_shards:05d}"
+
+
+_SHARD_NAME = re.compile(r"(.+)-([^-]+)\.tfrecord-(\d+)-of-(\d+)")
+
+
+def parse_shard_name(path):
+    """A shard file's path or name -> (name, split, shard, num_shards); ValueError if not one."""
+    match = _SHARD_NAME.fullmatch(posixpath.basename(path))
+    if not match:
+        raise ValueError(f"{path}: not a shard name (NAME-SPLIT.tfrecord-SSSSS-of-NNNNN)")
+    name, split, shard, num_shards = match.groups()
+    return name, split, int(shard), int(num_shards)
 
 
 def index_name(shard_file):

@@ -109,7 +109,7 @@ def test_build_and_read_on_gcs(gcs, gcs_bucket, tmp_path, make_images):
 def test_versions_delete_and_prune_on_gcs(gcs, gcs_bucket):
     """GCS has no directories: deleting a version or the temp dir must remove every object
     under the prefix, nested ones included."""
-    from beam_pipeline.store import versions
+    from beam_pipeline.store import files, versions
 
     root = f"gs://{gcs_bucket}/ds"
     old, broken, new = "20260101T000000Z", "20260102T000000Z", "20260103T000000Z"
@@ -131,7 +131,7 @@ def test_versions_delete_and_prune_on_gcs(gcs, gcs_bucket):
 
     gcs.upload_bytes(f"{root}/versions/{new}/.tmp/a/b/c", b"1")
     gcs.upload_bytes(f"{root}/versions/{new}/.tmp/d", b"1")
-    versions.delete_tree(f"{root}/versions/{new}/.tmp")
+    files.delete_tree(f"{root}/versions/{new}/.tmp")
     assert sorted(gcs.list(f"{root}/versions/")) == [
         f"{root}/versions/{new}/manifest.json",
         f"{root}/versions/{new}/x-train.tfrecord-00000-of-00001"]
@@ -152,7 +152,7 @@ def test_commit_retried_after_failed_manifest_write_keeps_listing_errors(
         gcs, gcs_bucket, monkeypatch):
     """A retried commit (the manifest write failed once) must publish the same accounting."""
     from beam_pipeline.job import commit
-    from beam_pipeline.store import versions
+    from beam_pipeline.store import files
 
     root, version = f"gs://{gcs_bucket}/ds", "20260105T000000Z"
     vdir = f"{root}/versions/{version}"
@@ -169,7 +169,7 @@ def test_commit_retried_after_failed_manifest_write_keeps_listing_errors(
         listed=2, duplicates=0, listing_errors_path=listing_errors, input_fingerprint="sha256:x",
         config={}, generator={}, max_error_rate=1.0, keep_versions=0, write_index=False)
 
-    real_write_json, calls = versions.write_json, []
+    real_write_json, calls = files.write_json, []
 
     def flaky_write_json(path, obj):
         calls.append(path)
@@ -177,7 +177,7 @@ def test_commit_retried_after_failed_manifest_write_keeps_listing_errors(
             raise OSError("transient GCS error")
         return real_write_json(path, obj)
 
-    monkeypatch.setattr(versions, "write_json", flaky_write_json)
+    monkeypatch.setattr(files, "write_json", flaky_write_json)
     with pytest.raises(OSError):
         commit.commit(stats, spec)
     manifest = commit.commit(stats, spec)  # the runner's retry of the same bundle

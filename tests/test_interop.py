@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from readers import layout, schema
+from readers import frames, layout, schema
 from tests.helpers import read_records
 
 
@@ -205,8 +205,6 @@ def test_tfrecord_package_reads_shards_through_index(built_dataset):
 def test_random_access_record_at_index_offset_k_is_kth_example(built_dataset):
     import tensorflow as tf
 
-    from beam_pipeline.tools import verify
-
     total = 0
     # tf.data checks every frame's CRCs on the way
     by_shard = read_records(built_dataset["version_dir"], built_dataset["manifest"])
@@ -221,7 +219,7 @@ def test_random_access_record_at_index_offset_k_is_kth_example(built_dataset):
                 f.seek(offset)
                 frame = f.read(length)
                 assert len(frame) == length
-                record, frame_len = verify.read_frame(io.BytesIO(frame), offset)
+                record, frame_len = frames.read_frame(io.BytesIO(frame), offset)
                 assert frame_len == length and record == records[k]
                 ex = tf.train.Example.FromString(record).features.feature
                 encoded = ex[schema.ENCODED].bytes_list.value[0]

@@ -12,7 +12,7 @@ from beam_pipeline.launcher import plan
 from beam_pipeline.job import records
 from beam_pipeline.job.images import Encoded
 from beam_pipeline.refs import SPLIT_NAMES, ImageRef
-from readers import schema
+from readers import frames, schema
 
 
 def _encoded(colour=(10, 200, 30), size=(20, 12)):
@@ -63,7 +63,7 @@ def test_tfrecord_frames_read_by_tf_data(tmp_path):
     payloads = [records.make_example(_encoded((i * 40, 0, 0)), i, f"c{i}", f"c{i}/x.jpg")
                 for i in range(3)] + [b"", b"x" * 70_000]
     path = tmp_path / "frames.tfrecord"
-    path.write_bytes(b"".join(records.tfrecord_frame(p) for p in payloads))
+    path.write_bytes(b"".join(frames.tfrecord_frame(p) for p in payloads))
     # A corrupt CRC would make TFRecordDataset raise DataLossError.
     read = [r.numpy() for r in tf.data.TFRecordDataset(str(path))]
     assert read == payloads
@@ -75,7 +75,7 @@ def test_tfrecord_frame_matches_tf_writer(tmp_path):
     with tf.io.TFRecordWriter(path) as w:
         w.write(payload)
     with open(path, "rb") as f:
-        assert records.tfrecord_frame(payload) == f.read()
+        assert frames.tfrecord_frame(payload) == f.read()
 
 
 # --- splits -----------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import pytest
 
 from beam_pipeline import cli
 from beam_pipeline.job import commit
-from beam_pipeline.store import versions
+from beam_pipeline.store import files, versions
 from readers import layout, schema
 from tests.helpers import REPO, build, image_bytes, make_images, read_records
 
@@ -36,13 +36,13 @@ def snapshot(root):
 
 
 def latest_version(root):
-    return versions.read_json(layout.join(str(root), layout.LATEST))["version"]
+    return files.read_json(layout.join(str(root), layout.LATEST))["version"]
 
 
 def records(root, version):
     """(manifest, {image/filename: (split, label id, class text)}) of a version."""
     vdir = layout.version_dir(str(root), version)
-    manifest = versions.read_json(layout.join(vdir, layout.MANIFEST))
+    manifest = files.read_json(layout.join(vdir, layout.MANIFEST))
     out = {}
     for (split, _), recs in read_records(vdir, manifest).items():
         for r in recs:

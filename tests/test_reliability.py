@@ -23,7 +23,7 @@ import pytest
 
 from beam_pipeline import cli
 from beam_pipeline.job import commit, tfds_metadata
-from beam_pipeline.store import lock, versions
+from beam_pipeline.store import files, gcs, lock, versions
 from readers import layout
 from tests.faults import FaultProxy
 from tests.helpers import REPO, build, image_bytes, make_images
@@ -89,7 +89,7 @@ def version_id(created_at):
 
 def lock_exists(root):
     if root.startswith("gs://"):
-        bucket, name = versions.gcs_blob(lock.lock_path(root))
+        bucket, name = gcs.gcs_blob(lock.lock_path(root))
         return bucket.get_blob(name) is not None
     return os.path.exists(lock.lock_path(root))
 
@@ -336,7 +336,7 @@ def test_concurrent_publishers_leave_latest_on_the_newest(where, request, tmp_pa
         t.start()
     for t in threads:
         t.join(timeout=120)
-    assert versions.read_json(layout.join(root, layout.LATEST)) == \
+    assert files.read_json(layout.join(root, layout.LATEST)) == \
         layout.latest_record(max(ids))
     assert all(got[v] >= v for v in ids), got  # never moved back, never refused wrongly
     assert versions.publish(root, min(ids)) == max(ids)
@@ -348,19 +348,19 @@ def test_concurrent_publishers_leave_latest_on_the_newest(where, request, tmp_pa
 
 def commit_inputs(root, version):
     """What the job hands its commit stage: temp shards and listing errors in .tmp/."""
-    from beam_pipeline.job.records import tfrecord_frame
+    from readers.frames import tfrecord_frame
 
     vdir = layout.version_dir(root, version)
     tmp = layout.join(vdir, ".tmp")
     listing_errors = layout.join(tmp, "listing_errors.jsonl")
-    versions.write_bytes(listing_errors, b'{"uri": "x/a.jpg", "stage": "read", '
+    files.write_bytes(listing_errors, b'{"uri": "x/a.jpg", "stage": "read", '
                                          b'"reason": "not_found", "detail": "gone"}\n')
     stats = []
     for shard in range(2):
         frame = tfrecord_frame(b"record %d" % shard)
         temp = layout.join(tmp, f"rel-train.tfrecord-0000{shard}-of-00002.abc")
-        versions.write_bytes(temp, frame)
-        versions.write_bytes(temp + layout.INDEX_SUFFIX, b"0 %d\n" % len(frame))
+        files.write_bytes(temp, frame)
+        files.write_bytes(temp + layout.INDEX_SUFFIX, b"0 %d\n" % len(frame))
         stats.append({"split": "train", "shard": shard, "temp": temp,
                       "index_temp": temp + layout.INDEX_SUFFIX, "num_examples": 1,
                       "num_bytes": len(frame), "sha256": hashlib.sha256(frame).hexdigest(),
@@ -381,7 +381,7 @@ def stored(root, vdir):
         with versions.FileSystems.open(p) as f:
             out[p] = f.read()
         if p.startswith("gs://"):
-            bucket, name = versions.gcs_blob(p)
+            bucket, name = gcs.gcs_blob(p)
             out[p + "#generation"] = bucket.get_blob(name).generation
         else:
             out[p + "#mtime"] = os.stat(p).st_mtime_ns
@@ -476,7 +476,7 @@ def test_shard_deleted_or_truncated_on_gcs_is_named_by_verify_and_reader(
     vdir = layout.version_dir(root, clean["version"])
     train = clean["manifest"]["splits"]["train"]["shards"][0]
     val = clean["manifest"]["splits"]["validation"]["shards"][0]
-    bucket_obj, name = versions.gcs_blob(f"{vdir}/{train['path']}")
+    bucket_obj, name = gcs.gcs_blob(f"{vdir}/{train['path']}")
     bucket_obj.delete_blob(name)
     data = gcs.read(f"{vdir}/{val['path']}")
     gcs.upload_bytes(f"{vdir}/{val['path']}", data[:len(data) // 2])
@@ -600,7 +600,7 @@ def test_output_disk_full_fails_with_one_line_and_keeps_the_previous_version(tmp
     assert err.strip() == line, err
 
     root = str(after)  # what the full disk held afterwards, copied out
-    assert versions.read_json(layout.join(root, layout.LATEST)) == layout.latest_record(v1)
+    assert files.read_json(layout.join(root, layout.LATEST)) == layout.latest_record(v1)
     assert not [p for p in os.listdir(root) if p.startswith(".LATEST")]  # no partial LATEST
     assert verify.verify(root) == []
     info = readers.info(root)

@@ -173,10 +173,10 @@ def _write_asset(temp_dir, name, text):
 
     import numpy as np
 
-    from beam_pipeline.store import versions
+    from beam_pipeline.store import files
 
     path = "/".join([temp_dir, uuid.uuid4().hex, name])
-    versions.write_bytes(path, text.encode())
+    files.write_bytes(path, text.encode())
     return np.array(path.encode())
 
 

@@ -14,7 +14,7 @@ from apache_beam.io.filesystems import FileSystems
 from beam_pipeline.job import images, records
 from beam_pipeline.errors import error_record
 from beam_pipeline.job.shards import read_bytes
-from readers import layout, schema
+from readers import frames, layout, schema
 
 
 class ToRecordFn(beam.DoFn):
@@ -44,12 +44,12 @@ def shard_stats(path, split, write_index):
 
     with FileSystems.open(path) as f:
         data = f.read()
-    stats = {"split": split, "shard": int(path.rsplit("-of-", 1)[0].rsplit("-", 1)[1]),
+    stats = {"split": split, "shard": layout.parse_shard_name(path)[2],
              "temp": path, "num_examples": 0, "num_bytes": len(data), "label_counts": {},
              "errors": [], "sha256": hashlib.sha256(data).hexdigest()}
     offset, offsets = 0, []
     with io.BytesIO(data) as f:
-        while (frame := records.read_frame(f, offset)) is not None:
+        while (frame := frames.read_frame(f, offset)) is not None:
             record, frame_length = frame
             example = example_pb2.Example.FromString(record)
             label = example.features.feature[schema.TEXT].bytes_list.value[0].decode()
@@ -60,7 +60,7 @@ def shard_stats(path, split, write_index):
     if write_index:
         stats["index_temp"] = path + layout.INDEX_SUFFIX
         with FileSystems.create(stats["index_temp"]) as f:
-            f.write("".join(f"{o} {n}\n" for o, n in offsets).encode())
+            f.write(frames.index_bytes(offsets))
     return stats
 
 

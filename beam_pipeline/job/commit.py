@@ -12,8 +12,8 @@ import logging
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from beam_pipeline.store import catalog, versions
-from beam_pipeline.job import duplicates
+from beam_pipeline.store import catalog, files, versions
+from beam_pipeline.job import duplicates, rewrite
 from readers import layout, schema
 
 
@@ -68,8 +68,8 @@ def commit(shard_stats, spec, extra_files=(), manifest_parts=()):
     """
     vdir = spec.vdir
     done = layout.join(vdir, layout.MANIFEST)
-    if versions.exists(done):  # run again after it wrote the manifest (a runner's retry):
-        return _publish(spec, versions.read_json(done))  # publish only, rewrite nothing
+    if files.exists(done):  # run again after it wrote the manifest (a runner's retry):
+        return _publish(spec, files.read_json(done))  # publish only, rewrite nothing
     # Shards with a catalog fragment (not --sink beam), in split and shard order.
     cataloged = sorted((s for s in shard_stats if s.get("catalog_temp")),
                        key=lambda s: (s["split"], s["shard"]))
@@ -142,10 +142,10 @@ def commit(shard_stats, spec, extra_files=(), manifest_parts=()):
         manifest.update(part)
     for extra in extra_files:  # hooks that add files next to the manifest (TFDS, TFT, …)
         extra(vdir, manifest)
-    versions.write_json(layout.join(vdir, layout.MANIFEST), manifest)  # now it is complete
+    files.write_json(layout.join(vdir, layout.MANIFEST), manifest)  # now it is complete
     # Only now: a retried commit (say the manifest write failed) must still find the
     # listing errors in .tmp/, or its errors.jsonl and accounting would silently lose them.
-    versions.delete_tree(spec.tmp_dir)
+    files.delete_tree(spec.tmp_dir)
     return _publish(spec, manifest)
 
 
@@ -173,9 +173,9 @@ def _commit_shard(stats, spec, split, shard):
     final_name = layout.shard_name(spec.name, split, shard, spec.num_shards[split])
     final = layout.join(spec.vdir, final_name)
     if stats is None:  # no image hashed into this shard: an empty, valid TFRecord file
-        versions.write_bytes(final, b"")
+        files.write_bytes(final, b"")
         if spec.write_index:
-            versions.write_bytes(layout.index_name(final), b"")
+            files.write_bytes(layout.index_name(final), b"")
         return {"path": final_name, "num_examples": 0, "num_bytes": 0,
                 "sha256": "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
                 "origin": "hash"}
@@ -199,7 +199,7 @@ def _content_duplicates(ordered, spec):
         for s in ordered:
             if s["path"] in extras:
                 before = s["num_examples"]
-                duplicates.drop(s, extras[s["path"]], spec.write_index)
+                rewrite.keep_rows(s, extras[s["path"]], spec.write_index)
                 dropped += before - s["num_examples"]
     return entry, dropped
 
@@ -239,7 +239,7 @@ def _rename(temp, final):
 
 
 def _write_errors(path, errors):
-    versions.write_bytes(path, "".join(json.dumps(e, sort_keys=True) + "\n"
+    files.write_bytes(path, "".join(json.dumps(e, sort_keys=True) + "\n"
                                        for e in errors).encode())
 
 

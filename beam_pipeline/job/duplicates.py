@@ -11,8 +11,7 @@ import itertools
 import json
 import tempfile
 
-from beam_pipeline.store import catalog, versions
-from beam_pipeline.job import reuse
+from beam_pipeline.store import catalog, files
 from beam_pipeline.store.spill import SortedSpill
 from readers import layout
 
@@ -50,15 +49,5 @@ def report(fragments, vdir, collect_extras=False):
             for _, _, file, position in members[1:] if collect_extras else ():
                 extras.setdefault(file, set()).add(position)
         out.flush()
-        versions.copy_local_file(out.name, layout.join(vdir, DUPLICATES))
+        files.copy_local_file(out.name, layout.join(vdir, DUPLICATES))
     return {"groups": count, "across_splits": across, "path": DUPLICATES}, extras
-
-
-def drop(stats, positions, write_index):
-    """Rewrite one temp shard without the records at `positions` (its stats updated)."""
-    rows = [r for r in catalog.iter_rows(stats["catalog_temp"])
-            if r["position"] not in positions]
-    source, stats["temp"] = stats["temp"], stats["temp"] + ".dedup"
-    rows, stats["sha256"], stats["num_bytes"], index = reuse.copy_frames(
-        source, stats["temp"], rows, stats["split"], stats["shard"], stats["path"])
-    return reuse.set_rows(stats, rows, write_index, index)

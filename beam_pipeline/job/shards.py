@@ -22,7 +22,7 @@ from beam_pipeline.store import catalog
 from beam_pipeline.job import images, records, reuse
 from beam_pipeline.errors import error_record
 from beam_pipeline.refs import ImageRef
-from readers import layout
+from readers import frames, layout
 
 READ_AHEAD = 16  # images fetched concurrently: hides gs:// latency, bounds memory
 
@@ -127,7 +127,7 @@ class WriteShardFn(beam.DoFn):
                     progress.tick()
                     continue
                 sha256 = hashlib.sha256(encoded.data).hexdigest()
-                frame = records.tfrecord_frame(
+                frame = frames.tfrecord_frame(
                     records.make_example(encoded, self.label_ids[ref.label], ref.label,
                                          ref.key, sha256))
                 catalog_rows.append({
@@ -187,7 +187,7 @@ class _IndexWriter:
 
     def add(self, offset, length):
         if self.out:
-            self.lines.append(f"{offset} {length}\n")
+            self.lines.append(frames.index_line(offset, length))
             if len(self.lines) >= 4096:
                 self.out.write("".join(self.lines).encode())
                 self.lines = []

@@ -103,7 +103,7 @@ def dataset_info_json(manifest):
 
 def write(version_dir, manifest):
     """Commit hook: write the TFDS files into `version_dir` and list them in the manifest."""
-    from beam_pipeline.store import versions
+    from beam_pipeline.store import files
 
     if int(manifest.get("label_offset", 0)) != 0:
         logging.warning("label_offset %s: TFDS ClassLabel ids start at 0; no TFDS metadata "
@@ -120,7 +120,7 @@ def write(version_dir, manifest):
         labels_file: "".join(f"{label}\n" for label in manifest["labels"]),
     }
     for name, text in contents.items():
-        versions.write_bytes(layout.join(version_dir, name), text.encode())
+        files.write_bytes(layout.join(version_dir, name), text.encode())
     empty = sorted(s for s, v in manifest["splits"].items() if not v["num_examples"])
     manifest["tfds"] = {"version": info["version"], "files": sorted(contents),
                         "omitted_splits": empty}

@@ -40,6 +40,7 @@ import time
 import uuid
 
 from beam_pipeline.errors import UserError
+from beam_pipeline.store import gcs
 
 LOCK_NAME = ".lock"
 HEARTBEAT = 20.0               # seconds between heartbeats of a running build
@@ -241,10 +242,8 @@ class _LocalLock(_Heartbeat):
 
 class _GcsLock(_Heartbeat):
     def __init__(self, root):
-        from beam_pipeline.store import versions
-
         self.root = root
-        self.bucket, self.name = versions.gcs_blob(lock_path(root))
+        self.bucket, self.name = gcs.gcs_blob(lock_path(root))
         self.token, self.started = uuid.uuid4().hex, _now()
         self.generation, self.handed_off, self.lost = None, False, False
         self.stop = threading.Event()
@@ -275,27 +274,15 @@ class _GcsLock(_Heartbeat):
 
     def _read(self):
         """(body, generation, age in seconds) of the lock object, or (None, 0, None)."""
-        from google.api_core import exceptions
-        from google.cloud.storage.retry import DEFAULT_RETRY
-
-        for _ in range(10):
-            blob = self.bucket.get_blob(self.name, retry=DEFAULT_RETRY)
-            if blob is None:
-                return None, 0, None
-            # Before the download, which resets them from its response headers.
-            generation, updated = blob.generation, blob.updated
-            try:
-                data = blob.download_as_bytes(if_generation_match=generation,
-                                              retry=DEFAULT_RETRY)
-            except (exceptions.PreconditionFailed, exceptions.NotFound):
-                continue  # rewritten or deleted between the two calls: look again
-            try:
-                body = json.loads(data)
-            except ValueError:
-                body = {}
-            age = (_now() - updated).total_seconds() if updated else None
-            return body, generation, age
-        raise RuntimeError(f"{lock_path(self.root)}: changing too fast to read")
+        data, generation, updated = gcs.read_with_generation(self.bucket, self.name, attempts=10)
+        if data is None:
+            return None, 0, None
+        try:
+            body = json.loads(data)
+        except ValueError:
+            body = {}
+        age = (_now() - updated).total_seconds() if updated else None
+        return body, generation, age
 
     def try_acquire(self):
         body = _body(self.token, self.started)

@@ -13,6 +13,7 @@ import uuid
 
 from apache_beam.io.filesystems import FileSystems
 
+from beam_pipeline.store import files, gcs
 from readers import layout
 
 
@@ -49,74 +50,29 @@ def _claim(vdir, token):
             return True
         except FileExistsError:
             return False
-    if _objects(vdir + "/**"):
+    if files.objects(vdir + "/**"):
         return False
     mine = layout.join(vdir, ".tmp", CLAIM_PREFIX + token)
-    write_bytes(mine, token.encode())
-    if any(p != mine for p in _objects(layout.join(vdir, ".tmp", CLAIM_PREFIX + "*"))):
+    files.write_bytes(mine, token.encode())
+    if any(p != mine for p in files.objects(layout.join(vdir, ".tmp", CLAIM_PREFIX + "*"))):
         FileSystems.delete([mine])
         return False
     return True
 
 
-def _objects(pattern):
-    try:
-        return [m.path for m in FileSystems.match([pattern])[0].metadata_list]
-    except Exception:
-        return []
-
-
-def read_json(path):
-    with FileSystems.open(path) as f:
-        return json.loads(f.read().decode())
-
-
-def write_bytes(path, data):
-    try:
-        with FileSystems.create(path) as f:
-            f.write(data)
-    except OSError as e:  # e.g. a full disk: say which file (the error alone does not)
-        if e.filename or e.errno is None:
-            raise
-        raise OSError(e.errno, f"cannot write {path}: {e.strerror}") from e
-
-
-def copy_local_file(local_path, path):
-    """Stream a local file to `path` (local or gs://) in 8 MiB pieces."""
-    with open(local_path, "rb") as src, FileSystems.create(path) as dst:
-        while chunk := src.read(8 << 20):
-            dst.write(chunk)
-
-
-def write_json(path, obj):
-    """Write a JSON file whole or not at all (a manifest present means a complete version)."""
-    data = (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode()
-    if "://" in path:
-        write_bytes(path, data)  # an object appears only once its upload completes
-    else:
-        replace_local(path, data)
-
-
-def exists(path):
-    return FileSystems.exists(path)
-
-
 def latest(root):
     """(version, manifest) that ROOT/LATEST names, or (None, None) for a new root."""
     path = layout.join(root, layout.LATEST)
-    if not exists(path):
+    if not files.exists(path):
         return None, None
-    record = read_json(path)
-    return record["version"], read_json(layout.join(root, record["manifest"]))
+    record = files.read_json(path)
+    return record["version"], files.read_json(layout.join(root, record["manifest"]))
 
 
 def list_versions(root):
     """{version id: is complete} for every directory under ROOT/versions/."""
     pattern = layout.join(root, layout.VERSIONS, "*", "**")
-    try:
-        paths = [m.path for m in FileSystems.match([pattern])[0].metadata_list]
-    except Exception:
-        paths = []
+    paths = files.objects(pattern)
     prefix = layout.join(root, layout.VERSIONS) + "/"
     found = {}
     for p in paths:
@@ -131,21 +87,7 @@ def list_versions(root):
 
 
 def delete_version(root, version):
-    delete_tree(layout.version_dir(root, version))
-
-
-def delete_tree(directory):
-    """Delete a local directory, or every object under a gs:// prefix; missing is fine."""
-    if not directory.startswith("gs://"):
-        if FileSystems.exists(directory):
-            FileSystems.delete([directory])  # LocalFileSystem removes the whole tree
-        return
-    try:
-        paths = [m.path for m in FileSystems.match([directory + "/**"])[0].metadata_list]
-    except Exception:  # nothing matched
-        paths = []
-    if paths:
-        FileSystems.delete(paths)
+    files.delete_tree(layout.version_dir(root, version))
 
 
 class Fingerprint:
@@ -187,47 +129,24 @@ def _publish_local(root, version):
     fd = os.open(root, os.O_RDONLY)  # the directory's flock serializes read-compare-rename
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        current = read_json(path)["version"] if os.path.exists(path) else None
+        current = files.read_json(path)["version"] if os.path.exists(path) else None
         if current is not None and current >= version:
             return current
-        replace_local(path, json.dumps(layout.latest_record(version)).encode())
+        files.replace_local(path, json.dumps(layout.latest_record(version)).encode())
         return version
     finally:
         os.close(fd)  # drops the flock
-
-
-def replace_local(path, data):
-    """Atomically replace a local file: temp file, fsync, rename over `path`, fsync the
-    directory. A crash or a full disk leaves the old file (or none), never a torn one."""
-    directory, name = os.path.split(os.path.abspath(path))
-    tmp = os.path.join(directory, f".{name}.{uuid.uuid4().hex[:12]}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise OSError(e.errno, f"cannot write {path}: {e.strerror}") from e
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)  # the rename itself survives a power cut
-    finally:
-        os.close(fd)
 
 
 def _publish_gcs(root, version, attempts=50):
     from google.api_core import exceptions
     from google.cloud.storage.retry import DEFAULT_RETRY
 
-    bucket, name = gcs_blob(layout.join(root, layout.LATEST))
+    bucket, name = gcs.gcs_blob(layout.join(root, layout.LATEST))
     record = json.dumps(layout.latest_record(version)).encode()
     for _ in range(attempts):
-        current, generation = _read_gcs_latest(bucket, name)
+        data, generation, _ = gcs.read_with_generation(bucket, name)
+        current = json.loads(data)["version"] if data is not None else None
         if current is not None and current >= version:
             return current
         try:  # 412 if LATEST changed since it was read (or appeared, for generation 0)
@@ -241,38 +160,6 @@ def _publish_gcs(root, version, attempts=50):
             time.sleep(random.uniform(0.05, 0.5))
     raise RuntimeError(f"{root}/{layout.LATEST}: still changing after {attempts} "
                        "compare-and-swap attempts; nothing published")
-
-
-def _read_gcs_latest(bucket, name):
-    """(version LATEST names, its generation), or (None, 0) when there is no LATEST."""
-    from google.api_core import exceptions
-    from google.cloud.storage.retry import DEFAULT_RETRY
-
-    while True:
-        blob = bucket.get_blob(name, retry=DEFAULT_RETRY)
-        if blob is None:
-            return None, 0
-        generation = blob.generation  # (the download resets it from its response headers)
-        try:  # that very generation, so the version and the generation belong together
-            data = blob.download_as_bytes(if_generation_match=generation, retry=DEFAULT_RETRY)
-        except (exceptions.PreconditionFailed, exceptions.NotFound):
-            continue
-        return json.loads(data)["version"], generation
-
-
-_gcs_clients = {}
-
-
-def gcs_blob(uri):
-    """gs://bucket/name -> (google-cloud-storage Bucket, object name), through a client made
-    the way Beam's gcsio makes its own (same credentials), one per endpoint and process."""
-    from apache_beam.io.gcp.gcsio import GcsIO
-
-    endpoint = os.environ.get("STORAGE_EMULATOR_HOST")  # tests switch emulators
-    if endpoint not in _gcs_clients:
-        _gcs_clients[endpoint] = GcsIO().client
-    bucket, _, name = uri[len("gs://"):].partition("/")
-    return _gcs_clients[endpoint].bucket(bucket), name
 
 
 def prune(root, published, keep):

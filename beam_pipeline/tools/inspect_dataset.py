@@ -18,7 +18,7 @@ import random
 import sys
 
 from beam_pipeline.refs import split_order
-from readers import _quiet, layout, schema
+from readers import _quiet, frames, layout, schema
 
 CONTACT_SHEET = "contact_sheet.png"
 CLASS_COUNTS = "class_counts.png"
@@ -69,17 +69,15 @@ def summary(manifest, version_dir=None):
 
 def _record_at(gfile, shard_path, position, index):
     """The serialized Example at `position` of a shard: seek via its index, else scan."""
-    from beam_pipeline.job.records import read_frame
-
     with gfile.GFile(shard_path, "rb") as f:
         if index is not None:
             offset = index[position][0]
             f.seek(offset)
-            return read_frame(f, offset)[0]
+            return frames.read_frame(f, offset)[0]
         offset = 0
         for _ in range(position):
-            offset += read_frame(f, offset, check_crc=False)[1]
-        return read_frame(f, offset)[0]
+            offset += frames.read_frame(f, offset, check_crc=False)[1]
+        return frames.read_frame(f, offset)[0]
 
 
 def _read_index(gfile, shard_path):
@@ -87,7 +85,7 @@ def _read_index(gfile, shard_path):
     if not gfile.exists(path):
         return None
     with gfile.GFile(path, "r") as f:
-        return [tuple(int(x) for x in l.split()) for l in f.read().splitlines() if l.strip()]
+        return frames.parse_index(f.read())
 
 
 def sample(version_dir, manifest, n, split=None, seed=0):

@@ -21,7 +21,7 @@ import hashlib
 import json
 import sys
 
-from beam_pipeline.job.records import FrameError, read_frame
+from readers.frames import FrameError, parse_index, read_frame
 from readers import _quiet, layout, schema
 
 MAX_PROBLEMS_PER_FILE = 10   # a corrupt shard can fail every record; say so, not 10,000 times
@@ -148,9 +148,9 @@ def _check_index(gfile, path, rel, frames, complete, required, problems):
             problems.add(name, "missing (write_index is on for this version)")
         return
     with gfile.GFile(index, "r") as f:
-        lines = [l for l in f.read().splitlines() if l.strip()]
+        text = f.read()
     try:
-        entries = [tuple(int(x) for x in l.split()) for l in lines]
+        entries = parse_index(text)
     except ValueError:
         problems.add(name, "not 'offset length' integer pairs")
         return

@@ -1,0 +1,89 @@
+"""File I/O under a dataset root, on Beam FileSystems so local paths and gs:// behave the same.
+
+Every module that writes or reads a whole small file (manifest, errors, listings, TFDS
+metadata) goes through here, so a full disk or a torn write is handled in one place.
+"""
+
+import json
+import os
+import uuid
+
+from apache_beam.io.filesystems import FileSystems
+
+
+def exists(path):
+    return FileSystems.exists(path)
+
+
+def objects(pattern):
+    """The paths matching `pattern` (none when nothing matches or the match fails)."""
+    try:
+        return [m.path for m in FileSystems.match([pattern])[0].metadata_list]
+    except Exception:
+        return []
+
+
+def read_json(path):
+    with FileSystems.open(path) as f:
+        return json.loads(f.read().decode())
+
+
+def write_bytes(path, data):
+    try:
+        with FileSystems.create(path) as f:
+            f.write(data)
+    except OSError as e:  # e.g. a full disk: say which file (the error alone does not)
+        if e.filename or e.errno is None:
+            raise
+        raise OSError(e.errno, f"cannot write {path}: {e.strerror}") from e
+
+
+def copy_local_file(local_path, path):
+    """Stream a local file to `path` (local or gs://) in 8 MiB pieces."""
+    with open(local_path, "rb") as src, FileSystems.create(path) as dst:
+        while chunk := src.read(8 << 20):
+            dst.write(chunk)
+
+
+def write_json(path, obj):
+    """Write a JSON file whole or not at all (a manifest present means a complete version)."""
+    data = (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode()
+    if "://" in path:
+        write_bytes(path, data)  # an object appears only once its upload completes
+    else:
+        replace_local(path, data)
+
+
+def replace_local(path, data):
+    """Atomically replace a local file: temp file, fsync, rename over `path`, fsync the
+    directory. A crash or a full disk leaves the old file (or none), never a torn one."""
+    directory, name = os.path.split(os.path.abspath(path))
+    tmp = os.path.join(directory, f".{name}.{uuid.uuid4().hex[:12]}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise OSError(e.errno, f"cannot write {path}: {e.strerror}") from e
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # the rename itself survives a power cut
+    finally:
+        os.close(fd)
+
+
+def delete_tree(directory):
+    """Delete a local directory, or every object under a gs:// prefix; missing is fine."""
+    if not directory.startswith("gs://"):
+        if FileSystems.exists(directory):
+            FileSystems.delete([directory])  # LocalFileSystem removes the whole tree
+        return
+    paths = objects(directory + "/**")
+    if paths:
+        FileSystems.delete(paths)
