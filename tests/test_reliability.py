@@ -23,7 +23,8 @@ import pytest
 
 from beam_pipeline import cli
 from beam_pipeline.job import commit, tfds_metadata
-from beam_pipeline.store import files, gcs, lock, versions
+from beam_pipeline.store import files, lock, versions
+from beam_pipeline.store.gcs import gcs_blob
 from readers import layout
 from tests.faults import FaultProxy
 from tests.helpers import REPO, build, image_bytes, make_images
@@ -89,7 +90,7 @@ def version_id(created_at):
 
 def lock_exists(root):
     if root.startswith("gs://"):
-        bucket, name = gcs.gcs_blob(lock.lock_path(root))
+        bucket, name = gcs_blob(lock.lock_path(root))
         return bucket.get_blob(name) is not None
     return os.path.exists(lock.lock_path(root))
 
@@ -381,7 +382,7 @@ def stored(root, vdir):
         with versions.FileSystems.open(p) as f:
             out[p] = f.read()
         if p.startswith("gs://"):
-            bucket, name = gcs.gcs_blob(p)
+            bucket, name = gcs_blob(p)
             out[p + "#generation"] = bucket.get_blob(name).generation
         else:
             out[p + "#mtime"] = os.stat(p).st_mtime_ns
@@ -476,7 +477,7 @@ def test_shard_deleted_or_truncated_on_gcs_is_named_by_verify_and_reader(
     vdir = layout.version_dir(root, clean["version"])
     train = clean["manifest"]["splits"]["train"]["shards"][0]
     val = clean["manifest"]["splits"]["validation"]["shards"][0]
-    bucket_obj, name = gcs.gcs_blob(f"{vdir}/{train['path']}")
+    bucket_obj, name = gcs_blob(f"{vdir}/{train['path']}")
     bucket_obj.delete_blob(name)
     data = gcs.read(f"{vdir}/{val['path']}")
     gcs.upload_bytes(f"{vdir}/{val['path']}", data[:len(data) // 2])
