@@ -119,7 +119,8 @@ def _prepare(build, root, pipeline_options):
         errors_path = os.path.join(scratch, "listing_errors.jsonl")
         with open(errors_path, "w") as errors_file:
             planned = plan.plan_listing(
-                listing.iter_inputs(build.input), plan.parse_splits(build.splits),
+                listing.iter_inputs(build.input, build.encode_options().max_bytes),
+                plan.parse_splits(build.splits),
                 versions.Fingerprint(fingerprint_config, __version__),
                 set(label_file) if label_file else None, scratch,
                 lambda e: errors_file.write(json.dumps(e) + "\n"))

@@ -18,6 +18,8 @@ Every JSON-API request (google-cloud-storage, and so Beam's gcsio) then goes thr
   uploads (media, multipart), downloads, metadata reads, deletes, copies and rewrites (the
   destination). Not covered: a precondition on a resumable upload is checked when the
   upload starts, not when its last chunk lands, and requests inside a batch are not checked.
+* Forced answers (`proxy.fail(text, status, times)`): a request whose decoded target
+  contains `text` is answered `status` (e.g. 403, or 503 a few times), before any drawn fault.
 * Finished resumable uploads: GCS answers a later request to a completed upload session
   with the object (that is how a client whose final answer was lost learns the upload is
   done); the emulator has forgotten the session and says 404, so the proxy answers instead.
@@ -55,6 +57,7 @@ class FaultProxy(socketserver.ThreadingTCPServer):
         self.requests, self.injected, self.refused_412 = 0, {f: 0 for f in faults}, 0
         self.log = []                          # (fault, method, path) of each injected fault
         self.finished_uploads = {}             # upload_id -> the answer that completed it
+        self.forced = []                       # [text, status, times left (None: always)]
         super().__init__(("127.0.0.1", 0), _Handler)
         self.thread = threading.Thread(target=self.serve_forever, daemon=True)
 
@@ -83,6 +86,24 @@ class FaultProxy(socketserver.ThreadingTCPServer):
                 self.injected[fault] += 1
                 self.log.append((fault, method, path))
                 return fault
+        return None
+
+    def fail(self, text, status, times=None):
+        """Answer `status` to requests whose decoded target contains `text` (`times` times,
+        or always); `fail_clear()` forgets them all."""
+        self.forced.append([text, status, times])
+
+    def fail_clear(self):
+        self.forced = []
+
+    def forced_answer(self, target):
+        decoded = urllib.parse.unquote(target)
+        with self.draw_lock:
+            for rule in self.forced:
+                if rule[0] in decoded and rule[2] != 0:
+                    if rule[2] is not None:
+                        rule[2] -= 1
+                    return rule[1]
         return None
 
     def generation(self, bucket, name):
@@ -170,6 +191,11 @@ class _Handler(socketserver.BaseRequestHandler):
         method, target = request_line.split(" ")[:2]
         body = read_body(sock, head, body)
         if body is None:
+            return
+        forced = server.forced_answer(target)
+        if forced:
+            sock.sendall(_error(forced, {403: "Forbidden", 503: "Service Unavailable"}
+                                .get(forced, "Error")))
             return
         fault = server.draw(method, target.split("?")[0])
         if fault in ("503", "429"):

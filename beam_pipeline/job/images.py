@@ -52,6 +52,7 @@ class EncodeOptions:
     validate: str = "decode"     # decode: full strict decode of every input; header: trust it
     jpeg_quality: int = 90
     max_pixels: int = Image.MAX_IMAGE_PIXELS  # decompression-bomb limit
+    max_bytes: int = 0           # inputs larger than this are never read whole; 0 = no limit
 
     def __post_init__(self):
         if self.reencode not in ("auto", "always"):

@@ -24,19 +24,30 @@ from beam_pipeline.errors import error_record
 from beam_pipeline.refs import ImageRef
 from readers import frames, layout
 
-READ_AHEAD = 16  # images fetched concurrently: hides gs:// latency, bounds memory
+READ_AHEAD = 16                 # images fetched concurrently: hides gs:// latency
+READ_AHEAD_BYTES = 256 << 20    # ... and at most this many listed bytes in flight (one more
+                                # image when a single one is larger)
 
 
-def read_bytes(uri):
+def read_bytes(uri, max_bytes=0):
+    """The file's bytes; None when it holds more than `max_bytes` (0: no limit), found
+    without reading more than max_bytes + 1 of them."""
     with FileSystems.open(uri, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-        return f.read()
+        if not max_bytes:
+            return f.read()
+        data = f.read(max_bytes + 1)
+    return None if len(data) > max_bytes else data
 
 
-def _fetch(uri):
+def _fetch(uri, max_bytes=0):
     try:
-        return read_bytes(uri), None
+        data = read_bytes(uri, max_bytes)
     except Exception as e:  # a vanished or unreadable file is data, not a crash
         return None, e
+    if data is None:  # it grew past the limit after it was listed
+        return None, images.ImageError("read", "too_large",
+                                       f"over --max_image_mb ({max_bytes / 2**20:g} MiB)")
+    return data, None
 
 
 def read_listing(path):
@@ -113,8 +124,12 @@ class WriteShardFn(beam.DoFn):
               catalog.FragmentWriter(stats["catalog_temp"]) as catalog_rows,
               _IndexWriter(stats.get("index_temp")) as index):
             # Listing order is shard order: the output is deterministic.
-            for ref, data, read_error in _read_ahead(self.pool, read_listing(listing)):
+            refs = read_listing(listing)
+            for ref, data, read_error in _read_ahead(self.pool, refs,
+                                                     self.encode_options.max_bytes):
                 try:
+                    if isinstance(read_error, images.ImageError):
+                        raise read_error
                     if read_error is not None:
                         raise images.ImageError("read", "unreadable",
                                                 f"{type(read_error).__name__}: {read_error}")
@@ -162,14 +177,18 @@ def _add_moments(totals, moments):
     totals["sum_sq"] = [a + float(b) for a, b in zip(totals["sum_sq"], squares)]
 
 
-def _read_ahead(pool, refs):
-    """Yield (ref, bytes, error) in order while up to READ_AHEAD later reads are in flight."""
-    pending = collections.deque()
+def _read_ahead(pool, refs, max_bytes=0, budget=None):
+    """Yield (ref, bytes, error) in order while later reads are in flight: up to READ_AHEAD
+    of them, holding at most `budget` (READ_AHEAD_BYTES) listed bytes, or one image."""
+    budget = READ_AHEAD_BYTES if budget is None else budget
+    pending, in_flight = collections.deque(), 0
     for ref in refs:
-        pending.append((ref, pool.submit(_fetch, ref.uri)))
-        if len(pending) > READ_AHEAD:
-            ref, future = pending.popleft()
-            yield (ref, *future.result())
+        while pending and (len(pending) >= READ_AHEAD or in_flight + ref.size > budget):
+            done, future = pending.popleft()
+            in_flight -= done.size
+            yield (done, *future.result())
+        pending.append((ref, pool.submit(_fetch, ref.uri, max_bytes)))
+        in_flight += ref.size
     for ref, future in pending:
         yield (ref, *future.result())
 

@@ -38,6 +38,8 @@ def add_build_args(parser):
     add("--jpeg_quality", type=int, default=90, help="JPEG quality when encoding (1-100).")
     add("--max_pixels", type=int, default=89_478_485,
         help="Reject images with more pixels than this (decompression bombs).")
+    add("--max_image_mb", type=float, default=1024.0,
+        help="Inputs larger than this (MiB) are rejected as too_large, never read.")
     add("--max_error_rate", type=float, default=0.01,
         help="Fail without publishing when more than this fraction of inputs is rejected.")
     add("--label_file", default=None,

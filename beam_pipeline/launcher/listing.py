@@ -13,30 +13,49 @@ input's name (the root's last path component; a manifest's file stem).
 import concurrent.futures
 import csv
 import io
+import itertools
 import json
 import os
 import posixpath
 import queue
 import re
+import stat
 import threading
+import unicodedata
 
 from beam_pipeline.errors import UserError, error_record
 from beam_pipeline.refs import SPLIT_NAMES, ImageRef
+from beam_pipeline.store.spill import SortedSpill
 
 IMAGE_EXTENSIONS = {".jpg", ".jpeg", ".png", ".gif", ".bmp", ".tif", ".tiff", ".webp"}
 GLOB_CHARS = set("*?[")
 GCS_LIST_THREADS = 32      # gs:// prefixes listed at once (one request returns <= 1,000 names)
 GCS_FANOUT_DEPTH = 2       # fan out on split/ and class/ folders, then list each subtree
 STAT_THREADS = 32          # manifest uris on gs:// checked at once
+SPLIT_PATTERN = re.compile(r"[a-z][a-z0-9_]*")  # split names become file and folder names
 
 
-def iter_inputs(specs):
-    """Every --input -> a stream of ImageRef (listed image) or dict (an errors.jsonl record)."""
+class ListingFailed(RuntimeError):
+    """A folder or object could not be listed: the build stops (exit 1) before it plans,
+    rather than counting what it could not see as removed."""
+
+
+def iter_inputs(specs, max_bytes=0):
+    """Every --input -> a stream of ImageRef (listed image) or dict (an errors.jsonl record).
+
+    An input larger than `max_bytes` (0: no limit) is an error record, `too_large`: it is
+    never read, so one huge file cannot fill a worker's memory.
+    """
     names = input_names(specs)
     for spec, name in zip(specs, names):
         for item in _list_spec(spec):
-            if name and isinstance(item, ImageRef):
-                item = item.with_key(f"{name}/{item.key}")
+            if isinstance(item, ImageRef):
+                if max_bytes and item.size > max_bytes:
+                    item = error_record(item.uri, "read", "too_large",
+                                        f"{item.size} bytes, over --max_image_mb "
+                                        f"({max_bytes / 2**20:g} MiB)")
+                elif name:
+                    item = item.with_key(f"{name}/{item.key}")
             yield item
 
 
@@ -83,6 +102,11 @@ def _list_directory(root):
     for rel, uri, size, mtime in _walk(root):
         if not _is_image_name(rel):
             continue
+        if size is None:
+            found += 1
+            yield error_record(uri, "read", "not_found", "a broken symbolic link, or deleted "
+                                                         "while listing")
+            continue
         parts = rel.split("/")
         split = None
         if len(parts) >= 3 and parts[0] in SPLIT_NAMES:
@@ -91,7 +115,7 @@ def _list_directory(root):
             raise UserError(f"--input {root}: {rel} is not in a class folder; use "
                             f"{root}/<class>/<image> or a CSV manifest")
         found += 1
-        yield ImageRef(rel, uri, parts[0], split, size, mtime)
+        yield ImageRef(rel, uri, _folder_label(parts[0], root, rel), split, size, mtime)
     if not found:
         raise UserError(f"--input {root}: no image files found (expected {root}/<class>/<image>, "
                         f"extensions {', '.join(sorted(IMAGE_EXTENSIONS))})")
@@ -110,9 +134,27 @@ def _list_glob(pattern):
         if not regex.fullmatch(f"{root}/{rel}" if root else rel):
             continue
         found += 1
-        yield ImageRef(rel, uri, posixpath.basename(posixpath.dirname(uri)), None, size, mtime)
+        if size is None:
+            yield error_record(uri, "read", "not_found", "a broken symbolic link, or deleted "
+                                                         "while listing")
+            continue
+        label = _folder_label(posixpath.basename(posixpath.dirname(uri)), pattern, rel)
+        yield ImageRef(rel, uri, label, None, size, mtime)
     if not found:
         raise UserError(f"--input {pattern}: no files match")
+
+
+def _has_control(text):
+    """Control characters and line separators: they would break the line-based files
+    (sort spills, TFDS label files) that labels and splits are written into."""
+    return any(unicodedata.category(c) in ("Cc", "Zl", "Zp") for c in text)
+
+
+def _folder_label(name, spec, rel):
+    if _has_control(name):
+        raise UserError(f"--input {spec}: class folder {name!r} (of {rel!r}) has a control "
+                        "character; rename it")
+    return name
 
 
 def _glob_regex(pattern):
@@ -152,18 +194,46 @@ def _walk(root):
 
 
 def _walk_local(root):
+    """Sorted, depth first. Symbolic links to folders are followed once each: every folder
+    is listed once by (st_dev, st_ino), real folders before linked ones, so a link back up
+    the tree (`cat/up -> ..`) cuts the loop instead of listing the tree again under the
+    wrong class. A folder or file that cannot be read raises ListingFailed."""
     if not os.path.isdir(root):
         raise UserError(f"--input {root}: no such directory")
     base = os.path.abspath(root)
-    for directory, dirs, files in os.walk(base, followlinks=True):
-        dirs.sort()
-        for name in sorted(files):
-            path = os.path.join(directory, name)
+    seen, stack, linked = set(), [base], []
+    while stack or linked:
+        directory = stack.pop() if stack else linked.pop(0)
+        try:
+            st = os.stat(directory)
+        except OSError as e:
+            raise ListingFailed(f"cannot list {directory}: {e.strerror}") from e
+        if (st.st_dev, st.st_ino) in seen:
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        subdirs = []
+        for entry in _scan(directory):
+            path, rel = entry.path, os.path.relpath(entry.path, base).replace(os.sep, "/")
             try:
-                st = os.stat(path)
-            except OSError:  # vanished, or a broken link
+                st = entry.stat()  # follows links
+            except FileNotFoundError:  # a broken link, or deleted while listing
+                yield rel, path, None, None
                 continue
-            yield os.path.relpath(path, base).replace(os.sep, "/"), path, st.st_size, st.st_mtime
+            except OSError as e:
+                raise ListingFailed(f"cannot stat {path}: {e.strerror}") from e
+            if stat.S_ISDIR(st.st_mode):
+                (linked if entry.is_symlink() else subdirs).append(path)
+            else:
+                yield rel, path, st.st_size, st.st_mtime
+        stack.extend(reversed(subdirs))
+
+
+def _scan(directory):
+    try:
+        with os.scandir(directory) as entries:
+            return sorted(entries, key=lambda e: e.name)
+    except OSError as e:
+        raise ListingFailed(f"cannot list {directory}: {e.strerror}") from e
 
 
 def _absolute(path):
@@ -180,8 +250,9 @@ def _walk_gcs(root):
     def list_one(prefix, depth):
         # Folder by folder (delimiter) near the top, so subtrees are listed in parallel.
         delimiter = "/" if depth < GCS_FANOUT_DEPTH else None
-        pages = client.list_blobs(bucket, prefix=prefix, delimiter=delimiter).pages
-        for page in pages:
+        pages = client.list_blobs(bucket, prefix=prefix, delimiter=delimiter,
+                                  retry=_gcs_retry()).pages
+        for page in _named(pages, f"gs://{bucket_name}/{prefix}", "list"):
             for blob in page:
                 if not blob.name.endswith("/"):
                     yield "item", (blob.name[len(base):], f"gs://{bucket_name}/{blob.name}",
@@ -190,12 +261,37 @@ def _walk_gcs(root):
             for sub in sorted(getattr(page, "prefixes", ()) or ()):
                 yield "prefix", sub
 
+    yield from parallel_walk(list_one, base, GCS_LIST_THREADS)
+
+
+def _gcs_retry():
+    """google-cloud-storage's retry (429, 5xx, resets; exponential back-off, 120 s)."""
+    from google.cloud.storage.retry import DEFAULT_RETRY
+
+    return DEFAULT_RETRY
+
+
+def _named(pages, where, what):
+    """Pages of a listing, with a failure that outlived the retries named: 403 is the user's
+    to fix (exit 2), anything else fails the build (exit 1)."""
     try:
-        yield from parallel_walk(list_one, base, GCS_LIST_THREADS)
-    except UserError:
-        raise
+        yield from pages
     except Exception as e:
-        raise UserError(f"--input {root}: cannot list it ({type(e).__name__}: {e})") from e
+        raise gcs_failure(e, where, what) from e
+
+
+def gcs_failure(e, where, what):
+    from google.api_core import exceptions
+
+    if isinstance(e, exceptions.Forbidden):
+        permission = "list" if what == "list" else "get"
+        return UserError(f"{where}: permission denied (403) to {what} it; grant the build's "
+                         f"account storage.objects.{permission}")
+    return ListingFailed(f"cannot {what} {where}: {type(e).__name__}: {_one_line(e)}")
+
+
+def _one_line(e):
+    return " ".join(str(e).split())[:300]
 
 
 def parallel_walk(list_one, root, threads):
@@ -293,60 +389,99 @@ def manifest_key(uri, full, base):
 def _list_manifest(path):
     base = posixpath.dirname(_absolute(path)) if "://" not in path else posixpath.dirname(path)
     batch, any_row = [], False
-    for n, row in _manifest_rows(path):
-        any_row = True
-        uri, label = str(row.get("uri") or "").strip(), str(row.get("label") or "").strip()
-        split = str(row.get("split") or "").strip() or None
-        if not uri or not label:
-            yield error_record(uri or f"{path}:{n}", "read", "bad_manifest_row",
-                               f"{path} row {n} needs both uri and label")
-            continue
-        full = uri if "://" in uri or uri.startswith("/") else posixpath.join(base, uri)
-        if "://" not in full:  # one key per local file: data/./a.jpg, x/../data/a.jpg, data/a.jpg
-            full = posixpath.normpath(full)
-        batch.append((manifest_key(uri, full, base), full, label, split))
-        if len(batch) >= 1000:
-            yield from _stat_batch(batch)
-            batch = []
-    yield from _stat_batch(batch)
-    if not any_row:
-        raise UserError(f"--input {path}: manifest has no rows")
+    with SortedSpill() as by_key:  # one key, two uris: found after the last row
+        for n, row in _manifest_rows(path):
+            any_row = True
+            uri, label = str(row.get("uri") or "").strip(), str(row.get("label") or "").strip()
+            split = str(row.get("split") or "").strip() or None
+            if not uri or not label:
+                yield error_record(uri or f"{path}:{n}", "read", "bad_manifest_row",
+                                   f"{path} row {n} needs both uri and label")
+                continue
+            _check_row(path, n, uri, label, split)
+            full = uri if "://" in uri or uri.startswith("/") else posixpath.join(base, uri)
+            if "://" not in full:  # one key per local file: data/./a.jpg, x/../data/a.jpg
+                full = posixpath.normpath(full)
+            key = manifest_key(uri, full, base)
+            by_key.add(json.dumps(key), json.dumps([full, n]))
+            batch.append((key, full, label, split, f"{path}:{n}"))
+            if len(batch) >= 1000:
+                yield from _stat_batch(batch)
+                batch = []
+        yield from _stat_batch(batch)
+        if not any_row:
+            raise UserError(f"--input {path}: manifest has no rows")
+        _check_unique_keys(path, by_key)
+
+
+def _check_row(path, n, uri, label, split):
+    """Values that become paths or lines: refused with file:line before any work."""
+    if split is not None and not SPLIT_PATTERN.fullmatch(split):
+        raise UserError(f"{path}:{n}: split {split!r} must match [a-z][a-z0-9_]* (it names "
+                        "files and folders)")
+    if _has_control(label):
+        raise UserError(f"{path}:{n}: label {label!r} has a control character")
+    if _has_control(uri):
+        raise UserError(f"{path}:{n}: uri {uri!r} has a control character")
+
+
+def _check_unique_keys(path, by_key):
+    for key, group in itertools.groupby(by_key, key=lambda item: item[0]):
+        rows = sorted((n, full) for full, n in (json.loads(line) for _, line in group))
+        first = rows[0]
+        other = next((row for row in rows if row[1] != first[1]), None)
+        if other:
+            raise UserError(f"{path}:{other[0]}: {other[1]} gets the key {json.loads(key)!r}, "
+                            f"as {first[1]} (line {first[0]}) does; one key needs one file "
+                            "(write both rows' uris the same way)")
 
 
 def _stat_batch(batch):
     """Manifest entries -> ImageRefs with size and mtime, or not_found errors."""
     if not batch:
         return
-    remote = [full for _, full, _, _ in batch if "://" in full]
+    remote = [(full, where) for _, full, _, _, where in batch if "://" in full]
     stats = {}
     if remote:
         with concurrent.futures.ThreadPoolExecutor(STAT_THREADS) as pool:
-            stats = dict(zip(remote, pool.map(_stat_remote, remote)))
-    for key, full, label, split in batch:
-        st = stats[full] if "://" in full else _stat_local(full)
-        if st is None:
+            stats = dict(zip((full for full, _ in remote), pool.map(_stat_remote, *zip(*remote))))
+    for key, full, label, split, where in batch:
+        st = stats[full] if "://" in full else _stat_local(full, where)
+        if isinstance(st, dict):
+            yield st
+        elif st is None:
             yield error_record(full, "read", "not_found", "listed in the manifest but no such file")
         else:
             yield ImageRef(key, full, label, split, *st)
 
 
-def _stat_local(path):
+def _stat_local(path, where):
     try:
         st = os.stat(path)
-    except OSError:
+    except (FileNotFoundError, NotADirectoryError):
         return None
-    return (st.st_size, st.st_mtime) if os.path.isfile(path) else None
+    except OSError as e:
+        raise ListingFailed(f"{where}: cannot stat {path}: {e.strerror}") from e
+    if stat.S_ISDIR(st.st_mode):
+        return error_record(path, "read", "not_found", "listed in the manifest; a folder")
+    return st.st_size, st.st_mtime
 
 
-def _stat_remote(path):
-    from apache_beam.io.filesystems import FileSystems
+def _stat_remote(uri, where):
+    """One object's (size, updated), by its exact name (never a glob), retried on transient
+    errors; None when there is no such object."""
+    from beam_pipeline.store.versions import gcs_blob
 
+    if not uri.startswith("gs://"):
+        raise UserError(f"{where}: {uri}: only local paths and gs:// uris are supported")
+    bucket, name = gcs_blob(uri)
     try:
-        m = FileSystems.match([path])[0].metadata_list
-    except Exception:
+        blob = bucket.get_blob(name, retry=_gcs_retry())
+    except Exception as e:
+        raise gcs_failure(e, f"{where}: {uri}", "read") from e
+    if blob is None:
         return None
-    exact = [x for x in m if x.path == path]
-    return (exact[0].size_in_bytes, exact[0].last_updated_in_seconds) if exact else None
+    return blob.size or 0, blob.updated.timestamp() if blob.updated else 0.0
 
 
 def _is_image_name(path):

@@ -37,6 +37,7 @@ class BuildOptions(PipelineOptions):
             (0 <= self.max_delta_share <= 1,
              f"--max_delta_share {self.max_delta_share}: must be between 0 and 1"),
             (self.max_pixels > 0, f"--max_pixels {self.max_pixels}: must be > 0"),
+            (self.max_image_mb > 0, f"--max_image_mb {self.max_image_mb}: must be > 0"),
             (self.transform_image_size > 0,
              f"--transform_image_size {self.transform_image_size}: must be > 0"),
         ]
@@ -53,7 +54,8 @@ class BuildOptions(PipelineOptions):
         from beam_pipeline.job.images import EncodeOptions
 
         return EncodeOptions(max_side=self.max_side, reencode=self.reencode, validate=self.validate,
-                             jpeg_quality=self.jpeg_quality, max_pixels=self.max_pixels)
+                             jpeg_quality=self.jpeg_quality, max_pixels=self.max_pixels,
+                             max_bytes=int(self.max_image_mb * 2**20))
 
     def build_config(self):
         """The effective build options (recorded in the manifest and the fingerprint)."""

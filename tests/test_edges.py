@@ -1,0 +1,325 @@
+"""Nothing silent at the edges: listing, manifest input, locks, storage schemes, retention.
+
+Each test is one way a build used to run on as if nothing had happened: an unreadable
+folder counted as removed, a 503 or 403 turned into `not_found`, an object name read as a
+glob, a symlink loop listing the tree again and again, manifest values written into paths,
+a lost lock that still published, a cleanup that deleted too much. Unreadable folders are
+real: a folder with mode 000, read as an unprivileged user (when the tests run as root,
+the effective uid is switched to `nobody` for that block). GCS errors come from
+tests/faults.py answering chosen requests with 503 or 403.
+"""
+
+import contextlib
+import os
+import re
+import shutil
+import tempfile
+
+import pytest
+
+from beam_pipeline.errors import UserError
+from beam_pipeline.launcher import listing
+from beam_pipeline.refs import ImageRef
+from tests.helpers import FAST, build, errors_of, image_bytes, make_images
+
+NOBODY = 65534
+
+
+@pytest.fixture
+def open_dir():
+    """A fresh folder every user can traverse (pytest's tmp_path is root's alone)."""
+    path = tempfile.mkdtemp(prefix="edges-")
+    os.chmod(path, 0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def unreadable(folder):
+    """`folder` cannot be listed inside this block: mode 000, and for root (who reads
+    anything) the block runs with the effective uid and gid of nobody."""
+    os.chmod(folder, 0)
+    as_root = os.geteuid() == 0
+    try:
+        if as_root:
+            os.setegid(NOBODY)
+            os.seteuid(NOBODY)
+        yield
+    finally:
+        if as_root:
+            os.seteuid(0)
+            os.setegid(0)
+        os.chmod(folder, 0o755)
+
+
+def listed(*specs, **kw):
+    items = list(listing.iter_inputs([str(s) for s in specs], **kw))
+    return ([i for i in items if isinstance(i, ImageRef)],
+            [i for i in items if not isinstance(i, ImageRef)])
+
+
+# --- no silent listing ------------------------------------------------------------------------
+
+def test_an_unreadable_folder_stops_the_listing_naming_it(open_dir):
+    make_images(os.path.join(open_dir, "in"), {"cat": 2, "dog": 2})
+    dog = os.path.join(open_dir, "in", "dog")
+    with unreadable(dog), pytest.raises(listing.ListingFailed,
+                                        match=f"cannot list {dog}: Permission denied"):
+        listed(os.path.join(open_dir, "in"))
+
+
+@pytest.mark.slow
+def test_an_incremental_run_that_cannot_list_a_folder_exits_1_and_publishes_nothing(
+        open_dir, capsys):
+    """Before: the unreadable folder's images were counted as removed and a version
+    without them was published."""
+    from beam_pipeline import cli
+    from beam_pipeline.store import versions
+
+    src, root = os.path.join(open_dir, "in"), os.path.join(open_dir, "ds")
+    make_images(src, {"cat": 2, "dog": 2})
+    first = build(src, root, *FAST)["version"]
+    make_images(src, {"cat": {"new.jpg": image_bytes((1, 2, 3))}})  # something changed
+    for d, _, files in os.walk(root):
+        for name in [d] + [os.path.join(d, f) for f in files]:
+            os.chown(name, NOBODY, NOBODY)
+    with unreadable(os.path.join(src, "dog")):
+        code = cli.main(["--input", src, "--output", root] + FAST)
+    assert code == 1
+    err = capsys.readouterr().err
+    assert f"cannot list {src}/dog: Permission denied" in err, err
+    assert versions.latest(root)[0] == first
+    assert versions.list_versions(root) == {first: True}  # no version even claimed
+
+
+def test_a_symlink_loop_is_listed_once_under_the_right_classes(tmp_path):
+    """Before: `cat/up -> ..` listed a 301-file tree as 12,341 files."""
+    src = tmp_path / "in"
+    make_images(src, {"cat": 150, "dog": 151})
+    os.symlink("..", src / "cat" / "up")
+    refs, errors = listed(src)
+    assert len(refs) == 301 and errors == []
+    assert {r.label for r in refs} == {"cat", "dog"}
+    assert sorted(r.key for r in refs) == sorted(
+        f"{c}/{i:03d}.jpg" for c, n in (("cat", 150), ("dog", 151)) for i in range(n))
+
+
+def test_linked_folders_are_followed_once_and_real_folders_keep_their_keys(tmp_path):
+    outside = tmp_path / "elsewhere"
+    make_images(outside, {"fox": 2})
+    src = tmp_path / "in"
+    make_images(src, {"cat": 1, "dog": 1})
+    os.symlink(outside / "fox", src / "fox")            # a folder outside: followed
+    os.symlink(outside / "fox", src / "fox_again")      # the same folder again: once
+    os.symlink(src / "dog", src / "a_link_to_dog")      # sorts first; dog keeps its keys
+    refs, errors = listed(src)
+    assert sorted(r.key for r in refs) == ["cat/000.jpg", "dog/000.jpg", "fox/000.jpg",
+                                           "fox/001.jpg"]
+    assert errors == []
+
+
+def test_a_broken_link_is_an_error_record_not_a_silent_skip(tmp_path):
+    src = tmp_path / "in"
+    make_images(src, {"cat": 2})
+    os.symlink(tmp_path / "gone.jpg", src / "cat" / "broken.jpg")
+    refs, errors = listed(src)
+    assert len(refs) == 2
+    assert [(e["uri"], e["reason"]) for e in errors] == [(str(src / "cat" / "broken.jpg"),
+                                                          "not_found")]
+
+
+# --- inputs checked before any work ----------------------------------------------------------
+
+def manifest(tmp_path, rows, name="list.csv"):
+    path = tmp_path / name
+    with open(path, "w", newline="") as f:
+        f.write("uri,label,split\n")
+        for row in rows:
+            f.write(",".join(f'"{v}"' for v in row) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("split, line", [("../../escape", 3), ("tr\tain", 3), ("Train", 3),
+                                         ("9lives", 3)])
+def test_a_split_that_is_not_a_plain_name_exits_2_with_file_and_line(tmp_path, split, line):
+    make_images(tmp_path, {"cat": 2})
+    path = manifest(tmp_path, [("cat/000.jpg", "cat", "train"), ("cat/001.jpg", "cat", split)])
+    with pytest.raises(UserError, match=rf"^{path}:{line}: split .* must match \[a-z\]"):
+        listed(path)
+
+
+@pytest.mark.parametrize("label", ["ca\nt", "ca\tt", "c\x00at", "ca\u2028t"])
+def test_a_label_with_a_control_character_exits_2_with_file_and_line(tmp_path, label):
+    make_images(tmp_path, {"cat": 2})
+    path = manifest(tmp_path, [("cat/000.jpg", "cat", ""), ("cat/001.jpg", label, "")])
+    with pytest.raises(UserError, match=rf"^{path}:3: label .* control character"):
+        listed(path)
+
+
+def test_a_class_folder_with_a_control_character_exits_2(tmp_path):
+    make_images(tmp_path / "in", {"ca\tt": 1})
+    with pytest.raises(UserError, match="class folder 'ca\\\\tt'"):
+        listed(tmp_path / "in")
+
+
+def test_two_rows_with_one_key_and_different_files_exit_2_with_file_and_line(tmp_path):
+    """A relative uri `R` (beside the manifest) and an absolute one `/R` outside the
+    manifest's folder are two files; both used to get the key `R`."""
+    lists = tmp_path / "lists"
+    outside = tmp_path / "abs" / "other" / "a.jpg"
+    key = str(outside).lstrip("/")
+    make_images(outside.parent, {"": {"a.jpg": image_bytes((1, 1, 1))}})
+    make_images((lists / key).parent, {"": {"a.jpg": image_bytes((2, 2, 2))}})
+    same = manifest(lists, [(key, "cat", ""), (key, "cat", "")], name="same.csv")
+    refs, _ = listed(same)  # one file listed twice is a duplicate, counted by the planner
+    assert len(refs) == 2 and len({r.uri for r in refs}) == 1
+    clash = manifest(lists, [(key, "cat", ""), (str(outside), "dog", "")])
+    with pytest.raises(UserError, match=re.escape(
+            f"{clash}:3: {outside} gets the key '{key}', as {lists / key} (line 2) does")):
+        listed(clash)
+
+
+def test_an_input_over_the_size_limit_is_never_read(tmp_path):
+    """A 3 GiB file (sparse: no disk used) is an error record before anything opens it."""
+    src = tmp_path / "in"
+    make_images(src, {"cat": 2})
+    huge = src / "cat" / "huge.jpg"
+    with open(huge, "wb") as f:
+        f.truncate(3 << 30)
+    refs, errors = listed(src, max_bytes=1 << 30)
+    assert len(refs) == 2
+    [error] = errors
+    assert (error["uri"], error["reason"]) == (str(huge), "too_large")
+    assert "3221225472 bytes, over --max_image_mb (1024 MiB)" in error["detail"]
+
+
+# --- gs:// listings: retried, literal, and a 403 is the user's -------------------------------
+
+@pytest.fixture(scope="module")
+def proxy(gcs):
+    """Every google-cloud-storage request of this module goes through a FaultProxy that
+    answers chosen requests with a chosen status (`proxy.fail`)."""
+    from tests.faults import FaultProxy
+
+    with FaultProxy(gcs.endpoint) as fault_proxy, pytest.MonkeyPatch.context() as mp:
+        mp.setenv("STORAGE_EMULATOR_HOST", fault_proxy.url)
+        yield fault_proxy
+
+
+@pytest.fixture
+def gcs_objects(proxy, gcs, gcs_bucket):
+    """gs://BUCKET/in/cat/{000.jpg, a[1].jpg, b?.jpg, c*.jpg} and a CSV manifest of them."""
+    base = f"gs://{gcs_bucket}"
+    names = ["000.jpg", "a[1].jpg", "b?.jpg", "c*.jpg"]
+    for i, name in enumerate(names):
+        gcs.upload_bytes(f"{base}/in/cat/{name}", image_bytes((10 * i, 0, 0)))
+    rows = ["uri,label"] + [f"{base}/in/cat/{n},cat" for n in names]
+    gcs.upload_bytes(f"{base}/lists/cats.csv", ("\n".join(rows) + "\n").encode())
+    yield base, names
+    proxy.fail_clear()
+
+
+@pytest.mark.slow
+def test_gcs_manifest_names_are_literal_and_503s_are_retried(proxy, gcs_objects):
+    """Before: `a[1].jpg` was matched as a glob (-> not_found), and a 503 on a stat
+    became not_found."""
+    base, names = gcs_objects
+    proxy.fail("in/cat/000.jpg", 503, times=2)
+    refs, errors = listed(f"{base}/lists/cats.csv")
+    assert errors == []
+    assert sorted(r.uri for r in refs) == sorted(f"{base}/in/cat/{n}" for n in names)
+    assert all(r.size > 0 and r.mtime > 0 for r in refs)
+    assert proxy.forced[0][2] == 0  # both 503s were answered, and retried
+
+
+@pytest.mark.slow
+def test_gcs_403_on_a_manifest_object_exits_2_naming_it(proxy, gcs_objects, capsys):
+    from beam_pipeline import cli
+
+    base, _ = gcs_objects
+    proxy.fail("in/cat/b?.jpg", 403)
+    with pytest.raises(UserError, match=re.escape(
+            f"{base}/lists/cats.csv:4: {base}/in/cat/b?.jpg: permission denied (403)")):
+        listed(f"{base}/lists/cats.csv")
+    assert cli.main(["--input", f"{base}/lists/cats.csv", "--output", f"{base}/ds"]
+                    + FAST) == 2
+    assert "in/cat/b?.jpg: permission denied (403)" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_gcs_folder_listing_retries_503_and_names_a_403(proxy, gcs_objects):
+    base, names = gcs_objects
+    proxy.fail("prefix=in/", 503, times=2)
+    refs, errors = listed(f"{base}/in")
+    assert len(refs) == len(names) and errors == []
+    proxy.fail("prefix=in/cat/", 403)
+    with pytest.raises(UserError, match=re.escape(f"{base}/in/cat/: permission denied (403) "
+                                                  "to list it")):
+        listed(f"{base}/in")
+    proxy.fail_clear()
+    proxy.fail("prefix=in/cat/", 500)  # still failing after the retries: exit 1, named
+    import beam_pipeline.launcher.listing as module
+    with pytest.MonkeyPatch.context() as mp:
+        from google.api_core.retry import Retry
+        mp.setattr(module, "_gcs_retry", lambda: Retry(deadline=2.0, initial=0.1))
+        with pytest.raises(listing.ListingFailed, match=re.escape(f"cannot list {base}/in/cat/")):
+            listed(f"{base}/in")
+
+
+# --- the shard writer never holds more than it should ------------------------------------------
+
+class CountingPool:
+    """A real thread pool that remembers which listed sizes were submitted."""
+
+    def __init__(self, sizes):
+        import concurrent.futures
+
+        self.pool, self.sizes, self.submitted = concurrent.futures.ThreadPoolExecutor(4), sizes, 0
+
+    def submit(self, fn, uri, *args):
+        self.submitted += self.sizes[uri]
+        return self.pool.submit(fn, uri, *args)
+
+
+def test_read_ahead_is_bounded_in_bytes(tmp_path):
+    from beam_pipeline.job import shards
+
+    sizes = {}
+    refs = []
+    for i, mib in enumerate([3, 3, 3, 9, 1, 1, 1, 1, 3]):
+        path = tmp_path / f"{i}.jpg"
+        path.write_bytes(bytes([i]) * (mib << 20))
+        sizes[str(path)] = mib << 20
+        refs.append(ImageRef(f"cat/{i}.jpg", str(path), "cat", None, mib << 20))
+    pool, consumed, most = CountingPool(sizes), 0, 0
+    for ref, data, error in shards._read_ahead(pool, iter(refs), budget=8 << 20):
+        assert error is None and data == bytes([int(ref.key[4])]) * ref.size
+        most = max(most, pool.submitted - consumed)  # fetched or fetching, not yet written
+        consumed += ref.size
+    assert consumed == sum(sizes.values())
+    assert most == 9 << 20  # the 9 MiB image alone; otherwise never over the 8 MiB budget
+
+
+def test_a_file_that_grew_past_the_limit_after_listing_is_too_large_unread(tmp_path):
+    from beam_pipeline.job import images, shards
+
+    path = tmp_path / "grown.jpg"
+    path.write_bytes(b"\xff" * (3 << 20))
+    data, error = shards._fetch(str(path), max_bytes=1 << 20)
+    assert data is None and isinstance(error, images.ImageError)
+    assert (error.stage, error.reason) == ("read", "too_large")
+    assert shards._fetch(str(path), max_bytes=4 << 20)[0] == b"\xff" * (3 << 20)
+
+
+@pytest.mark.slow
+def test_a_build_rejects_an_input_over_max_image_mb_as_too_large(tmp_path):
+    src = tmp_path / "in"
+    make_images(src, {"cat": 3, "dog": 3})
+    with open(src / "dog" / "huge.jpg", "wb") as f:
+        f.truncate(5 << 20)  # sparse: it would be read whole (and fail) without the limit
+    result = build(src, tmp_path / "ds", *FAST, "--max_image_mb", "2", "--max_error_rate",
+                   "0.5")
+    assert [(e["uri"], e["reason"]) for e in errors_of(result)] == [
+        (str(src / "dog" / "huge.jpg"), "too_large")]
+    assert result["manifest"]["accounting"]["written"] == 6
+    assert result["manifest"]["config"]["max_image_mb"] == 2.0
