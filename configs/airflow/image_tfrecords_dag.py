@@ -45,6 +45,7 @@ TEMPLATE_PARAMETERS = {
     "reencode": "auto",
     "jpeg_quality": "90",
     "max_pixels": "89478485",
+    "max_image_mb": "1024",
     "max_error_rate": "0.01",
     "label_file": "",
     "sink": "shards",
