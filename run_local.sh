@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 source scripts/venv.sh
-ensure_venv ""
+ensure_venv transform  # TensorFlow: the read-back below, and --transform
 
 if [ $# -gt 0 ]; then
   exec "$VENV/bin/python" -m beam_pipeline --config configs/local.yaml "$@"

@@ -1,10 +1,19 @@
-"""Installable package; also Dataflow's --setup_file, so workers get the same code."""
+"""Installable package: the worker image installs it with its pinned dependencies.
+
+The base install is what the launcher and the Beam workers need: no TensorFlow. Extras:
+  reader     TensorFlow, for readers/ (training side) and the verify / inspect tools
+  transform  TensorFlow and tensorflow-transform, for --transform (launcher and workers)
+  test       everything the test suite uses (it covers the reader and --transform too)
+"""
 
 import re
 
 import setuptools
 
 VERSION = re.search(r'__version__ = "(.+?)"', open("beam_pipeline/__init__.py").read()).group(1)
+
+TENSORFLOW = ["tensorflow>=2.16,<3"]
+TRANSFORM = TENSORFLOW + ["tensorflow-transform>=1.16"]
 
 setuptools.setup(
     name="image-tfrecords",
@@ -16,20 +25,24 @@ setuptools.setup(
     # Ranges here; the tested set is pinned in constraints.txt.
     install_requires=[
         "apache-beam[gcp]>=2.60,<3",
-        "tensorflow>=2.16,<3",
-        "tensorflow-transform>=1.16",
+        "numpy>=1.24",
+        "pyarrow>=14",
+        "google-crc32c>=1.5",
         "pillow>=10",
         "simplejpeg>=1.8",  # libjpeg-turbo: strict decode (corrupt data is an error), fast codec
         "pyyaml>=6",
     ],
     extras_require={
+        "reader": TENSORFLOW,
+        "transform": TRANSFORM,
         # tensorflow-datasets only to prove TFDS reads our metadata (the writer doesn't need it)
-        "test": ["pytest", "gcp-storage-emulator", "tfrecord", "psutil", "tensorflow-datasets",
-                 "hypothesis"],
+        "test": TRANSFORM + ["pytest", "gcp-storage-emulator", "tfrecord", "psutil",
+                             "tensorflow-datasets", "hypothesis"],
         # benchmarks/bench_near_duplicates.py: imagehash only as the yardstick the job's own
         # hash was measured against; the photos that scikit-image, scikit-learn and matplotlib
-        # ship are its test images.
-        "bench": ["imagehash", "scikit-image", "scikit-learn", "matplotlib", "psutil"],
+        # ship are its test images. (TensorFlow: the reader and transform benchmarks.)
+        "bench": TRANSFORM + ["imagehash", "scikit-image", "scikit-learn", "matplotlib",
+                              "psutil"],
     },
     entry_points={"console_scripts": [
         "image-tfrecords=beam_pipeline.cli:console",

@@ -32,12 +32,15 @@ def run(argv=None):
     from readers import layout
 
     pipeline_options, build = opts.parse(argv)
+    _require_tensorflow(build)
     root = build.output.rstrip("/")
     _check_writable(root)
     lock.acquire(root, wait=build.wait)  # one build per root: exit 2 (or --wait) if held
 
     prepared = _prepare(build, root, pipeline_options)
     if prepared["status"] == "up_to_date":
+        if pipeline_options.get_all_options().get("template_location"):
+            _write_no_op_job(pipeline_options, prepared["version"])
         return prepared
     spec, shards_index = prepared["spec"], prepared["shards_index"]
     version, num_shards = spec.version, spec.num_shards
@@ -141,7 +144,7 @@ def _prepare(build, root, pipeline_options):
             num_shards = increment.num_shards
             tasks = incremental.task_listings(increment)
         else:  # a full build: every image converted, shards cut by hash
-            num_shards = _num_shards(planned.per_split, build, pipeline_options)
+            num_shards = _num_shards(planned.per_split, build)
             by_position = plan.by_shard_position((line for _, line in planned.by_key), scratch)
             tasks = ((split, shard, "images", incremental.HASH, lines)
                      for split, shard, lines in plan.iter_shards(by_position, num_shards))
@@ -272,18 +275,48 @@ def _read_label_file(path):
     return names
 
 
-def _num_shards(per_split, build, pipeline_options):
-    """Per split: --num_shards, or auto by size; never more shards than images."""
-    from apache_beam.options.pipeline_options import DirectOptions
-
+def _num_shards(per_split, build):
+    """Per split: --num_shards, or auto by size; never more shards than images. Nothing
+    about the machine that launches it: the same inputs give the same shards anywhere."""
     from beam_pipeline.launcher import plan
 
-    workers = pipeline_options.view_as(DirectOptions).direct_num_workers or os.cpu_count() or 1
     shards = {}
     for split, (count, size) in per_split.items():
-        n = build.num_shards or plan.auto_num_shards(size, build.target_shard_mb, workers)
+        n = build.num_shards or plan.auto_num_shards(size, build.target_shard_mb)
         shards[split] = max(1, min(n, count))
     return shards
+
+
+def _require_tensorflow(build):
+    """The base install has no TensorFlow (workers never need it); --transform does, and so
+    does the comparison sink. Say so before any work, not as an ImportError on a worker."""
+    import importlib.util
+
+    flag = "--transform" if build.transform else "--sink beam" if build.sink == "beam" else None
+    needed = ["tensorflow"] + (["tensorflow_transform"] if build.transform else [])
+    missing = [m for m in needed if flag and importlib.util.find_spec(m) is None]
+    if missing:
+        raise UserError(f"{flag} needs {' and '.join(missing)}, which is not installed: "
+                        "pip install -c constraints.txt '.[transform]' (and on Dataflow, a "
+                        "worker image built with --build-arg EXTRAS=transform)")
+
+
+def _write_no_op_job(pipeline_options, version):
+    """Up to date under a job file location (a Flex Template launch): write a one-step job
+    there anyway. The Flex launcher fails a launch whose program wrote no job file, and
+    Airflow would retry it; this job starts one worker, logs the line and succeeds."""
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import SetupOptions, WorkerOptions
+
+    line = f"up to date (version {version}); no new version built"
+    pipeline_options.view_as(SetupOptions).save_main_session = False
+    workers = pipeline_options.view_as(WorkerOptions)
+    workers.num_workers = workers.max_num_workers = 1
+    p = beam.Pipeline(options=pipeline_options)
+    _ = p | "UpToDate" >> beam.Create([line]) | "Log" >> beam.Map(logging.warning)
+    p.run()
+    print(f"Wrote a no-op job file to {pipeline_options.get_all_options()['template_location']} "
+          "(one worker logs 'up to date' and succeeds).")
 
 
 def _generator():

@@ -1,10 +1,12 @@
 # Sourced by run_local.sh and run_tests.sh: create or update .venv from the pinned set.
+# Extras (setup.py): run_local.sh takes "transform" (the reader and --transform need
+# TensorFlow), run_tests.sh "test" (which includes it); "" is the TensorFlow-free job.
 VENV="${VENV:-.venv}"
-ensure_venv() {  # $1: extras, e.g. "test" or ""
+ensure_venv() {  # $1: extras, e.g. "test", "transform" or ""
   local extras="$1" spec="." stamp
   [ -n "$extras" ] && spec=".[$extras]"
   if [ ! -x "$VENV/bin/python" ]; then
-    echo "Creating $VENV (first run installs apache-beam, tensorflow, tft: a few minutes, ~3 GB)..."
+    echo "Creating $VENV (first run installs apache-beam${extras:+ and the $extras extra}: a few minutes, up to ~3 GB)..."
     python3 -m venv "$VENV"
     "$VENV/bin/pip" install -q --upgrade pip
   fi

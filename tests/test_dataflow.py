@@ -164,8 +164,72 @@ def test_dataflow_job_with_custom_container(gcs, gcs_bucket, tmp_path, make_imag
     env = gcs.read_json(result["template"])["environment"]
     pool = env["workerPools"][0]
     assert [i["containerImage"] for i in pool["sdkHarnessContainerImages"]] == [IMAGE]
-    assert "workflow.tar.gz" not in {p["name"] for p in pool["packages"]}
+    assert _worker_installs(pool) == [], "workers would pip-install at start-up"
     assert pool["autoscalingSettings"]["maxNumWorkers"] == 5
+
+
+def _worker_installs(pool):
+    """Staged files a worker installs at start-up (sdist, wheels, requirements, Beam SDK).
+    Not counted: the pipeline proto, and Beam's `pip freeze` of the submitting machine, which
+    workers only compare with their own to log differences. None: the image is all a VM needs."""
+    informational = {"pipeline.pb", "submission_environment_dependencies.txt"}
+    return [p["name"] for p in pool.get("packages", []) if p["name"] not in informational]
+
+
+MAIN = REPO / "configs" / "flex_template" / "main.py"
+
+
+def _flex_launch(monkeypatch, argv, image=IMAGE):
+    """Run configs/flex_template/main.py as the Flex launcher does: `python main.py` with the
+    template parameters as --name=value, then its own options, in the launcher image's
+    environment (IMAGE_TFRECORDS_WORKER_IMAGE from the Dockerfile's WORKER_IMAGE). The
+    launcher then reads the job file at --template_location and submits it; that part is the
+    Dataflow service (not run here)."""
+    import runpy
+
+    monkeypatch.setenv("IMAGE_TFRECORDS_WORKER_IMAGE", image)
+    monkeypatch.setattr(sys, "argv", [str(MAIN)] + argv)
+    with pytest.raises(SystemExit) as exit_:
+        runpy.run_path(str(MAIN), run_name="__main__")
+    return exit_.value.code
+
+
+def _flex_argv(bucket, source, root):
+    job_file = f"gs://{bucket}/staging/template_launches/2026-01-01_02_00_00-42/job_object"
+    return [f"--input={source}", f"--output={root}", "--name=flowers", "--keep_versions=7",
+            f"--project={PROJECT}", f"--region={REGION}", f"--temp_location=gs://{bucket}/tmp",
+            f"--staging_location=gs://{bucket}/staging", f"--template_location={job_file}"]
+
+
+@pytest.mark.slow
+def test_flex_launch_of_an_unchanged_dataset_exits_0_with_a_no_op_job(
+        gcs, gcs_bucket, tmp_path, make_images, monkeypatch, capsys):
+    """An unchanged night: main.py exits 0, says "up to date" and writes a one-step job
+    file (one worker, the worker image, nothing to install), because the Flex launcher fails
+    a launch whose program wrote none. Nothing under the dataset root changes."""
+    from tests.helpers import build
+
+    source = _upload_images(gcs, gcs_bucket, tmp_path, make_images)
+    root = f"gs://{gcs_bucket}/datasets/flowers"
+    build(source, root, "--name", "flowers", "--keep_versions", "7")  # the published version
+    before = sorted(gcs.list(f"{root}/"))
+    capsys.readouterr()
+
+    argv = _flex_argv(gcs_bucket, source, root)
+    assert _flex_launch(monkeypatch, argv) == 0
+    out = capsys.readouterr().out
+    assert f"{root}: up to date (version " in out and "no-op job file" in out
+
+    job = gcs.read_json(argv[-1].split("=", 1)[1])
+    pool = job["environment"]["workerPools"][0]
+    assert (pool["numWorkers"], pool["autoscalingSettings"]["maxNumWorkers"]) == (1, 1)
+    assert [i["containerImage"] for i in pool["sdkHarnessContainerImages"]] == [IMAGE]
+    assert _worker_installs(pool) == []
+    options = job["environment"]["sdkPipelineOptions"]["options"]
+    proto = _pipeline_proto(gcs.read(options["pipelineUrl"]))
+    names = {t.unique_name for t in proto.components.transforms.values()}
+    assert {"UpToDate", "Log"} <= names and not any("ImagesToTFRecords" in n for n in names)
+    assert sorted(gcs.list(f"{root}/")) == before  # no version, no listing, no lock left
 
 
 def test_worker_dockerfile_matches_pinned_versions():
@@ -184,6 +248,10 @@ def test_worker_dockerfile_matches_pinned_versions():
     for source in re.findall(r"^COPY (.+) \S+$", dockerfile, re.M):
         for path in source.split():
             assert (REPO / path).exists(), path
+    # The tested stack, checked at build time; no TensorFlow unless EXTRAS asks for it.
+    assert 'ARG EXTRAS=""' in dockerfile
+    assert 'pip install -c constraints.txt ".${EXTRAS:+[$EXTRAS]}"' in dockerfile
+    assert "python check_pins.py constraints.txt" in dockerfile
 
 
 @pytest.mark.parametrize("argv, waits", [

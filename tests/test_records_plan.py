@@ -216,7 +216,24 @@ def test_auto_num_shards():
     assert plan.auto_num_shards(0, 128) == 1
     assert plan.auto_num_shards(128 * 2**20, 128) == 1
     assert plan.auto_num_shards(128 * 2**20 + 1, 128) == 2
-    assert plan.auto_num_shards(3 * 2**20, 1, multiple_of=4) == 4
+    assert plan.auto_num_shards(3 * 2**20, 1) == 3
+
+
+@pytest.mark.parametrize("cpus, direct_workers", [(1, 0), (2, 0), (64, 0), (8, 3), (2, 16)])
+def test_auto_shard_count_is_the_same_on_any_machine(monkeypatch, cpus, direct_workers):
+    """Only data and options decide the count: not the launcher's cores, not the local runner's
+    worker count (that parallelism comes from the runner), so the bytes match everywhere."""
+    from apache_beam.options.pipeline_options import DirectOptions
+
+    from beam_pipeline import cli
+    from beam_pipeline.launcher import options
+
+    monkeypatch.setattr("os.cpu_count", lambda: cpus)
+    pipeline_options, build = options.parse(["--input=in", "--output=out", "--target_shard_mb=1",
+                                             f"--direct_num_workers={direct_workers}"])
+    assert pipeline_options.view_as(DirectOptions).direct_num_workers == direct_workers
+    per_split = {"train": (9000, 5 * 2**20 + 1), "validation": (3, 2**20), "test": (2, 9 * 2**20)}
+    assert cli._num_shards(per_split, build) == {"train": 6, "validation": 1, "test": 2}
 
 
 # --- labels -----------------------------------------------------------------------------------

@@ -177,6 +177,7 @@ def test_launcher_entry_point_defaults_to_dataflow_and_runs_the_cli(monkeypatch)
 
     calls = []
     monkeypatch.setattr(cli, "main", lambda argv=None: calls.append(argv) or 0)
+    monkeypatch.delenv("IMAGE_TFRECORDS_WORKER_IMAGE", raising=False)
     for given, expected in (
             (["--input=gs://b/i", "--output=gs://b/o"],
              ["--runner=DataflowRunner", "--input=gs://b/i", "--output=gs://b/o"]),
@@ -185,11 +186,33 @@ def test_launcher_entry_point_defaults_to_dataflow_and_runs_the_cli(monkeypatch)
         with pytest.raises(SystemExit) as exit_:
             runpy.run_path(str(MAIN), run_name="__main__")
         assert exit_.value.code == 0 and calls[-1] == expected
+
+
+def test_launcher_passes_the_worker_image_it_was_built_with():
+    """The launcher image names the worker image (Dockerfile WORKER_IMAGE); main.py passes it
+    unless the launch names an image or ships an sdist (the sdist-workers target)."""
+    launcher_argv = runpy.run_path(str(MAIN))["launcher_argv"]
+    env = {"IMAGE_TFRECORDS_WORKER_IMAGE": "reg/worker:1"}
+    assert launcher_argv(["--input=x"], env) == [
+        "--runner=DataflowRunner", "--input=x", "--sdk_container_image=reg/worker:1"]
+    for own in ("--sdk_container_image=reg/other:2", "--setup_file=/template/setup.py"):
+        assert launcher_argv([own], env) == ["--runner=DataflowRunner", own]
+    assert launcher_argv(["--input=x"], {}) == ["--runner=DataflowRunner", "--input=x"]
+
+
+def test_launcher_dockerfile_sets_no_setup_file_for_worker_image_launches():
+    """The default target installs no sdist on workers: FLEX_TEMPLATE_PYTHON_SETUP_FILE only
+    in the sdist-workers stage; the worker image is baked in from WORKER_IMAGE."""
     docker = DOCKERFILE.read_text()
-    assert "FROM gcr.io/dataflow-templates-base/python311-template-launcher-base" in docker
-    for needed in ("FLEX_TEMPLATE_PYTHON_PY_FILE", "FLEX_TEMPLATE_PYTHON_SETUP_FILE",
+    stages = re.split(r"^FROM ", docker, flags=re.M)[1:]
+    names = [stage.split("\n", 1)[0].split()[-1] for stage in stages]
+    assert names == ["launcher", "sdist-workers", "worker-image"]
+    assert stages[0].startswith("gcr.io/dataflow-templates-base/python311-template-launcher-base")
+    setup = [n for n, stage in zip(names, stages) if "FLEX_TEMPLATE_PYTHON_SETUP_FILE" in stage]
+    assert setup == ["sdist-workers"]
+    for needed in ("FLEX_TEMPLATE_PYTHON_PY_FILE", "IMAGE_TFRECORDS_WORKER_IMAGE=\"${WORKER_IMAGE}\"",
                    "-c constraints.txt", "configs/flex_template/main.py"):
-        assert needed in docker, needed
+        assert needed in stages[0], needed
     copied = [src for line in re.findall(r"^COPY (.+)$", docker, re.M)
               for src in line.split()[:-1]]
     assert copied and all((REPO / path).exists() for path in copied), copied

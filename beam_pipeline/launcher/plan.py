@@ -73,10 +73,10 @@ def shard_of(split, key, num_shards):
     return min(int(shard_position(split, key) * num_shards), num_shards - 1)
 
 
-def auto_num_shards(total_bytes, target_mb, multiple_of=1):
-    """Shards of ~target_mb each, rounded up to a multiple of the worker count for balance."""
-    n = max(1, math.ceil(total_bytes / (target_mb * 2**20)))
-    return math.ceil(n / multiple_of) * multiple_of
+def auto_num_shards(total_bytes, target_mb):
+    """Shards of ~target_mb each. Only data and options count: a launcher's core count would
+    make the shards (and their bytes) depend on where the build was started."""
+    return max(1, math.ceil(total_bytes / (target_mb * 2**20)))
 
 
 def label_ids(present, previous=(), label_file=None):

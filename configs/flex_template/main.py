@@ -2,18 +2,42 @@
 
 The Dataflow launcher calls `python main.py --input=… --output=… [other parameters]` plus
 its own pipeline options (--project, --region, --temp_location, --staging_location,
---template_location, --setup_file, …). This is the ordinary CLI: cheap checks, listing and
-the unchanged-inputs fingerprint here, then the Beam job on Dataflow, whose last stage
-commits and publishes (DESIGN §1). Exit 0 when a job was submitted or the dataset was
-already up to date.
+--template_location, and --setup_file when the image sets FLEX_TEMPLATE_PYTHON_SETUP_FILE).
+This is the ordinary CLI: cheap checks, listing and the unchanged-inputs fingerprint here,
+then the job file the launcher submits, whose last stage commits and publishes. An
+unchanged dataset gets a no-op job file, so that launch succeeds too (exit 0 either way).
+
+Workers need the package: the worker image named by --sdk_container_image (default: the
+image the launcher was built with, IMAGE_TFRECORDS_WORKER_IMAGE), or a --setup_file sdist.
 """
 
+import os
 import sys
 
 from beam_pipeline.cli import console
 
-if __name__ == "__main__":
-    argv = sys.argv[1:]
-    if not any(a == "--runner" or a.startswith("--runner=") for a in argv):
+
+def given(argv, flag):
+    return any(a == flag or a.startswith(flag + "=") for a in argv)
+
+
+def launcher_argv(argv, environ):
+    """The CLI's argv: always Dataflow, and the worker image unless the launch names one."""
+    argv = list(argv)
+    if not given(argv, "--runner"):
         argv = ["--runner=DataflowRunner"] + argv  # never the DirectRunner on the launcher VM
+    image = environ.get("IMAGE_TFRECORDS_WORKER_IMAGE")
+    if image and not given(argv, "--sdk_container_image") and not given(argv, "--setup_file"):
+        argv.append(f"--sdk_container_image={image}")
+    return argv
+
+
+if __name__ == "__main__":
+    argv = launcher_argv(sys.argv[1:], os.environ)
+    if not (given(argv, "--sdk_container_image") or given(argv, "--setup_file")):
+        # (The launch body's environment.sdkContainerImage may still set it: warn only.)
+        print("warning: no worker image (--sdk_container_image) and no --setup_file: unless "
+              "the launch environment names the worker image, workers lack image-tfrecords. "
+              "Build this launcher with --build-arg WORKER_IMAGE=<worker image>.",
+              file=sys.stderr)
     console(argv)
