@@ -331,8 +331,8 @@ def _generator():
             return None
 
     return {"package": "image-tfrecords", "version": __version__,
-            "apache_beam": version("apache-beam"), "tensorflow": version("tensorflow"),
-            "pillow": version("pillow"), "simplejpeg": version("simplejpeg")}
+            "apache_beam": version("apache-beam"), "pillow": version("pillow"),
+            "simplejpeg": version("simplejpeg")}  # not TensorFlow: optional, writes no record
 
 
 class _ProgressPrinter:

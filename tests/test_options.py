@@ -140,7 +140,9 @@ def test_shipped_dataflow_config_parses():
     assert all_options["runner"] == "DataflowRunner"
     assert all_options["machine_type"] == "n2-standard-4"
     assert all_options["experiments"] == ["use_runner_v2"]
-    assert all_options["setup_file"] == "./setup.py"
+    # Workers get the code from the worker image, whose tag is per project (command line);
+    # the config must not ship an sdist that workers would pip-install from PyPI.
+    assert all_options.get("setup_file") is None and all_options.get("sdk_container_image") is None
     assert all_options["region"] == "us-central1"
     assert build.target_shard_mb == 128
 

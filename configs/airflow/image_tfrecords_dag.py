@@ -1,10 +1,11 @@
 """Cloud Composer (Apache Airflow) DAG: launch the image-tfrecords Flex Template every night.
 
 Each run launches the template built from configs/flex_template/ (docs/scheduling.md). The
-launcher lists the inputs and compares their fingerprint with the version ROOT/LATEST names:
-unchanged inputs start no Dataflow job; otherwise the job writes ROOT/versions/<UTC time>/
-and publishes it by writing ROOT/LATEST last, so training jobs never see a half-written
-version. --keep_versions prunes old versions after a successful publish.
+launcher lists the inputs and compares their fingerprint with the version ROOT/LATEST names.
+Changed inputs: the job writes ROOT/versions/<UTC time>/ and publishes it by writing
+ROOT/LATEST last, so training jobs never see a half-written version; --keep_versions prunes
+old versions after a successful publish. Unchanged inputs: the launcher submits a one-worker
+no-op job that logs "up to date" and succeeds, so the task succeeds (no retry, no alert).
 
 Set these Airflow Variables (Admin > Variables, or `gcloud composer environments run ENV
 --location REGION variables set -- NAME VALUE`); they are read when the task runs, not when
@@ -61,8 +62,8 @@ TEMPLATE_PARAMETERS = {
     "verbose": "false",
 }
 
-# FlexTemplateRuntimeEnvironment: where and on what the job runs. Add "sdkContainerImage"
-# (the worker image of the Dataflow section) so workers don't install TensorFlow at start-up.
+# FlexTemplateRuntimeEnvironment: where and on what the job runs. The worker image is built
+# into the launcher image (WORKER_IMAGE); add "sdkContainerImage" only to override it.
 ENVIRONMENT = {
     "tempLocation": "{{ var.value.image_tfrecords_temp_location }}",
     "machineType": "n2-standard-4",
