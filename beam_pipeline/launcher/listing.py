@@ -470,7 +470,7 @@ def _stat_local(path, where):
 def _stat_remote(uri, where):
     """One object's (size, updated), by its exact name (never a glob), retried on transient
     errors; None when there is no such object."""
-    from beam_pipeline.store.versions import gcs_blob
+    from beam_pipeline.store.gcs import gcs_blob
 
     if not uri.startswith("gs://"):
         raise UserError(f"{where}: {uri}: only local paths and gs:// uris are supported")
