@@ -217,6 +217,7 @@ def _write_shard_listings(tmp_dir, shards):
 
     from apache_beam.io.filesystems import FileSystems
 
+    from beam_pipeline.job.contracts import ShardTask
     from beam_pipeline.store import files
     from readers import layout
 
@@ -224,7 +225,7 @@ def _write_shard_listings(tmp_dir, shards):
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         for split, shard, kind, origin, lines in shards:
             path = layout.join(tmp_dir, "listing", f"{split}-{shard:05d}.jsonl")
-            index.append(json.dumps([split, shard, path, kind, origin]) + "\n")
+            index.append(ShardTask(split, shard, path, kind, origin).to_json() + "\n")
             buffer, size, out = [], 0, None
             for line in lines:
                 buffer.append(line + "\n")

@@ -349,6 +349,7 @@ def test_concurrent_publishers_leave_latest_on_the_newest(where, request, tmp_pa
 
 def commit_inputs(root, version):
     """What the job hands its commit stage: temp shards and listing errors in .tmp/."""
+    from beam_pipeline.job.contracts import ShardResult
     from readers.frames import tfrecord_frame
 
     vdir = layout.version_dir(root, version)
@@ -362,10 +363,10 @@ def commit_inputs(root, version):
         temp = layout.join(tmp, f"rel-train.tfrecord-0000{shard}-of-00002.abc")
         files.write_bytes(temp, frame)
         files.write_bytes(temp + layout.INDEX_SUFFIX, b"0 %d\n" % len(frame))
-        stats.append({"split": "train", "shard": shard, "temp": temp,
-                      "index_temp": temp + layout.INDEX_SUFFIX, "num_examples": 1,
-                      "num_bytes": len(frame), "sha256": hashlib.sha256(frame).hexdigest(),
-                      "label_counts": {"cat": 1}, "errors": [], "passed_through": 1})
+        stats.append(ShardResult(split="train", shard=shard, temp=temp,
+                                 index_temp=temp + layout.INDEX_SUFFIX, num_examples=1,
+                                 num_bytes=len(frame), sha256=hashlib.sha256(frame).hexdigest(),
+                                 label_counts={"cat": 1}, passed_through=1))
     spec = commit.CommitSpec(
         root=root, version=version, name="rel", labels=("cat",), num_shards={"train": 2},
         listed=3, duplicates=0, listing_errors_path=listing_errors, input_fingerprint="sha256:x",

@@ -192,21 +192,22 @@ def test_validation_and_test_images_do_not_influence_the_statistics(built):
 
 def test_analysis_rows_carry_exact_shard_sums():
     from beam_pipeline.job import analyze
+    from beam_pipeline.job.contracts import PixelMoments, ShardResult
 
     labels = {"a": 0, "b": 1, "c": 2}
     big = 255.0 ** 2 * 4e10  # a shard's sum of squares beyond float32, exact in float64
-    stats = [{"split": "train", "num_examples": 3, "path": "x", "label_counts": {"c": 2, "a": 1},
-              "pixel_moments": {"count": 12, "sum": [1.0, 2.0, 3.0], "sum_sq": [4.0, 5.0, big]}},
-             {"split": "train", "num_examples": 0, "path": "y", "label_counts": {}},
-             {"split": "validation", "num_examples": 2, "path": "z", "label_counts": {"a": 2},
-              "pixel_moments": {"count": 1, "sum": [0.0] * 3, "sum_sq": [0.0] * 3}}]
+    stats = [ShardResult("train", 0, num_examples=3, path="x", label_counts={"c": 2, "a": 1},
+                         pixel_moments=PixelMoments(12, (1.0, 2.0, 3.0), (4.0, 5.0, big))),
+             ShardResult("train", 1, num_examples=0, path="y"),
+             ShardResult("validation", 0, num_examples=2, path="z", label_counts={"a": 2},
+                         pixel_moments=PixelMoments(1))]
     rows = [r for s in stats for r in analyze.analysis_rows(s, "train", 3, labels)]
     assert len(rows) == 1
     assert rows[0][analyze.MOMENTS].tolist() == [12, 1, 2, 3, 4, 5, int(big)]
     assert rows[0][analyze.LABEL_COUNTS].tolist() == [1, 0, 2]
     with pytest.raises(ValueError, match="--no_transform"):  # e.g. --sink beam's stats
-        list(analyze.analysis_rows({"split": "train", "num_examples": 1, "path": "w",
-                                    "label_counts": {"a": 1}}, "train", 3, labels))
+        list(analyze.analysis_rows(ShardResult("train", 2, num_examples=1, path="w",
+                                               label_counts={"a": 1}), "train", 3, labels))
 
 
 def test_rows_sum_exactly_to_numpy_statistics():

@@ -58,23 +58,23 @@ def raw_feature_spec(num_labels):
     return spec
 
 
-def analysis_rows(stats, split, num_labels, label_ids):
-    """Shard stats -> one analysis row for a shard of `split` with records (else nothing)."""
+def analysis_rows(result, split, num_labels, label_ids):
+    """ShardResult -> one analysis row for a shard of `split` with records (else nothing)."""
     import numpy as np
 
-    if stats["split"] != split or not stats.get("num_examples"):
+    if result.split != split or not result.num_examples:
         return
-    moments = stats.get("pixel_moments")
+    moments = result.pixel_moments
     if moments is None:  # --sink beam, or a shard an incremental build reused or copied
-        raise ValueError(f"shard stats for {stats.get('path')!r} ({stats.get('kind', 'images')})"
+        raise ValueError(f"shard stats for {result.path!r} ({result.kind or 'images'})"
                          " carry no pixel moments: the transform analysis needs every train "
                          "shard written from its images (--sink shards, a full build) or "
                          "--no_transform")
     counts = np.zeros(num_labels, np.int64)
-    for label, n in stats["label_counts"].items():
+    for label, n in result.label_counts.items():
         counts[label_ids[label]] = n
     # Sums of uint8 values (and squares) are integers, held exactly by the float64 stats.
-    values = [moments["count"], *moments["sum"], *moments["sum_sq"]]
+    values = [moments.count, *moments.sum, *moments.sum_sq]
     yield {schema.ENCODED: b"", schema.LABEL: 0,  # placeholders: the analysis never reads them
            MOMENTS: np.array([round(v) for v in values], np.int64), LABEL_COUNTS: counts}
 

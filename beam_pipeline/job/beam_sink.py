@@ -13,6 +13,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from beam_pipeline.job import images, records
 from beam_pipeline.errors import error_record
+from beam_pipeline.job.contracts import ShardResult
 from beam_pipeline.job.shards import read_bytes
 from readers import frames, layout, schema
 
@@ -38,39 +39,38 @@ class ToRecordFn(beam.DoFn):
                                               ref.key)
 
 
-def shard_stats(path, split, write_index):
-    """Stats of a finished shard file, read back (WriteToTFRecord reports only its name)."""
+def shard_result(path, split, write_index):
+    """The ShardResult of a finished shard file, read back (WriteToTFRecord reports only its
+    name)."""
     from tensorflow.core.example import example_pb2
 
     with FileSystems.open(path) as f:
         data = f.read()
-    stats = {"split": split, "shard": layout.parse_shard_name(path)[2],
-             "temp": path, "num_examples": 0, "num_bytes": len(data), "label_counts": {},
-             "errors": [], "sha256": hashlib.sha256(data).hexdigest()}
-    offset, offsets = 0, []
+    counts, offset, offsets = {}, 0, []
     with io.BytesIO(data) as f:
         while (frame := frames.read_frame(f, offset)) is not None:
             record, frame_length = frame
             example = example_pb2.Example.FromString(record)
             label = example.features.feature[schema.TEXT].bytes_list.value[0].decode()
-            stats["label_counts"][label] = stats["label_counts"].get(label, 0) + 1
-            stats["num_examples"] += 1
+            counts[label] = counts.get(label, 0) + 1
             offsets.append((offset, frame_length))
             offset += frame_length
+    index_temp = None
     if write_index:
-        stats["index_temp"] = path + layout.INDEX_SUFFIX
-        with FileSystems.create(stats["index_temp"]) as f:
+        index_temp = path + layout.INDEX_SUFFIX
+        with FileSystems.create(index_temp) as f:
             f.write(frames.index_bytes(offsets))
-    return stats
+    return ShardResult(split=split, shard=layout.parse_shard_name(path)[2], temp=path,
+                       num_examples=len(offsets), num_bytes=len(data), label_counts=counts,
+                       sha256=hashlib.sha256(data).hexdigest(), index_temp=index_temp)
 
 
-def _errors_as_stats(errors):
-    return {"split": None, "shard": None, "num_examples": 0, "label_counts": {},
-            "errors": errors}
+def _errors_as_result(errors):
+    return ShardResult(split=None, shard=None, errors=tuple(errors))
 
 
 class WriteWithBeamSink(beam.PTransform):
-    """ImageRefs -> shard stats, like WriteShardFn's, via WriteToTFRecord per split."""
+    """ImageRefs -> ShardResults, like WriteShardFn's, via WriteToTFRecord per split."""
 
     def __init__(self, spec, label_ids, encode_options):
         super().__init__()
@@ -82,7 +82,7 @@ class WriteWithBeamSink(beam.PTransform):
             ToRecordFn(self.label_ids, self.encode_options)).with_outputs("errors", main="records")
         outputs = [converted.errors
                    | "AllErrors" >> beam.combiners.ToList()
-                   | "ErrorsAsStats" >> beam.Map(_errors_as_stats)]
+                   | "ErrorsAsResult" >> beam.Map(_errors_as_result).with_output_types(ShardResult)]
         for split, n in sorted(spec.num_shards.items()):
             prefix = layout.join(spec.tmp_dir, f"{spec.name}-{split}.tfrecord")
             outputs.append(
@@ -91,5 +91,6 @@ class WriteWithBeamSink(beam.PTransform):
                 | f"Values_{split}" >> beam.Values()
                 | f"WriteToTFRecord_{split}" >> beam.io.WriteToTFRecord(
                     prefix, num_shards=n, shard_name_template="-SSSSS-of-NNNNN")
-                | f"Stats_{split}" >> beam.Map(shard_stats, split, spec.write_index))
+                | f"Results_{split}" >> beam.Map(shard_result, split, spec.write_index)
+                .with_output_types(ShardResult))
         return outputs | "Flatten" >> beam.Flatten()

@@ -1,10 +1,9 @@
 """The job as one composite transform whose expand reads like DESIGN §1."""
 
-import json
-
 import apache_beam as beam
 
 from beam_pipeline.job.commit import Commit
+from beam_pipeline.job.contracts import ShardResult, ShardTask
 from beam_pipeline.refs import ImageRef
 from beam_pipeline.job.shards import WriteShardFn
 
@@ -20,7 +19,7 @@ class ImagesToTFRecords(beam.PTransform):
     def __init__(self, shards_index, spec, encode_options, sink="shards", progress_dir=None,
                  extra_files=(), transform_image_size=0):
         super().__init__()
-        self.shards_index, self.spec = shards_index, spec  # JSONL of [split, shard, listing]
+        self.shards_index, self.spec = shards_index, spec  # a ShardTask per line
         self.encode_options, self.sink = encode_options, sink
         self.progress_dir, self.extra_files = progress_dir, extra_files
         self.transform_image_size = transform_image_size  # 0: no tf.Transform analysis
@@ -30,45 +29,39 @@ class ImagesToTFRecords(beam.PTransform):
         label_ids = {label: i for i, label in enumerate(spec.labels)}
         shards = (pbegin
                   | "ShardIndex" >> beam.Create([self.shards_index])
-                  | "ReadShardIndex" >> beam.FlatMap(read_shard_index)
-                  # -> (split, shard, listing file of that shard, kind, origin)
+                  | "ReadShardIndex" >> beam.FlatMap(read_shard_index)      # -> ShardTask
                   | "ToWorkers" >> beam.Reshuffle())
         if self.sink == "beam":
             from beam_pipeline.job.beam_sink import WriteWithBeamSink
 
-            stats = (shards
-                     | "ListingFiles" >> beam.MapTuple(lambda split, shard, listing, *_: listing)
-                     | "ReadListings" >> beam.io.ReadAllFromText()
-                     | "ParseRefs" >> beam.Map(ImageRef.from_json)       # -> ImageRef
-                     | "WriteWithBeamSink" >> WriteWithBeamSink(spec, label_ids,
-                                                                self.encode_options))
+            results = (shards
+                       | "ListingFiles" >> beam.Map(lambda task: task.listing)
+                       | "ReadListings" >> beam.io.ReadAllFromText()
+                       | "ParseRefs" >> beam.Map(ImageRef.from_json)       # -> ImageRef
+                       | "WriteWithBeamSink" >> WriteWithBeamSink(spec, label_ids,
+                                                                  self.encode_options))
         else:
-            stats = (shards
-                     | "WriteShards" >> beam.ParDo(WriteShardFn(
-                         spec.tmp_dir, spec.name, spec.num_shards, label_ids,
-                         self.encode_options, spec.write_index, self.progress_dir,
-                         moments=bool(self.transform_image_size),
-                         previous_vdir=spec.previous_vdir)))
-            # -> shard stats (one small dict per shard; with --transform, + pixel_moments)
+            results = (shards
+                       | "WriteShards" >> beam.ParDo(WriteShardFn(
+                           spec.tmp_dir, spec.name, spec.num_shards, label_ids,
+                           self.encode_options, spec.write_index, self.progress_dir,
+                           moments=bool(self.transform_image_size),
+                           previous_vdir=spec.previous_vdir)).with_output_types(ShardResult))
+            # -> ShardResult, one per shard (with --transform, + pixel_moments)
         parts = ()
         if self.transform_image_size:
             from beam_pipeline.job.analyze import AnalyzeTrain
 
-            parts = (stats | "AnalyzeTrain" >> AnalyzeTrain(spec, self.transform_image_size),)
+            parts = (results | "AnalyzeTrain" >> AnalyzeTrain(spec, self.transform_image_size),)
             # -> [{"transform": {...}}] once VDIR/transform_fn/ is written
-        return stats | "Commit" >> Commit(spec, self.extra_files, parts)  # -> manifest
+        return results | "Commit" >> Commit(spec, self.extra_files, parts)  # -> manifest
 
 
 def read_shard_index(path):
-    """The shard index file -> (split, shard, listing file, kind, origin) per shard.
-
-    kind: "images" (convert the listed images), "reuse" or "copy" (incremental builds:
-    beam_pipeline/job/reuse.py); origin: "hash" or "delta" (beam_pipeline/launcher/incremental.py).
-    """
+    """The shard index file the launcher wrote -> one ShardTask per shard."""
     from apache_beam.io.filesystems import FileSystems
 
     with FileSystems.open(path) as f:
         for line in f:
             if line.strip():
-                split, shard, listing, kind, origin = json.loads(line)
-                yield split, shard, listing, kind, origin
+                yield ShardTask.from_json(line)

@@ -3,16 +3,17 @@
 Neither decodes an image: "reuse" links the previous shard file (a hard link locally, a
 server-side copy on GCS: no image bytes through the worker); "copy" reads the kept
 records' TFRecord frames by offset from the previous shard and writes them to a new one.
-Both write the new shard's catalog fragment and return the same stats as WriteShardFn.
+Both write the new shard's catalog fragment and return a ShardResult, as WriteShardFn does.
 """
 
+import dataclasses
 import json
 import os
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from beam_pipeline.job.rewrite import copy_frames, set_rows
+from beam_pipeline.job.rewrite import copy_frames, with_rows
 from readers import layout
 
 RAW = CompressionTypes.UNCOMPRESSED
@@ -37,19 +38,20 @@ def link_or_copy(source, target):
     FileSystems.copy([source], [target])
 
 
-def run(kind, stats, listing, previous_vdir, write_index):
-    """Fill a shard's `stats` (split, shard, path, temp set) from a reuse or copy task."""
+def run(kind, result, listing, previous_vdir, write_index):
+    """A reuse or copy task -> its ShardResult (`result`: split, shard, path and temp set)."""
     header, rows = read_task(listing)
     source = layout.join(previous_vdir, header["source"])
-    split, shard, final, temp = stats["split"], stats["shard"], stats["path"], stats["temp"]
+    split, shard, final, temp = result.split, result.shard, result.path, result.temp
     if kind == "copy":
-        rows, stats["sha256"], stats["num_bytes"], index = copy_frames(
-            source, temp, rows, split, shard, final)
-        return set_rows(stats, rows, write_index, index)
+        rows, sha256, num_bytes, index = copy_frames(source, temp, rows, split, shard, final)
+        return with_rows(dataclasses.replace(result, sha256=sha256, num_bytes=num_bytes),
+                         rows, write_index, index)
     link_or_copy(source, temp)
     if write_index and FileSystems.exists(layout.index_name(source)):
-        stats["index_temp"] = temp + layout.INDEX_SUFFIX
-        link_or_copy(layout.index_name(source), stats["index_temp"])
-    stats["sha256"], stats["num_bytes"] = header["sha256"], sum(r["length"] for r in rows)
-    return set_rows(stats, [dict(r, split=split, shard=shard, file=final) for r in rows],
-                    write_index=False)
+        result = dataclasses.replace(result, index_temp=temp + layout.INDEX_SUFFIX)
+        link_or_copy(layout.index_name(source), result.index_temp)
+    result = dataclasses.replace(result, sha256=header["sha256"],
+                                 num_bytes=sum(r["length"] for r in rows))
+    return with_rows(result, [dict(r, split=split, shard=shard, file=final) for r in rows],
+                     write_index=False)

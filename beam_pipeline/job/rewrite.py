@@ -1,6 +1,7 @@
 """Rewrite a shard keeping some of its rows: the records' frames copied by offset, nothing
 decoded. Incremental "copy" tasks and --drop_content_duplicates both end here."""
 
+import dataclasses
 import hashlib
 
 from apache_beam.io.filesystem import CompressionTypes
@@ -35,28 +36,30 @@ def copy_frames(source, target, rows, split, shard, final):
     return new_rows, digest.hexdigest(), offset, index
 
 
-def set_rows(stats, rows, write_index, index=None):
-    """Write a shard's catalog fragment (and index) from its rows; count them into stats."""
-    stats["catalog_temp"] = stats["temp"] + ".catalog.parquet"
-    with catalog.FragmentWriter(stats["catalog_temp"]) as fragment:
+def with_rows(result, rows, write_index, index=None):
+    """`result` with the catalog fragment (and index) of its `rows` written, and counted."""
+    catalog_temp = result.temp + ".catalog.parquet"
+    with catalog.FragmentWriter(catalog_temp) as fragment:
         for row in rows:
             fragment.append(row)
+    index_temp = result.index_temp
     if write_index and index is not None:
-        stats["index_temp"] = stats["temp"] + layout.INDEX_SUFFIX
-        with FileSystems.create(stats["index_temp"]) as f:
+        index_temp = result.temp + layout.INDEX_SUFFIX
+        with FileSystems.create(index_temp) as f:
             f.write("".join(index).encode())
-    stats["num_examples"] = len(rows)
-    stats["label_counts"] = {}
+    counts = {}
     for row in rows:
-        stats["label_counts"][row["label"]] = stats["label_counts"].get(row["label"], 0) + 1
-    return stats
+        counts[row["label"]] = counts.get(row["label"], 0) + 1
+    return dataclasses.replace(result, catalog_temp=catalog_temp, index_temp=index_temp,
+                               num_examples=len(rows), label_counts=counts)
 
 
-def keep_rows(stats, drop_positions, write_index):
-    """Rewrite one temp shard without the records at `drop_positions` (its stats updated)."""
-    rows = [r for r in catalog.iter_rows(stats["catalog_temp"])
+def keep_rows(result, drop_positions, write_index):
+    """`result`'s temp shard rewritten without the records at `drop_positions`."""
+    rows = [r for r in catalog.iter_rows(result.catalog_temp)
             if r["position"] not in drop_positions]
-    source, stats["temp"] = stats["temp"], stats["temp"] + ".dedup"
-    rows, stats["sha256"], stats["num_bytes"], index = copy_frames(
-        source, stats["temp"], rows, stats["split"], stats["shard"], stats["path"])
-    return set_rows(stats, rows, write_index, index)
+    temp = result.temp + ".dedup"
+    rows, sha256, num_bytes, index = copy_frames(
+        result.temp, temp, rows, result.split, result.shard, result.path)
+    return with_rows(dataclasses.replace(result, temp=temp, sha256=sha256, num_bytes=num_bytes),
+                     rows, write_index, index)

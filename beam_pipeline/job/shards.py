@@ -6,6 +6,7 @@ so memory does not grow with the dataset (DESIGN §1).
 
 import collections
 import concurrent.futures
+import dataclasses
 import hashlib
 import json
 import os
@@ -21,6 +22,7 @@ from apache_beam.metrics import Metrics
 from beam_pipeline.store import catalog
 from beam_pipeline.job import images, records, reuse
 from beam_pipeline.errors import error_record
+from beam_pipeline.job.contracts import PixelMoments, ShardResult
 from beam_pipeline.refs import ImageRef
 from readers import frames, layout
 
@@ -76,7 +78,7 @@ def _disk_errors_name_the_dir(process):
 
 
 class WriteShardFn(beam.DoFn):
-    """(split, shard, listing file) -> one shard-stats dict.
+    """ShardTask -> ShardResult.
 
     The shard goes to a unique temp name; commit renames the temp files of the attempts
     that succeeded, so a retried bundle never leaves a duplicate or partial shard.
@@ -101,42 +103,40 @@ class WriteShardFn(beam.DoFn):
         self.pool.shutdown(wait=False)
 
     @_disk_errors_name_the_dir
-    def process(self, element):
-        split, shard, listing, kind, origin = element
-        final = layout.shard_name(self.name, split, shard, self.num_shards[split])
+    def process(self, task):
+        final = layout.shard_name(self.name, task.split, task.shard, self.num_shards[task.split])
         attempt = uuid.uuid4().hex[:12]
-        temp = layout.join(self.tmp_dir, f"{final}.{attempt}")
-        stats = {"split": split, "shard": shard, "path": final, "temp": temp,
-                 "num_examples": 0, "num_bytes": 0, "label_counts": {}, "errors": [],
-                 "passed_through": 0, "kind": kind, "origin": origin,
-                 "writer": f"{socket.gethostname()}:{os.getpid()}"}  # counted by commit
-        if kind != "images":  # incremental: a previous shard reused or its records copied
-            yield reuse.run(kind, stats, listing, self.previous_vdir, self.write_index)
+        result = ShardResult(split=task.split, shard=task.shard, path=final,
+                             temp=layout.join(self.tmp_dir, f"{final}.{attempt}"),
+                             kind=task.kind, origin=task.origin,
+                             writer=f"{socket.gethostname()}:{os.getpid()}")  # counted by commit
+        if task.kind != "images":  # incremental: a previous shard reused or its records copied
+            yield reuse.run(task.kind, result, task.listing, self.previous_vdir,
+                            self.write_index)
             return
-        if self.moments:  # exact over the stored pixels (integers held exactly in float64)
-            stats["pixel_moments"] = {"count": 0, "sum": [0.0] * 3, "sum_sq": [0.0] * 3}
-        digest = hashlib.sha256()
         progress = _Progress(self.progress_dir, f"{final}.{attempt}")
-        stats["catalog_temp"] = temp + ".catalog.parquet"
-        if self.write_index:
-            stats["index_temp"] = temp + layout.INDEX_SUFFIX
+        result = self._write_images(result, read_listing(task.listing), progress)
+        progress.flush(force=True)
+        yield result
+
+    def _write_images(self, result, refs, progress):
+        """Convert `refs` in listing order (which is shard order: the output is deterministic)
+        into the temp shard, its catalog fragment and index -> the finished ShardResult."""
+        split, shard, final, temp = result.split, result.shard, result.path, result.temp
+        catalog_temp = temp + ".catalog.parquet"
+        index_temp = temp + layout.INDEX_SUFFIX if self.write_index else None
+        digest, counts, errors = hashlib.sha256(), {}, []
+        num_examples = num_bytes = passed_through = 0
+        moments = PixelMoments() if self.moments else None  # exact over the stored pixels
         with (FileSystems.create(temp) as out,
-              catalog.FragmentWriter(stats["catalog_temp"]) as catalog_rows,
-              _IndexWriter(stats.get("index_temp")) as index):
-            # Listing order is shard order: the output is deterministic.
-            refs = read_listing(listing)
+              catalog.FragmentWriter(catalog_temp) as catalog_rows,
+              _IndexWriter(index_temp) as index):
             for ref, data, read_error in _read_ahead(self.pool, refs,
                                                      self.encode_options.max_bytes):
                 try:
-                    if isinstance(read_error, images.ImageError):
-                        raise read_error
-                    if read_error is not None:
-                        raise images.ImageError("read", "unreadable",
-                                                f"{type(read_error).__name__}: {read_error}")
-                    encoded = (images.convert(data, self.encode_options, with_moments=True)
-                               if self.moments else images.convert(data, self.encode_options))
+                    encoded = self._convert(data, read_error)
                 except images.ImageError as e:
-                    stats["errors"].append(error_record(ref.uri, e.stage, e.reason, e.detail))
+                    errors.append(error_record(ref.uri, e.stage, e.reason, e.detail))
                     Metrics.counter("errors", e.reason).inc()
                     self.failed.inc()
                     progress.tick()
@@ -148,33 +148,37 @@ class WriteShardFn(beam.DoFn):
                 catalog_rows.append({
                     "key": ref.key, "uri": ref.uri, "label": ref.label,
                     "label_id": self.label_ids[ref.label], "split": split, "shard": shard,
-                    "file": final, "position": stats["num_examples"],
-                    "offset": stats["num_bytes"], "length": len(frame), "sha256": sha256,
+                    "file": final, "position": num_examples,
+                    "offset": num_bytes, "length": len(frame), "sha256": sha256,
                     "height": encoded.height, "width": encoded.width,
                     "input_size": ref.size, "input_mtime": ref.mtime})
                 out.write(frame)
                 digest.update(frame)
-                index.add(stats["num_bytes"], len(frame))
-                stats["num_bytes"] += len(frame)
-                stats["num_examples"] += 1
-                stats["passed_through"] += encoded.passed_through
-                if self.moments:
-                    _add_moments(stats["pixel_moments"], encoded.moments)
-                stats["label_counts"][ref.label] = stats["label_counts"].get(ref.label, 0) + 1
+                index.add(num_bytes, len(frame))
+                num_bytes += len(frame)
+                num_examples += 1
+                passed_through += encoded.passed_through
+                if moments is not None:
+                    moments = moments.plus(*encoded.moments)
+                counts[ref.label] = counts.get(ref.label, 0) + 1
                 self.written.inc()
                 self.passed_through.inc(encoded.passed_through)
                 progress.tick()
-        progress.flush(force=True)
-        stats["sha256"] = digest.hexdigest()
-        yield stats
+        return dataclasses.replace(
+            result, num_examples=num_examples, num_bytes=num_bytes, label_counts=counts,
+            errors=tuple(errors), passed_through=passed_through, sha256=digest.hexdigest(),
+            catalog_temp=catalog_temp, index_temp=index_temp, pixel_moments=moments)
 
-
-def _add_moments(totals, moments):
-    """Add one image's (pixel count, (r, g, b) sums, (r, g, b) sums of squares) to a shard's."""
-    count, sums, squares = moments
-    totals["count"] += int(count)
-    totals["sum"] = [a + float(b) for a, b in zip(totals["sum"], sums)]
-    totals["sum_sq"] = [a + float(b) for a, b in zip(totals["sum_sq"], squares)]
+    def _convert(self, data, read_error):
+        """Image bytes -> images.Encoded; ImageError for an unreadable or unusable input."""
+        if isinstance(read_error, images.ImageError):
+            raise read_error
+        if read_error is not None:
+            raise images.ImageError("read", "unreadable",
+                                    f"{type(read_error).__name__}: {read_error}")
+        if self.moments:
+            return images.convert(data, self.encode_options, with_moments=True)
+        return images.convert(data, self.encode_options)
 
 
 def _read_ahead(pool, refs, max_bytes=0, budget=None):

@@ -1,0 +1,105 @@
+"""What crosses the job's seams: the shard task the launcher writes, the result a writer returns.
+
+Both are frozen, so no stage edits another's value: a stage that changes a result (reuse,
+dedupe) returns a new one with dataclasses.replace. Results cross processes as JSON (the
+coder below), so a field that JSON cannot carry fails in the first test, not on Dataflow.
+"""
+
+import dataclasses
+import json
+from typing import Optional
+
+import apache_beam as beam
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardTask:
+    """One line of the shard index: a shard to produce and the listing file that says how.
+
+    kind: "images" (convert the listed images), "reuse" or "copy" (incremental builds reuse
+    a previous shard or copy its surviving records: job/reuse.py); origin: "hash" (a shard of
+    the full plan) or "delta" (new inputs of an incremental build: launcher/incremental.py).
+    """
+
+    split: str
+    shard: int
+    listing: str
+    kind: str = "images"
+    origin: str = "hash"
+
+    def to_json(self):  # a list, the shard index's line format since format version 1
+        return json.dumps([self.split, self.shard, self.listing, self.kind, self.origin])
+
+    @classmethod
+    def from_json(cls, line):
+        return cls(*json.loads(line))
+
+
+@dataclasses.dataclass(frozen=True)
+class PixelMoments:
+    """Exact sums over a shard's stored pixels (uint8 values and their squares, in float64:
+    integers held exactly), for the transform analysis."""
+
+    count: int = 0
+    sum: tuple = (0.0, 0.0, 0.0)
+    sum_sq: tuple = (0.0, 0.0, 0.0)
+
+    def plus(self, count, sums, squares):
+        """These moments plus one image's (pixel count, (r, g, b) sums, sums of squares)."""
+        return PixelMoments(self.count + int(count),
+                            tuple(a + float(b) for a, b in zip(self.sum, sums)),
+                            tuple(a + float(b) for a, b in zip(self.sum_sq, squares)))
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardResult:
+    """One shard written to its temp name (or, split and shard None, errors alone: --sink beam).
+
+    Commit renames `temp` (and `index_temp`) to `path` in the version directory, merges
+    `catalog_temp` into the catalog and sums the counts into the manifest.
+    """
+
+    split: Optional[str]
+    shard: Optional[int]
+    path: Optional[str] = None          # the shard's file name in the version directory
+    temp: Optional[str] = None          # where this attempt wrote it
+    num_examples: int = 0
+    num_bytes: int = 0
+    sha256: Optional[str] = None
+    label_counts: dict = dataclasses.field(default_factory=dict)  # class name -> records
+    errors: tuple = ()                  # error records for errors.jsonl
+    passed_through: int = 0             # JPEGs stored as they came
+    kind: Optional[str] = None          # the ShardTask's kind (None: --sink beam)
+    origin: str = "hash"
+    writer: Optional[str] = None        # host:pid of the writing process
+    catalog_temp: Optional[str] = None  # this shard's catalog fragment (None: --sink beam)
+    index_temp: Optional[str] = None
+    pixel_moments: Optional[PixelMoments] = None  # --transform shards written from images
+
+    def to_json(self):
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text):
+        fields = json.loads(text)
+        moments = fields.pop("pixel_moments")
+        if moments is not None:
+            moments = PixelMoments(moments["count"], tuple(moments["sum"]),
+                                   tuple(moments["sum_sq"]))
+        return cls(**dict(fields, errors=tuple(fields["errors"]), pixel_moments=moments))
+
+
+class ShardResultCoder(beam.coders.Coder):
+    """ShardResults between workers as their JSON."""
+
+    def encode(self, value):
+        return value.to_json().encode()
+
+    def decode(self, encoded):
+        return ShardResult.from_json(encoded.decode())
+
+    def is_deterministic(self):
+        return False
+
+
+beam.coders.registry.register_coder(ShardResult, ShardResultCoder)

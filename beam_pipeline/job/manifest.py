@@ -1,0 +1,102 @@
+"""The manifest as a pure function of what commit finalized: no I/O, so tests build it from
+typed values alone and a retried commit that finds the same files writes the same manifest."""
+
+import dataclasses
+from typing import Optional
+
+from beam_pipeline.store import catalog
+from readers import layout, schema
+
+
+@dataclasses.dataclass(frozen=True)
+class Finalized:
+    """What commit found and wrote before the manifest (shards renamed, catalog merged)."""
+
+    results: tuple                       # ShardResults, after dropping content duplicates
+    shards: dict                         # split -> [manifest shard entries], in shard order
+    errors: tuple = ()                   # the listing's error records, then the shards'
+    catalog_rows: Optional[int] = None   # None: no catalog (--sink beam)
+    longer_sides: dict = dataclasses.field(default_factory=dict)  # longer side -> images
+    content_duplicates: Optional[dict] = None  # duplicates.jsonl's manifest entry
+    dropped: int = 0                     # content duplicates dropped
+
+
+def build_manifest(spec, done, created_at, parts=()):
+    """CommitSpec + Finalized -> manifest.json's dict; `created_at` a UTC datetime."""
+    manifest = {
+        "format_version": layout.FORMAT_VERSION,
+        "name": spec.name,
+        "version": spec.version,
+        "created_at": created_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "generator": spec.generator,
+        "input_fingerprint": spec.input_fingerprint,
+        "config": spec.config,
+        "labels": list(spec.labels),
+        "label_offset": 0,
+        "features": dict(schema.FEATURES),
+        "key_scheme": layout.KEY_SCHEME,
+        "splits": split_summaries(spec, done),
+        "accounting": accounting(spec, done),
+        "errors": {"path": layout.ERRORS, "count": len(done.errors),
+                   "by_reason": by_reason(done.errors)},
+    }
+    if done.catalog_rows is not None:
+        manifest["catalog"] = {"path": layout.CATALOG, "rows": done.catalog_rows}
+    if done.longer_sides:
+        manifest["stored_images"] = {"median_longer_side": catalog.median(done.longer_sides),
+                                     "max_longer_side": max(done.longer_sides)}
+    if done.content_duplicates is not None:
+        manifest["content_duplicates"] = dict(done.content_duplicates, dropped=done.dropped)
+    if spec.increment:
+        manifest["incremental"] = increment_summary(spec.increment, done.results)
+    # Distinct processes that ran the shard writer (0 with --sink beam, which does not say).
+    manifest["build"] = {"writer_processes": len({r.writer for r in done.results if r.writer})}
+    for part in parts:
+        manifest.update(part)
+    return manifest
+
+
+def split_summaries(spec, done):
+    """{split: examples, bytes, label counts (every class, in label order), shard entries}."""
+    by_shard = {(r.split, r.shard): r for r in done.results}
+    splits = {}
+    for split, shards in done.shards.items():
+        counts = {}
+        for i in range(len(shards)):
+            result = by_shard.get((split, i))
+            for label, c in (result.label_counts if result else {}).items():
+                counts[label] = counts.get(label, 0) + c
+        splits[split] = {
+            "num_examples": sum(s["num_examples"] for s in shards),
+            "num_bytes": sum(s["num_bytes"] for s in shards),
+            "label_counts": {label: counts.get(label, 0) for label in spec.labels},
+            "shards": shards,
+        }
+    return splits
+
+
+def accounting(spec, done):
+    """Every listed input: written, a duplicate (by path, or by content when dropped), or failed."""
+    return {"listed": spec.listed, "duplicates": spec.duplicates + done.dropped,
+            "failed": len(done.errors), "written": sum(r.num_examples for r in done.results),
+            "passed_through": sum(r.passed_through for r in done.results)}
+
+
+def by_reason(errors):
+    reasons = {}
+    for e in errors:
+        reasons[e["reason"]] = reasons.get(e["reason"], 0) + 1
+    return reasons
+
+
+def increment_summary(increment, results):
+    """What an incremental version reused, rewrote and added, and from which version."""
+    summary = dict(increment)
+    for kind, name in (("reuse", "reused"), ("copy", "rewritten"), ("images", "added_shards")):
+        done = [r for r in results if r.kind == kind]
+        summary[name] = {"shards": len(done),
+                         "examples": sum(r.num_examples for r in done),
+                         "bytes": sum(r.num_bytes for r in done)}
+    total = sum(r.num_bytes for r in results) or 1
+    summary["bytes_reused_share"] = round(summary["reused"]["bytes"] / total, 4)
+    return summary
