@@ -1,13 +1,13 @@
 """The tf.Transform branch of the job (only with --transform): train statistics, one graph.
 
-    shard stats ──(train shards with records)──> one analysis row per shard
+    ShardResults ──(train shards with records)──> one analysis row per shard
         ──AnalyzeDataset(preprocessing_fn)──> transform_fn
         ──WriteTransformFn──> VDIR/transform_fn/, VDIR/transformed_metadata/
         ──> one manifest part {"transform": {...}} that Commit waits for
 
 The statistics come from pixels the shard writer already decoded: with `moments=True` it adds
 each stored image's pixel count, per-channel sums and sums of squares (exact integers) to its
-shard stats, and its label counts are there anyway. So TFT's analyzers reduce one small row
+ShardResult, and its label counts are there anyway. So TFT's analyzers reduce one small row
 per train shard; nothing reads the written shards back and no image is decoded twice.
 
 `preprocessing_fn` is the contract between training and serving. Its raw inputs are the
@@ -223,7 +223,7 @@ class TrainSummary(PTransformAnalyzer):
 
 
 class AnalyzeTrain(beam.PTransform):
-    """PCollection of shard stats -> one manifest part, after VDIR/transform_fn/ is written."""
+    """PCollection of ShardResults -> one manifest part, after VDIR/transform_fn/ is written."""
 
     def __init__(self, spec, image_size, split="train"):
         super().__init__()
@@ -231,18 +231,18 @@ class AnalyzeTrain(beam.PTransform):
             raise ValueError(f"transform image_size must be >= 1, not {image_size}")
         self.spec, self.image_size, self.split = spec, image_size, split
 
-    def expand(self, shard_stats):
+    def expand(self, results):
         import tensorflow_transform as tft
         import tensorflow_transform.beam as tft_beam
 
         spec = self.spec
         if self.split not in spec.num_shards:
             logging.warning("no %s split: the tf.Transform analysis is skipped", self.split)
-            return shard_stats.pipeline | "NoTransform" >> beam.Create([{}])
+            return results.pipeline | "NoTransform" >> beam.Create([{}])
 
         labels = tuple(spec.labels)
         label_ids = {label: i for i, label in enumerate(labels)}
-        rows = (shard_stats
+        rows = (results
                 | "AnalysisRows" >> beam.FlatMap(analysis_rows, self.split, len(labels),
                                                  label_ids))
                 # -> {MOMENTS: int64 [7], LABEL_COUNTS: int64 [K], record keys: placeholders}
