@@ -1,16 +1,17 @@
-"""Pipeline speed and memory, side by side with the baseline, in one run.
+"""Build speed and memory against the strong script and the codec floor, in one run.
 
-    .venv/bin/python benchmarks/bench_pipeline.py [--small 5000] [--large 20000] [--repeat 1]
+    .venv/bin/python benchmarks/bench_pipeline.py [--sizes 5000,20000] [--repeat 1]
+                                                  [--only default,header,reencode]
 
-Prints, side by side, the images/s of this pipeline (DirectRunner, configs/local.yaml: one
-worker per core) and of benchmarks/baseline_pool.py (Pool + Pillow + TFRecordWriter) on the
-same --large files, each pair against its issue 10 target:
-  re-encode (--reencode always)            >= 1.15x the Pillow re-encode baseline
-  pass-through, default --validate decode  >= 1.0x  the baseline that fully decodes (Pillow)
-  pass-through, --validate header          >= 0.9x  the header-only baseline
-then the peak RSS of the largest process, --small -> --large images (<= +10%), and the
-per-image slope between them (start-up cost excluded). Medians over --repeat runs; the
-machine is shared, so read ratios, not absolutes.
+On seeded crops of real photographs (benchmarks/photos.py, ~500 px, JPEG quality 75-95),
+at each size, for each variant, three programs on the same files:
+  script  benchmarks/baseline_pool.py: Pool(cores), each worker writes its own shard with
+          tf.io.TFRecordWriter, Pillow (re-encode / full decode with load() / header only)
+  floor   benchmarks/codec_floor.py: Pool(cores) running only libjpeg-turbo, writing nothing
+  ours    the default command with configs/local.yaml (+ --reencode always / --validate header)
+It prints whole wall times, the per-image slope and the fixed start-up (the line through the
+smallest and largest size), peak RSS of the largest process, then the ratios against the
+targets. Medians over --repeat runs; the machine is shared, so read ratios, not absolutes.
 """
 
 import argparse
@@ -21,86 +22,119 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import build_command, files_of, jpeg_tree, run_measured  # noqa: E402
+from common import build_command, files_of, run_measured  # noqa: E402
+from photos import photo_tree  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# name -> (script flags, floor flags, our flags, target: script seconds / our seconds at the
+# largest size)
+VARIANTS = {
+    "default": (["--validate_full"], [], [], 1.2),
+    "header": (["--passthrough"], ["--read"], ["--validate", "header"], 0.9),
+    "reencode": ([], ["--reencode"], ["--reencode", "always"], 1.0),
+}
+LABELS = {"default": "default (validated pass-through)", "header": "--validate header",
+          "reencode": "--reencode always"}
+SLOPE_TARGET = 1.1  # default build's slope / the full-decode floor's
+RSS_TARGET = 0.10   # peak RSS growth, smallest -> largest size
 
 
-def pipeline(src, out, *extra):
-    return build_command(src, out, "--force", "--splits", "train=1.0", *extra)
+def commands(impl, variant, src, out):
+    script, floor, ours, _ = VARIANTS[variant]
+    if impl == "script":
+        return [sys.executable, os.path.join(HERE, "baseline_pool.py"), src, out, *script]
+    if impl == "floor":
+        return [sys.executable, os.path.join(HERE, "codec_floor.py"), src, *floor]
+    return build_command(src, out, *ours)
 
 
-def baseline(src, out, *mode):
-    return [sys.executable, os.path.join(HERE, "baseline_pool.py"), src, out, *mode]
-
-
-def measure(make_cmd, n, repeat):
+def measure(cmd_of, repeat):
     runs = []
     for _ in range(repeat):
         tmp = tempfile.mkdtemp(prefix="bench-")
         try:
-            runs.append(run_measured(make_cmd(os.path.join(tmp, "out"))))
+            runs.append(run_measured(cmd_of(os.path.join(tmp, "out"))))
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    seconds = statistics.median(r[0] for r in runs)
-    return {"img_s": n / seconds, "seconds": seconds,
-            "max_proc_rss": statistics.median(r[1] for r in runs),
-            "tree_rss": statistics.median(r[2] for r in runs)}
+    return {"seconds": statistics.median(r[0] for r in runs),
+            "rss": statistics.median(r[1] for r in runs)}
+
+
+def line(results, sizes):
+    """(slope s/image, start-up s) through the smallest and largest size."""
+    lo, hi = results[sizes[0]]["seconds"], results[sizes[-1]]["seconds"]
+    slope = (hi - lo) / (sizes[-1] - sizes[0])
+    return slope, lo - slope * sizes[0]
+
+
+def report(res, sizes, variants):
+    big = sizes[-1]
+    two = len(sizes) > 1
+    print(f"\n{'variant':34}{'program':8}" + "".join(f"{f'{n} s':>10}" for n in sizes)
+          + f"{'img/s':>8}" + (f"{'slope ms':>10}{'start-up s':>12}" if two else "")
+          + f"{'peak RSS GB':>16}")
+    for v in variants:
+        for impl in ("script", "floor", "ours"):
+            r = res[v, impl]
+            row = f"{LABELS[v]:34}{impl:8}" + "".join(f"{r[n]['seconds']:10.1f}" for n in sizes)
+            row += f"{big / r[big]['seconds']:8.0f}"
+            if two:
+                slope, start = line(r, sizes)
+                row += f"{slope * 1e3:10.3f}{start:12.1f}"
+            rss = " -> ".join(f"{r[n]['rss'] / 2**30:.2f}" for n in (sizes[0], big)) if two \
+                else f"{r[big]['rss'] / 2**30:.2f}"
+            print(row + f"{rss:>16}")
+
+    print(f"\n{'variant':34}{f'speed vs script @{big}':>22}{'target':>14}"
+          + (f"{'slope/floor':>13}{'slope/script':>14}{'start-up vs script':>26}"
+             f"{'RSS growth':>12}" if two else ""))
+    for v in variants:
+        ours, script, floor = res[v, "ours"], res[v, "script"], res[v, "floor"]
+        speed = script[big]["seconds"] / ours[big]["seconds"]
+        target = VARIANTS[v][3]
+        row = f"{LABELS[v]:34}{speed:21.2f}x{_verdict(speed >= target, f'>= {target}x'):>14}"
+        if two:
+            (s_o, i_o), (s_s, i_s), (s_f, _) = (line(x, sizes) for x in (ours, script, floor))
+            slope_mark = ("" if v != "default"
+                          else f" {_verdict(s_o / s_f <= SLOPE_TARGET, f'<= {SLOPE_TARGET}')}")
+            growth = ours[big]["rss"] / ours[sizes[0]]["rss"] - 1
+            row += (f"{s_o / s_f:12.2f}x{s_o / s_s:13.2f}x"
+                    f"{f'{i_o:.1f} vs {i_s:.1f} s {_verdict(i_o <= i_s)}':>26}"
+                    f"{f'{growth:+.1%} {_verdict(growth <= RSS_TARGET)}':>12}{slope_mark}")
+        print(row)
+    print("\nspeed = the script's wall time / ours (higher is better); slope = seconds per extra "
+          "image between the sizes; start-up = the line's intercept at 0 images")
+
+
+def _verdict(ok, target=""):
+    return f"{target} {'PASS' if ok else 'FAIL'}".strip()
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--small", type=int, default=5000)
-    ap.add_argument("--large", type=int, default=20000)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="5000,20000",
+                    help="comma-separated image counts; slope and start-up need two")
     ap.add_argument("--repeat", type=int, default=1)
-    ap.add_argument("--with_beam_sink", action="store_true",
-                    help="also run --sink beam (WriteToTFRecord) on the small set")
+    ap.add_argument("--only", default=",".join(VARIANTS),
+                    help=f"comma-separated variants among {','.join(VARIANTS)}")
     args = ap.parse_args()
-    small, large = jpeg_tree(args.small), jpeg_tree(args.large)
-    n_small, n_large = len(files_of(small)), len(files_of(large))
-    mb = sum(os.path.getsize(p) for p in files_of(large)) / 2**20
-    print(f"data: {n_large} JPEGs, {mb:.0f} MiB ({mb * 1024 / n_large:.0f} KiB each); "
-          f"{os.cpu_count()} cores; median of {args.repeat}")
-
-    rows = []
-
-    def row(name, result, base=None, target=None):
-        ratio = f"{result['img_s'] / base['img_s']:.2f}x" if base else ""
-        ok = "" if target is None else ("PASS" if result["img_s"] / base["img_s"] >= target
-                                        else "FAIL")
-        rows.append((name, result, ratio, f">= {target}x {ok}" if target else ""))
-
-    b_re = measure(lambda o: baseline(large, o), n_large, args.repeat)
-    p_re = measure(lambda o: pipeline(large, o, "--reencode", "always"), n_large, args.repeat)
-    b_full = measure(lambda o: baseline(large, o, "--validate_full"), n_large, args.repeat)
-    p_pt = measure(lambda o: pipeline(large, o), n_large, args.repeat)
-    b_hdr = measure(lambda o: baseline(large, o, "--passthrough"), n_large, args.repeat)
-    p_hdr = measure(lambda o: pipeline(large, o, "--validate", "header"), n_large, args.repeat)
-    p_small = measure(lambda o: pipeline(small, o), n_small, args.repeat)
-    row("baseline Pillow re-encode", b_re)
-    row("pipeline --reencode always", p_re, b_re, 1.15)
-    row("baseline Pillow full decode, keep bytes", b_full)
-    row("pipeline default (validate decode)", p_pt, b_full, 1.0)
-    row("baseline Pillow header, keep bytes", b_hdr)
-    row("pipeline --validate header", p_hdr, b_hdr, 0.9)
-    row(f"pipeline default, {n_small} images", p_small)
-    if args.with_beam_sink:
-        row(f"pipeline --sink beam, {n_small}", measure(
-            lambda o: pipeline(small, o, "--sink", "beam"), n_small, args.repeat))
-
-    print(f"\n{'run':42}{'img/s':>8}{'sec':>8}{'max proc RSS':>14}{'tree RSS':>10}"
-          f"{'ratio':>8}  target")
-    for name, r, ratio, target in rows:
-        print(f"{name:42}{r['img_s']:8.0f}{r['seconds']:8.1f}{r['max_proc_rss'] / 2**30:12.2f}GB"
-              f"{r['tree_rss'] / 2**30:8.2f}GB{ratio:>8}  {target}")
-    growth = p_pt["max_proc_rss"] / p_small["max_proc_rss"] - 1
-    print(f"\npeak RSS of the largest process, {n_small} -> {n_large} images: "
-          f"{p_small['max_proc_rss'] / 2**30:.2f} -> {p_pt['max_proc_rss'] / 2**30:.2f} GB "
-          f"({growth:+.1%}; target <= +10%: {'PASS' if growth <= 0.10 else 'FAIL'})")
-    slope = (p_pt["seconds"] - p_small["seconds"]) / (n_large - n_small)
-    print(f"per-image slope, default build, {n_small} -> {n_large} images: {slope * 1e3:.3f} ms "
-          f"({1 / slope:.0f} img/s once started; start-up "
-          f"{p_small['seconds'] - slope * n_small:.1f} s)")
+    sizes = sorted(int(s) for s in args.sizes.split(","))
+    variants = [v for v in VARIANTS if v in args.only.split(",")]
+    trees = {n: photo_tree(n) for n in sizes}
+    big = files_of(trees[sizes[-1]])
+    mb = sum(os.path.getsize(p) for p in big) / 2**20
+    print(f"data: photographs, {len(big)} JPEGs, {mb:.0f} MiB ({mb * 1024 / len(big):.0f} KiB "
+          f"each); {os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f}; "
+          f"median of {args.repeat}")
+    res = {}
+    for n in sizes:  # programs interleaved per size, so a change in load hits all three alike
+        for v in variants:
+            for impl in ("script", "floor", "ours"):
+                res.setdefault((v, impl), {})[n] = measure(
+                    lambda out: commands(impl, v, trees[n], out), args.repeat)
+    report(res, sizes, variants)
+    print(f"load average at the end: {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":
