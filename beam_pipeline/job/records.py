@@ -32,17 +32,25 @@ def serialize_example(features):
     Encoded here, not with TensorFlow's protos, so shard writers never import TensorFlow:
     that import costs each worker ~3 s and ~0.5 GB, more than writing a shard of JPEGs
     takes. Deterministic protobuf order is map entries sorted by key; a test checks
-    equality with TensorFlow's own serialization.
+    equality with TensorFlow's own serialization. Each length-delimited field's header is
+    computed from its payload's length, so the image bytes are copied once (the join),
+    not once per nesting level (5 levels: 60 µs of a 40 KB photo's ~1 ms).
     """
-    entries = []
+    parts, total = [], 0
     for key in sorted(features):
         value = features[key]
         if isinstance(value, bytes):
-            feature = _field(1, _field(1, value))                    # bytes_list.value
+            values = _field_header(1, len(value))                        # BytesList.value
+            inner = _field_header(1, len(values) + len(value)) + values  # Feature.bytes_list
         else:
-            feature = _field(3, _field(1, _varint(value & _U64)))    # int64_list.value, packed
-        entries.append(_field(1, _key_field(key) + _field(2, feature)))
-    return _field(1, b"".join(entries))                               # Example.features
+            packed = _field(1, _varint(value & _U64))                    # Int64List.value
+            inner, value = _field(3, packed), b""                       # Feature.int64_list
+        feature_len = len(inner) + len(value)
+        head = _key_field(key) + _field_header(2, feature_len)          # map entry: key, value
+        entry = _field_header(1, len(head) + feature_len) + head + inner  # Features.feature
+        parts += (entry, value)
+        total += len(entry) + len(value)
+    return b"".join((_field_header(1, total), *parts))                  # Example.features
 
 
 _U64 = (1 << 64) - 1
@@ -66,6 +74,11 @@ _TAGS = {number: _varint(number << 3 | 2) for number in (1, 2, 3)}
 def _field(number, payload):
     """A length-delimited protobuf field (wire type 2)."""
     return _TAGS[number] + _varint(len(payload)) + payload
+
+
+def _field_header(number, length):
+    """The tag and length that precede a length-delimited field's `length` payload bytes."""
+    return _TAGS[number] + _varint(length)
 
 
 @functools.lru_cache(maxsize=64)

@@ -1,0 +1,79 @@
+"""The cheap paths of a pass-through image keep their promises.
+
+Validation decodes at DCT scale 1/8: it must reject exactly the JPEGs a full strict decode
+rejects. Example serialization builds each field's header from lengths alone: it must still
+give TensorFlow's bytes when lengths take several varint bytes.
+"""
+
+import io
+import random
+
+import numpy as np
+import pytest
+import simplejpeg
+from PIL import Image
+
+from beam_pipeline.job import images, records
+
+
+def _photo(seed, quality):
+    """A seeded crop of scikit-image's astronaut photograph, as a baseline JPEG."""
+    from skimage import data
+
+    rng = random.Random(seed)
+    pixels = data.astronaut()
+    y, x = rng.randrange(0, 200), rng.randrange(0, 200)
+    out = io.BytesIO()
+    Image.fromarray(pixels[y:y + 300, x:x + 300]).save(out, "JPEG", quality=quality)
+    return out.getvalue()
+
+
+def _scan_start(jpeg):
+    sos = jpeg.index(b"\xff\xda")
+    return sos + 2 + int.from_bytes(jpeg[sos + 2:sos + 4], "big")
+
+
+def _full_decode_rejects(jpeg):
+    try:
+        simplejpeg.decode_jpeg(jpeg, colorspace="GRAY", strict=True)
+    except ValueError:
+        return True
+    return False
+
+
+def test_scaled_validation_rejects_exactly_what_a_full_decode_rejects():
+    rng = random.Random(20)
+    clean = [_photo(seed, quality) for seed, quality in enumerate((75, 85, 95))]
+    mutants = []
+    for _ in range(150):  # 1-3 flipped bits in the entropy-coded data, where no header sees them
+        data = bytearray(rng.choice(clean))
+        for _ in range(rng.randint(1, 3)):
+            data[rng.randrange(_scan_start(data), len(data) - 2)] ^= 1 << rng.randrange(8)
+        mutants.append(bytes(data))
+    for jpeg in mutants[:50]:  # and truncations
+        mutants.append(jpeg[:rng.randrange(_scan_start(jpeg), len(jpeg))])
+    rejected = 0
+    for jpeg in clean + mutants:
+        try:
+            stored = images.convert(jpeg)
+        except images.ImageError as e:
+            assert e.reason in ("corrupt", "corrupt_data", "truncated"), e
+            assert _full_decode_rejects(jpeg), f"scaled validation refused a clean decode: {e}"
+            rejected += 1
+            continue
+        assert stored.passed_through and stored.data == jpeg
+        assert not _full_decode_rejects(jpeg), "a JPEG the full decode refuses was stored"
+    assert 50 < rejected < len(mutants)  # both outcomes are exercised
+
+
+@pytest.mark.parametrize("size", [0, 127, 128, 16384, 2**21 + 3])
+def test_serialize_example_equals_tensorflow_for_long_fields(size):
+    import tensorflow as tf
+
+    payload = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
+    ours = records.serialize_example({"image/encoded": payload, "n": -(2**63), "m": 2**63 - 1,
+                                      "t": b"x" * (size % 300)})
+    assert tf.train.Example.FromString(ours).SerializeToString(deterministic=True) == ours
+    parsed = tf.train.Example.FromString(ours).features.feature
+    assert parsed["image/encoded"].bytes_list.value == [payload]
+    assert parsed["n"].int64_list.value == [-(2**63)]
