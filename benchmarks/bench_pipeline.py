@@ -12,6 +12,7 @@ at each size, for each variant, three programs on the same files:
 It prints whole wall times, the per-image slope and the fixed start-up (the line through the
 smallest and largest size), peak RSS of the largest process, then the ratios against the
 targets. Medians over --repeat runs; the machine is shared, so read ratios, not absolutes.
+Needs the "bench" extra (scikit-image for the photographs, TensorFlow for the script).
 """
 
 import argparse

@@ -29,7 +29,7 @@ def _source_dir():
     spec = importlib.util.find_spec("skimage")
     if spec is None:
         raise SystemExit("benchmarks need scikit-image for their photographs: "
-                         "pip install -e '.[test]' -c constraints.txt")
+                         "pip install -e '.[bench]' -c constraints.txt")
     return os.path.join(os.path.dirname(spec.origin), "data")
 
 

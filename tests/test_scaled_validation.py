@@ -11,20 +11,24 @@ import random
 import numpy as np
 import pytest
 import simplejpeg
-from PIL import Image
+from PIL import Image, ImageDraw
 
 from beam_pipeline.job import images, records
 
 
 def _photo(seed, quality):
-    """A seeded crop of scikit-image's astronaut photograph, as a baseline JPEG."""
-    from skimage import data
-
-    rng = random.Random(seed)
-    pixels = data.astronaut()
-    y, x = rng.randrange(0, 200), rng.randrange(0, 200)
+    """A seeded photo-like baseline JPEG: smooth colour gradients, fine texture, a disc."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:240, 0:320] / 320.0
+    base = rng.random(3) * 0.5 + 0.25
+    pixels = 255 * (base + 0.25 * np.stack([np.sin(6 * x + k) * np.cos(4 * y - k)
+                                            for k in range(3)], axis=-1)
+                    + 0.06 * rng.standard_normal((240, 320, 3)))
+    img = Image.fromarray(pixels.clip(0, 255).astype(np.uint8))
+    fill = tuple(int(v) for v in rng.integers(0, 256, 3))
+    ImageDraw.Draw(img).ellipse((100, 60, 200, 160), fill=fill)
     out = io.BytesIO()
-    Image.fromarray(pixels[y:y + 300, x:x + 300]).save(out, "JPEG", quality=quality)
+    img.save(out, "JPEG", quality=quality)
     return out.getvalue()
 
 
