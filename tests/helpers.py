@@ -12,6 +12,7 @@ nothing imports conftest by name. One helper per job:
 * `assert_same_arrays(a, b)`     two runs' outputs: same length, same arrays, in order
 """
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -96,7 +97,8 @@ def make_images(root, spec, size=(24, 16)):
 def build(inputs, root, *args, expect="published"):
     """Run the real CLI in-process: `--input` for each of `inputs` (one path or a list of
     them), `--output root`, then `args`. Checks the status is `expect` (None: no check) and
-    returns `cli.run`'s dict plus "root"."""
+    returns the fields of `cli.run`'s result (launcher.runner.Published, or Submitted,
+    prepare.UpToDate) as a dict, plus "root"."""
     from beam_pipeline import cli
 
     if isinstance(inputs, (str, os.PathLike)):
@@ -104,8 +106,13 @@ def build(inputs, root, *args, expect="published"):
     argv = [a for spec in inputs for a in ("--input", str(spec))]
     result = cli.run(argv + ["--output", str(root)] + [str(a) for a in args])
     if expect is not None:
-        assert result["status"] == expect, result
-    return dict(result, root=str(root))
+        assert result.status == expect, result
+    return dict(fields_of(result), root=str(root))
+
+
+def fields_of(result):
+    """A build result's fields (status included) as a dict, shallow: the manifest is shared."""
+    return {f.name: getattr(result, f.name) for f in dataclasses.fields(result)}
 
 
 # --- what a build wrote -------------------------------------------------------------------------

@@ -162,7 +162,7 @@ def test_config_file_gives_defaults_and_flags_override(images_dir, tmp_path):
     config.write_text("name: fromyaml\nsplits: train=1\nnum_shards: 3\nno_transform: true\n")
     result = cli.run(["--config", str(config), "--input", str(images_dir),
                       "--output", str(tmp_path / "out"), "--num_shards", "1"])
-    m = result["manifest"]
+    m = result.manifest
     assert m["name"] == "fromyaml" and list(m["splits"]) == ["train"]
     assert len(m["splits"]["train"]["shards"]) == 1  # the flag beat the YAML's 3
 

@@ -158,10 +158,10 @@ def test_dataflow_job_with_custom_container(gcs, gcs_bucket, tmp_path, make_imag
                       "--output", f"gs://{gcs_bucket}/ds", "--no_transform",
                       "--machine_type", "n2-standard-4", "--max_num_workers", "5",
                       "--sdk_container_image", IMAGE] + _cloud_args(gcs_bucket))
-    assert result["status"] == "submitted" and result["job_id"] is None
-    assert result["template"] == f"gs://{gcs_bucket}/templates/flowers.json"
+    assert result.status == "submitted" and result.job_id is None
+    assert result.template == f"gs://{gcs_bucket}/templates/flowers.json"
 
-    env = gcs.read_json(result["template"])["environment"]
+    env = gcs.read_json(result.template)["environment"]
     pool = env["workerPools"][0]
     assert [i["containerImage"] for i in pool["sdkHarnessContainerImages"]] == [IMAGE]
     assert _worker_installs(pool) == [], "workers would pip-install at start-up"
@@ -269,6 +269,6 @@ def test_launcher_waits_when_workers_live_in_it(argv, waits):
     for a local Flink/Spark master) that would kill the job, so the CLI waits instead."""
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    from beam_pipeline import cli
+    from beam_pipeline.launcher.runner import workers_in_launcher
 
-    assert cli._workers_in_launcher(PipelineOptions(argv), argv[1]) is waits
+    assert workers_in_launcher(PipelineOptions(argv), argv[1]) is waits

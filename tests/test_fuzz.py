@@ -264,8 +264,8 @@ def test_build_over_mutants_adds_up_and_reads_back_clean(outcomes, tmp_path):
         (src / fmt / f"{k:03d}-{kind}.{extension}").write_bytes(data)
     result = cli.run(["--input", str(src), "--output", str(tmp_path / "out"), "--name", "fuzz",
                       "--max_error_rate", "1", "--num_shards", "1", "--splits", "train=1.0"])
-    assert result["status"] == "published", result
-    manifest, vdir = result["manifest"], result["version_dir"]
+    assert result.status == "published", result
+    manifest, vdir = result.manifest, result.version_dir
     accounting = manifest["accounting"]
     assert accounting["listed"] == (accounting["written"] + accounting["duplicates"]
                                     + accounting["failed"])

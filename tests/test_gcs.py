@@ -44,15 +44,15 @@ def test_build_and_read_on_gcs(gcs, gcs_bucket, tmp_path, make_images):
     root = f"gs://{gcs_bucket}/datasets/pets"
     inputs = _upload_inputs(gcs, gcs_bucket, tmp_path, make_images)
     result = cli.run(inputs + ["--output", root] + ARGS)
-    assert result["status"] == "published", result
-    version = result["version"]
+    assert result.status == "published", result
+    version = result.version
     vdir = f"{root}/versions/{version}"
 
     # LATEST and the manifest, read straight from the bucket (not through our own code)
     assert gcs.read_json(f"{root}/LATEST") == {
         "version": version, "manifest": f"versions/{version}/manifest.json"}
     manifest = gcs.read_json(f"{vdir}/manifest.json")
-    assert manifest == result["manifest"]
+    assert manifest == result.manifest
     acc = manifest["accounting"]
     # 7 ImageFolder files + 2 glob + 4 manifest rows; 1 duplicate; broken.jpg + missing.jpg
     assert acc == dict(acc, listed=13, duplicates=1, failed=2, written=10)
@@ -99,8 +99,10 @@ def test_build_and_read_on_gcs(gcs, gcs_bucket, tmp_path, make_images):
     assert seen == acc["written"]
 
     # Unchanged inputs: the launcher reads LATEST + manifest from gs:// and stops early.
+    from beam_pipeline.launcher.prepare import UpToDate
+
     again = cli.run(inputs + ["--output", root] + ARGS)
-    assert again == {"status": "up_to_date", "version": version}
+    assert again == UpToDate(version)
 
     # Nothing tried to reach a Google endpoint other than the storage API we bridge.
     assert not [r for r in gcs.proxy.refused if "google" in r], gcs.proxy.refused

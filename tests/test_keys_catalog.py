@@ -151,7 +151,7 @@ def test_catalog_agrees_with_the_shards_record_by_record(built_dataset):
 
 
 def test_big_image_hint_names_max_side_and_savings():
-    from beam_pipeline.cli import big_image_hint
+    from beam_pipeline.launcher.report import big_image_hint
 
     manifest = {"stored_images": {"median_longer_side": 4032}, "config": {"max_side": 0},
                 "splits": {"train": {"num_bytes": 4 * 2**30}}}

@@ -177,7 +177,7 @@ def test_config_with_beam_keys_still_builds(images, tmp_path):
     config.write_text("runner: FnApiRunner\nsave_main_session: false\nnum_shards: 1\n")
     result = cli.run(["--config", str(config), "--input", str(images),
                       "--output", str(tmp_path / "out")])
-    assert result["status"] == "published"
+    assert result.status == "published"
     assert (tmp_path / "out" / layout.LATEST).exists()
 
 

@@ -302,7 +302,7 @@ def test_rebuild_unchanged_is_up_to_date_and_changed_keeps_label_ids(tmp_path):
     make_images(src, {"dog": 2, "fox": 1})
     first = build([src], root, *FAST)
     assert first["manifest"]["labels"] == ["dog", "fox"]
-    assert cli.run(["--input", str(src), "--output", str(root), *FAST])["status"] == "up_to_date"
+    assert cli.run(["--input", str(src), "--output", str(root), *FAST]).status == "up_to_date"
     make_images(src, {"cat": 1})  # sorts first, but existing ids must not move
     second = build([src], root, *FAST)
     assert second["version"] > first["version"]

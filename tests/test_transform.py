@@ -23,7 +23,7 @@ import pytest
 from PIL import Image
 
 from readers import layout, schema
-from tests.helpers import REPO
+from tests.helpers import REPO, fields_of
 
 IMAGE_SIZE = 32   # --transform_image_size: small, so the graph runs fast in tests
 CLASSES = ("apple", "beet", "cherry")
@@ -90,8 +90,8 @@ def built(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("transform_built") / "dataset")
     result = cli.run(["--input", str(src), "--output", root, "--name", "veg", "--transform",
                       "--num_shards", "2", "--transform_image_size", str(IMAGE_SIZE)])
-    assert result["status"] == "published", result
-    return dict(result, root=root, train_inputs=train_inputs)
+    assert result.status == "published", result
+    return dict(fields_of(result), root=root, train_inputs=train_inputs)
 
 
 @pytest.fixture(scope="module")

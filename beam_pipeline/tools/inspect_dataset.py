@@ -17,6 +17,7 @@ import math
 import random
 import sys
 
+from beam_pipeline.launcher.report import class_table
 from beam_pipeline.refs import split_order
 from readers import _quiet, frames, layout, schema
 
@@ -41,16 +42,7 @@ def summary(manifest, version_dir=None):
         f"{s} {manifest['splits'][s]['num_examples']} examples in "
         f"{len(manifest['splits'][s]['shards'])} shard(s), "
         f"{manifest['splits'][s].get('num_bytes', 0) / 2**20:.2f} MiB" for s in splits))
-    width = max([len(l) for l in labels] + [len("total"), len("class")])
-    lines.append("  " + "class".ljust(width) + "".join(f"{s:>12}" for s in splits)
-                 + f"{'all':>12}")
-    for label in labels:
-        row = [manifest["splits"][s].get("label_counts", {}).get(label, 0) for s in splits]
-        lines.append("  " + label.ljust(width) + "".join(f"{n:>12}" for n in row)
-                     + f"{sum(row):>12}")
-    totals = [manifest["splits"][s]["num_examples"] for s in splits]
-    lines.append("  " + "total".ljust(width) + "".join(f"{n:>12}" for n in totals)
-                 + f"{sum(totals):>12}")
+    lines += class_table(manifest, splits, all_column=True)
     acc = manifest.get("accounting")
     if acc:
         lines.append(f"inputs: listed {acc.get('listed')} = written {acc.get('written')} + "

@@ -1,0 +1,211 @@
+"""Everything before the job: list, fingerprint, plan, and write the shard listings.
+
+listing (stream) -> sorted by uri on disk (dedupe, fingerprint) -> refs by key on disk
+-> "up to date"? -> incremental plan (join with the previous catalog) or full plan
+(sorted by shard hash) -> one listing file per shard task under VDIR/.tmp/.
+Memory stays flat: every sort is on disk (store/spill.py).
+"""
+
+import dataclasses
+import json
+import os
+import tempfile
+import typing
+
+from beam_pipeline import __version__
+from beam_pipeline.errors import UserError
+
+if typing.TYPE_CHECKING:
+    from beam_pipeline.job.commit import CommitSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class UpToDate:
+    """The inputs and options match the latest version: nothing to build."""
+
+    version: str
+    status: str = dataclasses.field(default="up_to_date", init=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class Planned:
+    """A claimed version with its shard listings written: what the job needs, and the figures
+    the launcher prints before it starts."""
+
+    spec: "CommitSpec"
+    shards_index: str     # path of the shard index (one line per shard task)
+    images: int           # images in the new version's plan
+    bytes: int
+    rejected: int         # listing errors (errors.jsonl lines so far)
+    to_convert: int       # images the job decodes (the rest are reused records)
+
+
+def prepare(build, root):
+    """-> UpToDate, or Planned after claiming a version and writing its shard listings."""
+    from beam_pipeline.launcher import plan
+    from beam_pipeline.launcher.shard_index import write_shard_listings
+    from beam_pipeline.store import files, versions
+
+    previous_version, previous = versions.latest(root)
+    label_file = read_label_file(build.label_file) if build.label_file else None
+    with tempfile.TemporaryDirectory(prefix="image-tfrecords-") as scratch:
+        errors_path = os.path.join(scratch, "listing_errors.jsonl")
+        planned = _plan_listing(build, label_file, scratch, errors_path)
+        if (previous and previous.get("input_fingerprint") == planned.fingerprint
+                and not build.force):
+            return UpToDate(previous_version)
+        labels = plan.label_ids(planned.labels_present, previous["labels"] if previous else (),
+                                label_file)
+        increment, num_shards, tasks = _shard_tasks(
+            build, root, planned, labels, (previous_version, previous), scratch)
+        spec = _commit_spec(build, root, planned, labels, num_shards, increment)
+        files.copy_local_file(errors_path, spec.listing_errors_path)
+        shards_index = write_shard_listings(spec.tmp_dir, tasks)
+    return Planned(spec, shards_index, images=planned.num_images, bytes=planned.num_bytes,
+                   rejected=planned.errors,
+                   to_convert=len(increment.fresh) if increment else planned.num_images)
+
+
+def _plan_listing(build, label_file, scratch, errors_path):
+    """One streaming pass over the listing -> plan.Plan; listing errors go to errors_path."""
+    from beam_pipeline.launcher import listing, options as opts, plan
+    from beam_pipeline.store import versions
+
+    fingerprint_config = {k: v for k, v in build.build_config().items()
+                          if k not in opts.NOT_FINGERPRINTED}
+    fingerprint_config["label_file"] = label_file
+    with open(errors_path, "w") as errors_file:
+        return plan.plan_listing(
+            listing.iter_inputs(build.input, build.encode_options().max_bytes),
+            plan.parse_splits(build.splits),
+            versions.Fingerprint(fingerprint_config, __version__),
+            set(label_file) if label_file else None, scratch,
+            lambda e: errors_file.write(json.dumps(e) + "\n"))
+
+
+def _shard_tasks(build, root, planned, labels, latest, scratch):
+    """-> (incremental plan or None, split -> shard count, stream of shard tasks)."""
+    from beam_pipeline.launcher import incremental, plan
+    from readers import layout
+
+    previous_version, previous = latest
+    increment = None
+    if can_increment(build, previous, labels):
+        increment = incremental.plan_increment(
+            planned.by_key, layout.version_dir(root, previous_version), previous, scratch,
+            build.target_shard_mb, build.max_delta_share)
+    if increment:
+        return increment, increment.num_shards, incremental.task_listings(increment)
+    # a full build: every image converted, shards cut by hash
+    num_shards = shard_counts(planned.per_split, build)
+    by_position = plan.by_shard_position((line for _, line in planned.by_key), scratch)
+    tasks = ((split, shard, "images", incremental.HASH, lines)
+             for split, shard, lines in plan.iter_shards(by_position, num_shards))
+    return None, num_shards, tasks
+
+
+def _commit_spec(build, root, planned, labels, num_shards, increment):
+    from beam_pipeline.job.commit import CommitSpec
+    from beam_pipeline.store import versions
+    from readers import layout
+
+    version = versions.claim_version(root)  # unique even when two runs start in one second
+    tmp_dir = layout.join(layout.version_dir(root, version), ".tmp")  # = CommitSpec.tmp_dir
+    return CommitSpec(
+        root=root, version=version, name=build.name, labels=tuple(labels),
+        num_shards=num_shards, listed=planned.listed, duplicates=planned.duplicates,
+        listing_errors_path=layout.join(tmp_dir, "listing_errors.jsonl"),
+        input_fingerprint=planned.fingerprint, config=build.build_config(),
+        generator=generator(), max_error_rate=build.max_error_rate,
+        keep_versions=build.keep_versions, write_index=build.write_index,
+        increment=increment and dict(increment.counts, **{"from": increment.previous}),
+        drop_content_duplicates=build.drop_content_duplicates)
+
+
+def can_increment(build, previous, labels):
+    """Reuse the previous version when it has a catalog, was built with the same options
+    by the same software (stored bytes depend on the codecs), and its label ids still hold
+    (a changed --label_file may renumber them)."""
+    from beam_pipeline.launcher import options as opts
+    from readers import layout
+
+    if previous is None or build.full_rebuild or build.transform or "catalog" not in previous:
+        return False  # (--transform needs every train image's pixels: a full build)
+    def same(config):
+        return {k: v for k, v in config.items() if k not in opts.NOT_FINGERPRINTED}
+
+    before, now = same(previous.get("config", {})), same(build.build_config())
+    return (before == now and previous.get("key_scheme") == layout.KEY_SCHEME
+            and previous.get("generator") == generator()
+            and list(labels[:len(previous["labels"])]) == list(previous["labels"]))
+
+
+def shard_counts(per_split, build):
+    """Per split: --num_shards, or auto by size; never more shards than images. Nothing
+    about the machine that launches it: the same inputs give the same shards anywhere."""
+    from beam_pipeline.launcher import plan
+
+    shards = {}
+    for split, (count, size) in per_split.items():
+        n = build.num_shards or plan.auto_num_shards(size, build.target_shard_mb)
+        shards[split] = max(1, min(n, count))
+    return shards
+
+
+def generator():
+    """What built this version. The codecs are named because stored bytes depend on them:
+    an incremental run reuses records only from a version built by the same generator."""
+    import importlib.metadata as md
+
+    def version(package):
+        try:
+            return md.version(package)
+        except md.PackageNotFoundError:
+            return None
+
+    return {"package": "image-tfrecords", "version": __version__,
+            "apache_beam": version("apache-beam"), "pillow": version("pillow"),
+            "simplejpeg": version("simplejpeg")}  # not TensorFlow: optional, writes no record
+
+
+def require_tensorflow(build):
+    """The base install has no TensorFlow (workers never need it); --transform does, and so
+    does the comparison sink. Say so before any work, not as an ImportError on a worker."""
+    import importlib.util
+
+    flag = "--transform" if build.transform else "--sink beam" if build.sink == "beam" else None
+    needed = ["tensorflow"] + (["tensorflow_transform"] if build.transform else [])
+    missing = [m for m in needed if flag and importlib.util.find_spec(m) is None]
+    if missing:
+        raise UserError(f"{flag} needs {' and '.join(missing)}, which is not installed: "
+                        "pip install -c constraints.txt '.[transform]' (and on Dataflow, a "
+                        "worker image built with --build-arg EXTRAS=transform)")
+
+
+def check_writable(root):
+    """Fail before any listing when --output can't take a file."""
+    from apache_beam.io.filesystems import FileSystems
+
+    from beam_pipeline.store import files
+
+    probe = f"{root}/.write-check-{os.getpid()}"
+    try:
+        if not root.startswith("gs://"):
+            os.makedirs(root, exist_ok=True)
+        files.write_bytes(probe, b"ok")
+        FileSystems.delete([probe])
+    except Exception as e:
+        raise UserError(f"--output {root}: not writable ({type(e).__name__}: {e})") from e
+
+
+def read_label_file(path):
+    from apache_beam.io.filesystems import FileSystems
+
+    try:
+        with FileSystems.open(path) as f:
+            names = [l.strip() for l in f.read().decode().splitlines() if l.strip()]
+    except Exception as e:
+        raise UserError(f"--label_file {path}: cannot read it ({e})") from e
+    if not names or len(set(names)) != len(names):
+        raise UserError(f"--label_file {path}: needs one unique class name per line")
+    return names

@@ -1,0 +1,135 @@
+"""What the launcher prints: the plan, progress while a local job runs, and the summary.
+
+The split x class table is shared with tools/inspect_dataset.py.
+"""
+
+import json
+import sys
+import threading
+import time
+
+from beam_pipeline.refs import split_order
+
+# TensorFlow decodes a 4032x3024 JPEG in 31.7 ms here (19.5 ms even at ratio=8: entropy
+# decoding dominates), so reader decode time follows the stored pixel count.
+DECODE_NS_PER_PIXEL = 31.7e6 / (4032 * 3024)
+BIG_SIDE, SUGGESTED_MAX_SIDE = 1024, 512
+
+
+def class_table(manifest, splits, all_column=False):
+    """Examples per class and split, as indented text lines, with a total row."""
+    labels = list(manifest.get("labels", []))
+    width = max([len(l) for l in labels] + [len("total"), len("class")])
+
+    def line(name, row):
+        return ("  " + name.ljust(width) + "".join(f"{n:>12}" for n in row)
+                + (f"{sum(row):>12}" if all_column else ""))
+
+    header = "  " + "class".ljust(width) + "".join(f"{s:>12}" for s in splits)
+    lines = [header + (f"{'all':>12}" if all_column else "")]
+    for label in labels:
+        lines.append(line(label, [manifest["splits"][s].get("label_counts", {}).get(label, 0)
+                                  for s in splits]))
+    lines.append(line("total", [manifest["splits"][s]["num_examples"] for s in splits]))
+    return lines
+
+
+def print_up_to_date(root, version):
+    print(f"{root}: up to date (version {version}, fingerprint unchanged); "
+          "nothing written. Use --force to rebuild.")
+
+
+def print_plan(root, planned):
+    spec = planned.spec
+    print(f"Building {root} version {spec.version}: {planned.images} images "
+          f"({planned.bytes / 2**20:.1f} MiB) in "
+          f"{', '.join(f'{s}: {n} shard(s)' for s, n in sorted(spec.num_shards.items()))}; "
+          f"{planned.rejected} rejected while listing, {spec.duplicates} duplicate(s).",
+          flush=True)
+
+
+def print_summary(root, published):
+    """The summary of a published version: accounting, the class table, hints, errors."""
+    manifest, vdir, seconds = published.manifest, published.version_dir, published.seconds
+    acc = manifest["accounting"]
+    print(f"\nPublished {manifest['name']} version {manifest['version']} in {seconds:.1f}s "
+          f"({acc['written'] / max(seconds, 1e-9):.0f} img/s)")
+    print(f"  listed {acc['listed']} = written {acc['written']} + duplicates "
+          f"{acc['duplicates']} + failed {acc['failed']}")
+    print("\n".join(class_table(manifest, split_order(manifest["splits"]))))
+    inc = manifest.get("incremental")
+    if inc:
+        print(f"  incremental from {inc['from']}: {inc['unchanged']} unchanged, {inc['added']} "
+              f"added, {inc['changed']} changed, {inc['removed']} removed; shards: "
+              f"{inc['reused']['shards']} reused, {inc['rewritten']['shards']} rewritten, "
+              f"{inc['added_shards']['shards']} new; {inc['bytes_reused_share']:.0%} of the "
+              "bytes reused")
+    hint = big_image_hint(manifest)
+    if hint:
+        print(f"  hint: {hint}")
+    if manifest["errors"]["count"]:
+        reasons = ", ".join(f"{k}: {v}" for k, v in sorted(manifest["errors"]["by_reason"].items()))
+        print(f"  rejected {manifest['errors']['count']} ({reasons}); see {vdir}/errors.jsonl")
+    print(f"  files: {vdir}/ (readers take {root})")
+
+
+def big_image_hint(manifest):
+    """A line for the summary when stored images are far larger than a training input."""
+    side = (manifest.get("stored_images") or {}).get("median_longer_side")
+    config = manifest.get("config") or {}
+    if not side or side <= BIG_SIDE or config.get("max_side"):
+        return None
+    shrink = (SUGGESTED_MAX_SIDE / side) ** 2  # pixels, and roughly JPEG bytes, scale so
+    total = sum(s["num_bytes"] for s in manifest["splits"].values())
+    pixels = side * side * 3 / 4  # a 4:3 image
+    before = pixels * DECODE_NS_PER_PIXEL / 1e6
+    return (f"stored images are large (median longer side {side} px); --max_side "
+            f"{SUGGESTED_MAX_SIDE} would store ~{1 / shrink:.0f}x fewer bytes "
+            f"(~{total * shrink / 2**30:.2f} GiB instead of {total / 2**30:.2f} GiB) and cut "
+            f"TensorFlow's decode from ~{before:.1f} ms to ~{before * shrink:.1f} ms per image "
+            f"(estimated; decoding at a lower ratio saves little)")
+
+
+class ProgressPrinter:
+    """Sums the shard writers' progress files: images done of total, rate, ETA."""
+
+    def __init__(self, directory, total, period=5.0):
+        self.directory, self.total, self.period = directory, total, period
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self):
+        self.start = time.monotonic()
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(timeout=2)
+
+    def done(self):
+        from apache_beam.io.filesystems import FileSystems
+
+        try:
+            paths = [m.path for m in
+                     FileSystems.match([self.directory + "/*"])[0].metadata_list]
+        except Exception:
+            return 0
+        total = 0
+        for p in paths:
+            try:
+                with FileSystems.open(p) as f:
+                    total += json.loads(f.read())["done"]
+            except Exception:
+                pass
+        return total
+
+    def _loop(self):
+        while not self.stop.wait(self.period):
+            done, elapsed = min(self.done(), self.total), time.monotonic() - self.start
+            if done < max(1, self.total // 100):
+                continue
+            rate = done / elapsed
+            eta = (self.total - done) / rate if rate else float("inf")
+            print(f"  {done}/{self.total} images, {rate:.0f} img/s, ETA {eta:.0f}s",
+                  file=sys.stderr, flush=True)

@@ -1,0 +1,147 @@
+"""Which runner, whether the launcher waits for it, and starting the job.
+
+Runners that execute in this process (the DirectRunner family, and Flink/Spark with
+LOOPBACK workers) are waited for and reported on; the others (Dataflow) are submitted and
+the job's last step publishes, so the launcher may exit.
+"""
+
+import dataclasses
+import time
+
+from beam_pipeline.store import lock
+
+SMALL_JOB = 2000  # images to convert below which a local job runs in process
+IN_PROCESS = ("DirectRunner", "BundleBasedDirectRunner", "FnApiRunner", "SwitchingDirectRunner",
+              "PrismRunner")
+
+
+@dataclasses.dataclass(frozen=True)
+class Published:
+    """A waited-for build: the version is published (LATEST names it)."""
+
+    version: str
+    manifest: dict
+    version_dir: str
+    seconds: float
+    status: str = dataclasses.field(default="published", init=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class Submitted:
+    """A job handed to a remote runner (or a template written): its commit step publishes."""
+
+    version: str
+    result: object            # the runner's PipelineResult
+    job_id: object = None     # None for a template, or a runner without job ids
+    template: str = None      # the job file written instead of starting a job
+    status: str = dataclasses.field(default="submitted", init=False)
+
+
+def choose(pipeline_options, to_convert):
+    """Sets the runner (FnApiRunner by default) and, for a small local job, one in-process
+    worker; returns (runner name, whether the launcher waits for the job)."""
+    from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
+
+    standard = pipeline_options.view_as(StandardOptions)
+    # No --runner: the DirectRunner's batch engine, named directly. Plain DirectRunner
+    # first tries to download and start Prism, whose workers and memory behave differently.
+    standard.runner = runner = standard.runner or "FnApiRunner"
+    name = runner.split(".")[-1]
+    waits = name in IN_PROCESS or workers_in_launcher(pipeline_options, name)
+    direct = pipeline_options.view_as(DirectOptions)
+    if (name in ("FnApiRunner", "DirectRunner") and direct.direct_num_workers == 0
+            and to_convert < SMALL_JOB):
+        # "One worker per core" (configs/local.yaml), but starting and stopping worker
+        # processes (~5 s) costs more than converting this few images on one core: a small
+        # (typically incremental) job runs in process. An explicit worker count is kept.
+        direct.direct_running_mode, direct.direct_num_workers = "in_memory", 1
+    return runner, waits
+
+
+def workers_in_launcher(pipeline_options, runner):
+    """Flink/Spark with a local master default to LOOPBACK: the SDK workers live in this
+    process, so the launcher must wait (its exit would kill the job)."""
+    options = pipeline_options.get_all_options()
+    if options.get("environment_type"):
+        return options["environment_type"].upper() == "LOOPBACK"
+    if runner == "FlinkRunner":
+        return options.get("flink_master") in ("[auto]", "[local]")
+    if runner == "SparkRunner":
+        return str(options.get("spark_master_url") or "").startswith("local")
+    return False
+
+
+def launch(pipeline_options, build, planned, runner, waits):
+    """Builds the pipeline and runs it: -> Published (waited for) or Submitted."""
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import SetupOptions
+
+    from beam_pipeline.job import tfds_metadata
+    from beam_pipeline.job.pipeline import ImagesToTFRecords
+    from beam_pipeline.launcher.report import ProgressPrinter
+    from beam_pipeline.store import files
+    from readers import layout
+
+    spec = planned.spec
+    pipeline_options.view_as(SetupOptions).save_main_session = False
+    progress_dir = layout.join(spec.tmp_dir, "progress") if waits else None
+    start = time.monotonic()
+    p = beam.Pipeline(options=pipeline_options)
+    _ = p | "ImagesToTFRecords" >> ImagesToTFRecords(
+        planned.shards_index, spec, build.encode_options(), sink=build.sink,
+        progress_dir=progress_dir,
+        extra_files=(tfds_metadata.write,),  # TFDS dataset_info.json etc. beside the manifest
+        transform_image_size=build.transform_image_size if build.transform else 0)
+    if not waits:
+        return _submit(p, pipeline_options, spec, runner)
+    with ProgressPrinter(progress_dir, planned.images):
+        p.run().wait_until_finish()
+    seconds = time.monotonic() - start
+    vdir = layout.version_dir(spec.root, spec.version)
+    return Published(spec.version, files.read_json(layout.join(vdir, layout.MANIFEST)), vdir,
+                     seconds)
+
+
+def _submit(p, pipeline_options, spec, runner):
+    root, version = spec.root, spec.version
+    template = pipeline_options.get_all_options().get("template_location")
+    if not template:  # a job starts: it outlives us; its commit stage releases the lock
+        lock.hand_off(root, version)
+    result = p.run()
+    if template:  # Dataflow wrote the job file and started nothing: there is no job id
+        print(f"Wrote the {runner} job file {template} (no job started). Launching it "
+              f"builds version {version} of {root} from the listing taken now.")
+        return Submitted(version, result, None, template)
+    job_id = _job_id(result)
+    print(f"Submitted to {runner}: version {version} is published to {root}/LATEST by the "
+          f"job's last step. Job id: {job_id}")
+    return Submitted(version, result, job_id)
+
+
+def write_no_op_job(pipeline_options, version):
+    """Up to date under a job file location (a Flex Template launch): write a one-step job
+    there anyway. The Flex launcher fails a launch whose program wrote no job file, and
+    Airflow would retry it; this job starts one worker, logs the line and succeeds."""
+    import logging
+
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import SetupOptions, WorkerOptions
+
+    line = f"up to date (version {version}); no new version built"
+    pipeline_options.view_as(SetupOptions).save_main_session = False
+    workers = pipeline_options.view_as(WorkerOptions)
+    workers.num_workers = workers.max_num_workers = 1
+    p = beam.Pipeline(options=pipeline_options)
+    _ = p | "UpToDate" >> beam.Create([line]) | "Log" >> beam.Map(logging.warning)
+    p.run()
+    print(f"Wrote a no-op job file to {pipeline_options.get_all_options()['template_location']} "
+          "(one worker logs 'up to date' and succeeds).")
+
+
+def _job_id(result):
+    """The runner's job id, or None when it has none (e.g. DataflowPipelineResult without a job)."""
+    try:
+        job_id = getattr(result, "job_id", None)
+        return job_id() if callable(job_id) else job_id
+    except Exception:
+        return None

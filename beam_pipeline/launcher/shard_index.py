@@ -1,0 +1,53 @@
+"""The shard index: one listing file per shard task, and the index file naming them all.
+
+The job reads only the index path (Dataflow rejects job graphs over ~10 MB, so the list of
+shards is not inlined); each shard writer then streams its own listing file.
+"""
+
+
+def write_shard_listings(tmp_dir, shards):
+    """(split, shard, kind, origin, listing lines) stream -> one listing file per shard -> the
+    path of the shard index the job reads. Small files are written 16 at a time (gs://
+    latency); a shard of many tiny images is streamed, so memory stays flat either way.
+    """
+    import concurrent.futures
+
+    from beam_pipeline.job.contracts import ShardTask
+    from beam_pipeline.store import files
+    from readers import layout
+
+    index, in_flight = [], []
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        for split, shard, kind, origin, lines in shards:
+            path = layout.join(tmp_dir, "listing", f"{split}-{shard:05d}.jsonl")
+            index.append(ShardTask(split, shard, path, kind, origin).to_json() + "\n")
+            small = _write_listing(path, lines)
+            if small is None:
+                continue
+            in_flight.append(pool.submit(files.write_bytes, path, small))
+            if len(in_flight) >= 32:
+                in_flight.pop(0).result()
+        for future in in_flight:
+            future.result()
+    index_path = layout.join(tmp_dir, "shards.jsonl")
+    files.write_bytes(index_path, "".join(index).encode())
+    return index_path
+
+
+def _write_listing(path, lines):
+    """Streams a big listing to `path` and returns None; returns a small one's bytes."""
+    from apache_beam.io.filesystems import FileSystems
+
+    buffer, size, out = [], 0, None
+    for line in lines:
+        buffer.append(line + "\n")
+        size += len(line) + 1
+        if size > 4 << 20:  # a big shard: write it as it comes
+            out = out or FileSystems.create(path)
+            out.write("".join(buffer).encode())
+            buffer, size = [], 0
+    if out is None:
+        return "".join(buffer).encode()
+    out.write("".join(buffer).encode())
+    out.close()
+    return None
