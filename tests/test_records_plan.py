@@ -225,15 +225,14 @@ def test_auto_shard_count_is_the_same_on_any_machine(monkeypatch, cpus, direct_w
     worker count (that parallelism comes from the runner), so the bytes match everywhere."""
     from apache_beam.options.pipeline_options import DirectOptions
 
-    from beam_pipeline import cli
-    from beam_pipeline.launcher import options
+    from beam_pipeline.launcher import options, prepare
 
     monkeypatch.setattr("os.cpu_count", lambda: cpus)
     pipeline_options, build = options.parse(["--input=in", "--output=out", "--target_shard_mb=1",
                                              f"--direct_num_workers={direct_workers}"])
     assert pipeline_options.view_as(DirectOptions).direct_num_workers == direct_workers
     per_split = {"train": (9000, 5 * 2**20 + 1), "validation": (3, 2**20), "test": (2, 9 * 2**20)}
-    assert cli._num_shards(per_split, build) == {"train": 6, "validation": 1, "test": 2}
+    assert prepare.shard_counts(per_split, build) == {"train": 6, "validation": 1, "test": 2}
 
 
 # --- labels -----------------------------------------------------------------------------------
