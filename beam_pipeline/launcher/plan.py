@@ -9,8 +9,10 @@ import hashlib
 import itertools
 import json
 import math
+from typing import Optional
 
 from beam_pipeline.refs import ImageRef
+from beam_pipeline.store.spill import SortedSpill
 
 
 def unit_hash(*parts):
@@ -97,7 +99,7 @@ class Plan:
     duplicates: int = 0
     per_split: dict = dataclasses.field(default_factory=dict)  # split -> [count, bytes]
     errors: int = 0
-    by_key: object = None  # SortedSpill: (key, ImageRef json with its split)
+    by_key: Optional[SortedSpill] = None  # (key JSON, ImageRef JSON with its split), by key
 
     @property
     def num_images(self):
@@ -119,7 +121,6 @@ def plan_listing(items, splits, fingerprint, known_labels, spill_dir, write_erro
     takes each errors.jsonl record; `known_labels` (a --label_file's classes) or None.
     """
     from beam_pipeline.errors import error_record
-    from beam_pipeline.store.spill import SortedSpill
 
     plan = Plan(fingerprint="", labels_present=set(), by_key=SortedSpill(spill_dir))
     with SortedSpill(spill_dir) as by_uri:
@@ -162,8 +163,6 @@ def plan_listing(items, splits, fingerprint, known_labels, spill_dir, write_erro
 
 def by_shard_position(ref_lines, spill_dir):
     """ImageRef JSON lines (with splits) -> a SortedSpill in (split, shard hash) order."""
-    from beam_pipeline.store.spill import SortedSpill
-
     spill = SortedSpill(spill_dir)
     for line in ref_lines:
         ref = ImageRef.from_json(line)
