@@ -20,6 +20,7 @@ def run(argv=None):
     from beam_pipeline.launcher import options as opts, prepare, report, runner as runners
 
     pipeline_options, build = opts.parse(argv)
+    runners.refuse_classic_template(pipeline_options)  # before anything is created
     prepare.require_tensorflow(build)
     root = build.output.rstrip("/")
     prepare.check_writable(root)
@@ -100,7 +101,7 @@ def _root_cause(e):
     text = str(e)
     if "Channel closed prematurely" in text or "Worker subprocess exited" in text:
         return "a Beam worker process died mid-job (killed, or out of memory?)"
-    for marker in ("ErrorRateExceeded: ", "PublishRefused: "):
+    for marker in ("ErrorRateExceeded: ", "PublishRefused: ", "LockLost: "):
         if marker in text:
             return text.split(marker)[-1].splitlines()[0].split(" [while running")[0]
     lines = [l.strip() for l in text.strip().splitlines() if l.strip()]

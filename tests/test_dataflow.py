@@ -5,7 +5,10 @@ emulator (tests/gcs_emulator.py). That makes Beam do everything a real submissio
 the service call: build the Runner v2 job description, build the sdist from setup.py, stage it
 and the pipeline proto to --staging_location, and write the job file to the template location;
 with a template location Beam does not call the Dataflow API at all (nothing is stubbed). The
-Dataflow service itself cannot run here, so what is checked is what it would receive.
+Dataflow service itself cannot run here, so what is checked is what it would receive. The
+CLI takes --template_location only inside the Flex Template launcher (whose image sets
+FLEX_TEMPLATE_PYTHON_PY_FILE; the `flex_launcher` fixture sets it as the image does);
+anywhere else it is a classic template, refused (tests/test_edges.py).
 """
 
 import hashlib
@@ -33,6 +36,12 @@ def source_copy(tmp_path):
         shutil.copytree(REPO / package, src / package, ignore=ignore)
     shutil.copy(REPO / "setup.py", src / "setup.py")
     return src
+
+
+@pytest.fixture
+def flex_launcher(monkeypatch):
+    """The Flex Template launcher image's environment (configs/flex_template/Dockerfile)."""
+    monkeypatch.setenv("FLEX_TEMPLATE_PYTHON_PY_FILE", "/template/main.py")
 
 
 def _upload_images(gcs, bucket, tmp_path, make_images):
@@ -63,7 +72,7 @@ def _pipeline_proto(data):
 
 @pytest.mark.slow
 def test_dataflow_job_with_setup_file(gcs, gcs_bucket, tmp_path, make_images,
-                                      source_copy, capsys):
+                                      source_copy, capsys, flex_launcher):
     from beam_pipeline import cli
 
     source = _upload_images(gcs, gcs_bucket, tmp_path, make_images)
@@ -149,7 +158,8 @@ def _assert_graph_scales(proto):
 
 
 @pytest.mark.slow
-def test_dataflow_job_with_custom_container(gcs, gcs_bucket, tmp_path, make_images):
+def test_dataflow_job_with_custom_container(gcs, gcs_bucket, tmp_path, make_images,
+                                            flex_launcher):
     """--sdk_container_image instead of --setup_file: the job names the image, stages no sdist."""
     from beam_pipeline import cli
 
@@ -188,6 +198,7 @@ def _flex_launch(monkeypatch, argv, image=IMAGE):
     import runpy
 
     monkeypatch.setenv("IMAGE_TFRECORDS_WORKER_IMAGE", image)
+    monkeypatch.setenv("FLEX_TEMPLATE_PYTHON_PY_FILE", str(MAIN))  # the launcher image's
     monkeypatch.setattr(sys, "argv", [str(MAIN)] + argv)
     with pytest.raises(SystemExit) as exit_:
         runpy.run_path(str(MAIN), run_name="__main__")

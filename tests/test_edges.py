@@ -10,6 +10,7 @@ tests/faults.py answering chosen requests with 503 or 403.
 """
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -323,3 +324,229 @@ def test_a_build_rejects_an_input_over_max_image_mb_as_too_large(tmp_path):
         (str(src / "dog" / "huge.jpg"), "too_large")]
     assert result["manifest"]["accounting"]["written"] == 6
     assert result["manifest"]["config"]["max_image_mb"] == 2.0
+
+
+# --- locks that know when they are lost ---------------------------------------------------------
+
+@pytest.mark.slow
+def test_a_client_clock_100_s_fast_takes_over_no_live_lock(proxy, gcs_bucket, monkeypatch):
+    """Before: age = local clock - server `updated`, so a client 100+ s fast saw every live
+    lock as expired and took it over."""
+    import datetime
+
+    from beam_pipeline.store import lock
+
+    root = f"gs://{gcs_bucket}/ds"
+    holder = lock.acquire(root)  # alive: its heartbeat runs
+    try:
+        real_now = lock._now
+        monkeypatch.setattr(lock, "_now", lambda: real_now() + datetime.timedelta(seconds=300))
+        with pytest.raises(lock.LockHeld, match="is being built by host"):
+            lock.acquire(root)
+        holder.check()  # still its own
+    finally:
+        holder.release()
+
+
+def steal(root):
+    """Another build takes ROOT/.lock over (what a build does with an expired lock)."""
+    from beam_pipeline.store import lock
+
+    thief = lock._GcsLock(root)
+    body, generation, _ = thief._read()
+    assert thief._write(lock._body(thief.token, lock._now()), generation)
+    return thief
+
+
+@pytest.mark.slow
+def test_a_build_that_lost_its_lock_exits_1_and_submits_nothing(proxy, gcs, gcs_bucket, tmp_path,
+                                                                monkeypatch, capsys):
+    """Before: the lost lock was noticed only at release, after the job had run and
+    published."""
+    from beam_pipeline import cli
+    from beam_pipeline.store import lock, versions
+
+    make_images(tmp_path / "in", {"cat": 2, "dog": 2})
+    root = f"gs://{gcs_bucket}/ds"
+    thieves, claim = [], versions.claim_version
+
+    def claim_then_lose_the_lock(r):  # the heartbeat stalled past TTL while listing
+        version = claim(r)
+        thieves.append(steal(r))
+        return version
+
+    monkeypatch.setattr(versions, "claim_version", claim_then_lose_the_lock)
+    assert cli.main(["--input", str(tmp_path / "in"), "--output", root] + FAST) == 1
+    [line] = [l for l in capsys.readouterr().err.splitlines() if l.startswith("error:")]
+    assert line.startswith(f"error: build failed: lost the lock on {root} ({root} is being "
+                           "built by host ") and "; nothing published (run with --verbose" in line, line
+    assert not gcs.exists(f"{root}/LATEST")
+    assert not [u for u in gcs.list(f"{root}/") if ".tfrecord" in u]  # no job ran
+    assert lock._GcsLock(root)._read()[0]["token"] == thieves[0].token  # left alone
+
+
+def test_a_commit_whose_lock_was_taken_over_publishes_nothing(tmp_path):
+    import dataclasses
+
+    from beam_pipeline.job import commit
+    from beam_pipeline.store import lock, versions
+    from readers import layout
+    from tests.test_reliability import commit_inputs
+
+    root = str(tmp_path / "ds")
+    held = lock.acquire(root)
+    try:
+        stats, spec = commit_inputs(root, "20260401T000000Z")
+        lost = dataclasses.replace(spec, lock_token="another build's token")
+        with pytest.raises(lock.LockLost, match=f"lost the lock on {root} .*nothing published"):
+            commit.commit(stats, lost)
+        assert not os.path.exists(os.path.join(root, layout.LATEST))
+        assert not os.path.exists(os.path.join(spec.vdir, layout.MANIFEST))  # not complete
+        commit.commit(stats, dataclasses.replace(spec, lock_token=held.token))
+        assert versions.latest_id(root) == spec.version
+    finally:
+        held.release()
+
+
+@pytest.mark.slow
+def test_the_winners_cleanup_keeps_a_live_losers_version_and_the_loser_publishes_nothing(
+        proxy, gcs, gcs_bucket, monkeypatch):
+    """Build A's heartbeat stalls, B takes the lock over, publishes and cleans up; A is
+    still alive. Before: B's cleanup deleted A's directory and A then published it."""
+    import dataclasses
+    import time
+
+    from beam_pipeline.job import commit
+    from beam_pipeline.store import lock, versions
+    from tests.test_reliability import commit_inputs
+
+    root = f"gs://{gcs_bucket}/ds"
+    a_version, b_version, dead = "20260401T000000Z", "20260401T000500Z", "20260331T100000Z"
+    a = lock.acquire(root)
+    a.stop.set()  # A stalls (its process is paused, say)
+    a.thread.join()
+    a_stats, a_spec = commit_inputs(root, a_version)
+    gcs.upload_bytes(f"{root}/versions/{dead}/.tmp/listing/train-00000.jsonl", b"")  # 14 h older
+    monkeypatch.setattr(lock, "TTL", 1.0)
+    time.sleep(2.5)  # past the TTL by the server's Date header (whole seconds)
+    b = lock.acquire(root)  # takes the expired lock over
+    try:
+        b_stats, b_spec = commit_inputs(root, b_version)
+        commit.commit(b_stats, dataclasses.replace(b_spec, lock_token=b.token))
+    finally:
+        b.release()
+    assert versions.list_versions(root) == {a_version: False, b_version: True}
+    with pytest.raises(lock.LockLost):
+        commit.commit(a_stats, dataclasses.replace(a_spec, lock_token=a.token))
+    assert versions.latest_id(root) == b_version
+    assert versions.list_versions(root) == {a_version: False, b_version: True}
+    with pytest.raises(lock.LockLost):
+        a.check()
+    a.release()
+
+
+def test_a_cleanup_that_cannot_list_a_version_deletes_nothing(open_dir, caplog):
+    """Before: a version folder it could not look into counted as incomplete, and was
+    deleted (or the cleanup crashed half way)."""
+    from beam_pipeline.store import versions
+    from readers import layout
+
+    root = os.path.join(open_dir, "ds")
+    ids = ["20260101T000000Z", "20260102T000000Z", "20260103T000000Z"]
+    for v in ids:
+        make_images(layout.version_dir(root, v), {"": {layout.MANIFEST: b"{}"}})
+    make_images(layout.version_dir(root, "20250101T000000Z"), {".tmp": {"x": b""}})
+    for d, dirs, names in os.walk(root):
+        for name in [d] + [os.path.join(d, n) for n in names]:
+            os.chown(name, NOBODY, NOBODY)
+    with unreadable(layout.version_dir(root, ids[0])):
+        with pytest.raises(PermissionError):
+            versions.list_versions(root)
+        assert versions.prune(root, ids[2], keep=1, keep_superseded_hours=0) == []
+    assert "nothing deleted: cannot list its versions" in caplog.text
+    assert versions.list_versions(root) == {"20250101T000000Z": False, **dict.fromkeys(ids, True)}
+
+
+# --- only what is tested is accepted -------------------------------------------------------------
+
+@pytest.mark.parametrize("output", ["s3://bucket/ds", "hdfs://nn/ds", "file:///tmp/ds"])
+def test_an_untested_output_scheme_exits_2_before_anything_is_created(tmp_path, monkeypatch,
+                                                                      capsys, output):
+    """Before: `--output s3://…` exited 2, but first made a folder `s3:` in the working
+    directory."""
+    from beam_pipeline import cli
+
+    make_images(tmp_path / "in", {"cat": 1})
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["--input", "in", "--output", output]) == 2
+    assert f"--output {output}: only local paths and gs:// are supported" in \
+        capsys.readouterr().err
+    assert os.listdir(tmp_path) == ["in"]
+
+
+def test_a_classic_template_is_refused_with_a_pointer_to_the_flex_template(tmp_path, capsys,
+                                                                           monkeypatch):
+    """Before: the job file was written, and the next build's cleanup deleted the listing it
+    reads, so launching it later failed."""
+    from beam_pipeline import cli
+
+    monkeypatch.delenv("FLEX_TEMPLATE_PYTHON_PY_FILE", raising=False)
+    make_images(tmp_path / "in", {"cat": 1})
+    code = cli.main(["--input", str(tmp_path / "in"), "--output", str(tmp_path / "ds"),
+                     "--runner", "DataflowRunner", "--project", "p", "--region", "r",
+                     "--temp_location", "gs://b/tmp", "--template_location", "gs://b/t.json"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "--template_location gs://b/t.json: classic templates are not supported" in err
+    assert "configs/flex_template/" in err
+    assert not (tmp_path / "ds").exists()
+
+
+# --- retention -------------------------------------------------------------------------------------
+
+def fake_complete(root, version, created_at):
+    from readers import layout
+
+    make_images(layout.version_dir(root, version),
+                {"": {layout.MANIFEST: json.dumps({"version": version,
+                                                   "created_at": created_at}).encode()}})
+
+
+def test_retention_keeps_a_version_superseded_less_than_48_h_ago(tmp_path):
+    """Before: `--keep_versions 1` deleted the version a training job had pinned a minute
+    before it was superseded."""
+    import datetime
+
+    from beam_pipeline.store import versions
+
+    root = str(tmp_path / "ds")
+
+    def ago(hours):
+        t = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(hours=hours)
+        return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    fake_complete(root, "20260101T000000Z", ago(100))
+    fake_complete(root, "20260102T000000Z", ago(50))  # superseded #1 50 h ago
+    fake_complete(root, "20260103T000000Z", ago(1))   # superseded #2 1 h ago
+    fake_complete(root, "20260104T000000Z", ago(0))   # published now: superseded #3
+    assert versions.prune(root, "20260104T000000Z", keep=1) == ["20260101T000000Z"]
+    assert versions.prune(root, "20260104T000000Z", keep=1, keep_superseded_hours=0.5) == [
+        "20260102T000000Z"]
+    assert versions.prune(root, "20260104T000000Z", keep=1, keep_superseded_hours=0) == [
+        "20260103T000000Z"]
+    assert versions.list_versions(root) == {"20260104T000000Z": True}
+
+
+@pytest.mark.slow
+def test_keep_versions_1_keeps_the_version_just_superseded(tmp_path):
+    src, root = tmp_path / "in", tmp_path / "ds"
+    make_images(src, {"cat": 2, "dog": 2})
+    first = build(src, root, *FAST, "--keep_versions", "1")["version"]
+    make_images(src, {"cat": {"new.jpg": image_bytes((1, 2, 3))}})
+    second = build(src, root, *FAST, "--keep_versions", "1")["version"]
+    from beam_pipeline.store import versions
+
+    assert versions.list_versions(str(root)) == {first: True, second: True}
+    third = build(src, root, *FAST, "--keep_versions", "1", "--force",
+                  "--keep_superseded_hours", "0")["version"]
+    assert versions.list_versions(str(root)) == {third: True}

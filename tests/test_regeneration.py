@@ -204,9 +204,13 @@ def test_keep_versions_deletes_only_what_it_should(tmp_path):
     # The version LATEST names survives however many newer complete versions exist.
     for v in ("29990101T000000Z", "29990102T000000Z"):
         fake_version(root, v)
-    assert sorted(versions.prune(str(root), new, 1)) == ["20200103T000000Z", "29990101T000000Z"]
+    # 20200103 was superseded by `new` seconds ago: kept for --keep_superseded_hours (48 h
+    # by default), then deleted; 29990101 was never superseded (never LATEST): kept.
+    assert versions.prune(str(root), new, 1) == []
+    assert versions.prune(str(root), new, 1, keep_superseded_hours=0) == ["20200103T000000Z"]
     assert versions.list_versions(str(root)) == {
-        new: True, "29990102T000000Z": True, "29991231T000000Z": False}
+        new: True, "29990101T000000Z": True, "29990102T000000Z": True,
+        "29991231T000000Z": False}
     assert latest_version(root) == new
 
 

@@ -233,14 +233,16 @@ def test_a_killed_build_never_blocks_the_next_for_long(where, request, tmp_path,
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     if where == "gcs":
-        body, _, age = lock._GcsLock(root)._read()
+        reader = lock._GcsLock(root)
+        body, _, updated = reader._read()
+        age = reader._age(updated)
         assert body["pid"] == proc.pid and body["state"] == "running"
         monkeypatch.setattr(lock, "TTL", age + 3.0)  # expires 3 s from now
         monkeypatch.setattr(lock, "HEARTBEAT", 0.5)
         assert cli.main(argv) == 2  # dead, but not expired yet
         [line] = error_lines(capsys.readouterr().err)
         assert f"pid {proc.pid} since " in line, line
-        wait_for(lambda: lock._GcsLock(root)._read()[2] > lock.TTL, "expiry")
+        wait_for(lambda: reader._age(reader._read()[2]) > lock.TTL, "expiry")
     else:
         with open(lock.lock_path(root)) as f:
             assert f'"pid": {proc.pid}' in f.read()  # what it left: no flock, no block
@@ -261,7 +263,7 @@ def test_an_expired_lock_is_taken_over_by_exactly_one_of_many(where, request, tm
         dead.thread.join()
         monkeypatch.setattr(lock, "TTL", 1.0)
         monkeypatch.setattr(lock, "HEARTBEAT", 0.2)  # the winner's stays fresh
-        time.sleep(1.5)
+        time.sleep(2.5)  # past the TTL by the server's Date header, which has whole seconds
     else:
         root = str(tmp_path / "ds")
     barrier, won, refused = threading.Barrier(6), [], []

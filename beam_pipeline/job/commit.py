@@ -12,7 +12,7 @@ import logging
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from beam_pipeline.store import catalog, files, versions
+from beam_pipeline.store import catalog, files, lock, versions
 from beam_pipeline.job import duplicates, rewrite
 from beam_pipeline.job.manifest import Finalized, build_manifest
 from readers import layout
@@ -46,6 +46,8 @@ class CommitSpec:
     write_index: bool
     increment: dict = None    # incremental: {"from": version, "removed": n, "changed": n, …}
     drop_content_duplicates: bool = False
+    lock_token: str = None    # the launcher's ROOT/.lock token, checked before publishing
+    keep_superseded_hours: float = versions.KEEP_SUPERSEDED_HOURS
 
     @property
     def previous_vdir(self):
@@ -70,6 +72,7 @@ def commit(results, spec, extra_files=(), manifest_parts=()):
     done_path = layout.join(spec.vdir, layout.MANIFEST)
     if files.exists(done_path):  # run again after it wrote the manifest (a runner's retry):
         return _publish(spec, files.read_json(done_path))  # publish only, rewrite nothing
+    lock.check_token(spec.root, spec.lock_token)  # a lost build completes nothing either
     done = finalize(results, spec)
     manifest = build_manifest(spec, done, datetime.datetime.now(datetime.timezone.utc),
                               manifest_parts)
@@ -109,13 +112,20 @@ def _write_manifest(spec, manifest, extra_files):
 
 
 def _publish(spec, manifest):
-    """Move LATEST forward to this complete version, prune, release a handed-off lock."""
+    """Move LATEST forward to this complete version, prune, release a handed-off lock.
+
+    Only while this build still holds the root's lock: one whose lock was taken over (its
+    heartbeat stalled past the TTL) raises LockLost and publishes nothing; a retried commit
+    of a version LATEST already names has nothing left to check.
+    """
+    if versions.latest_id(spec.root) != spec.version:
+        lock.check_token(spec.root, spec.lock_token)
     published = versions.publish(spec.root, spec.version)
     if published != spec.version:
         _release_lock(spec)
         raise PublishRefused(f"version {published} was published while {spec.version} was "
                              f"being built; {spec.version} is complete but not published")
-    versions.prune(spec.root, spec.version, spec.keep_versions)
+    versions.prune(spec.root, spec.version, spec.keep_versions, spec.keep_superseded_hours)
     _release_lock(spec)
     return manifest
 
@@ -123,8 +133,6 @@ def _publish(spec, manifest):
 def _release_lock(spec):
     """A job submitted by a launcher that did not wait holds ROOT/.lock: done with it now.
     (A waiting launcher's lock is its own to release; this leaves it alone.)"""
-    from beam_pipeline.store import lock
-
     lock.release_submitted(spec.root, spec.version)
 
 

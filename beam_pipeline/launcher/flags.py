@@ -67,7 +67,11 @@ def add_build_args(parser):
         help="Rebuild in full when shards added by incremental runs would hold more than "
              "this share of a split's examples.")
     add("--keep_versions", type=int, default=0,
-        help="After publishing, keep this many newest complete versions; 0 = keep all.")
+        help="After publishing, keep this many newest complete versions; 0 = keep all. "
+             "Older ones go only once superseded longer than --keep_superseded_hours ago.")
+    add("--keep_superseded_hours", type=float, default=48.0,
+        help="--keep_versions never deletes a version superseded less than this long ago "
+             "(a training job may have pinned it).")
     add("--wait", type=boolean, nargs="?", const=True, default=False,
         help="When another build holds --output, wait for it instead of exiting with status 2.")
     add("--verbose", type=boolean, nargs="?", const=True, default=False,

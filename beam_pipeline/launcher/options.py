@@ -25,6 +25,9 @@ class BuildOptions(PipelineOptions):
             raise UserError("--input is required (a directory, glob or .csv/.jsonl manifest)")
         if not self.output:
             raise UserError("--output is required (a local directory or gs://bucket/prefix)")
+        if "://" in self.output and not self.output.startswith("gs://"):
+            raise UserError(f"--output {self.output}: only local paths and gs:// are supported "
+                            "(the tested ones); use a gs:// bucket, or a local or mounted path")
         if not self.name or not all(c.isalnum() or c in "_." for c in self.name):
             raise UserError(f"--name {self.name!r}: use letters, digits, '_' or '.' "
                             "('-' separates the name from the split in file names)")
@@ -34,6 +37,8 @@ class BuildOptions(PipelineOptions):
             (0 <= self.max_error_rate <= 1,
              f"--max_error_rate {self.max_error_rate}: must be between 0 and 1"),
             (self.keep_versions >= 0, f"--keep_versions {self.keep_versions}: must be >= 0"),
+            (self.keep_superseded_hours >= 0,
+             f"--keep_superseded_hours {self.keep_superseded_hours}: must be >= 0"),
             (0 <= self.max_delta_share <= 1,
              f"--max_delta_share {self.max_delta_share}: must be between 0 and 1"),
             (self.max_pixels > 0, f"--max_pixels {self.max_pixels}: must be > 0"),
@@ -64,7 +69,8 @@ class BuildOptions(PipelineOptions):
 
 
 # Options that change where or whether a build happens, not what it produces.
-NOT_FINGERPRINTED = {"input", "output", "force", "keep_versions", "verbose", "wait",
+NOT_FINGERPRINTED = {"input", "output", "force", "keep_versions", "keep_superseded_hours",
+                     "verbose", "wait",
                      "full_rebuild", "max_delta_share"}
 
 

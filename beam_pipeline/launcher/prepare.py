@@ -106,7 +106,7 @@ def _shard_tasks(build, root, planned, labels, latest, scratch):
 
 def _commit_spec(build, root, planned, labels, num_shards, increment):
     from beam_pipeline.job.commit import CommitSpec
-    from beam_pipeline.store import versions
+    from beam_pipeline.store import lock, versions
     from readers import layout
 
     version = versions.claim_version(root)  # unique even when two runs start in one second
@@ -119,7 +119,8 @@ def _commit_spec(build, root, planned, labels, num_shards, increment):
         generator=generator(), max_error_rate=build.max_error_rate,
         keep_versions=build.keep_versions, write_index=build.write_index,
         increment=increment and dict(increment.counts, **{"from": increment.previous}),
-        drop_content_duplicates=build.drop_content_duplicates)
+        drop_content_duplicates=build.drop_content_duplicates,
+        lock_token=lock.token(root), keep_superseded_hours=build.keep_superseded_hours)
 
 
 def can_increment(build, previous, labels):

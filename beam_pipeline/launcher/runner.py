@@ -92,6 +92,7 @@ def launch(pipeline_options, build, planned, runner, waits):
         progress_dir=progress_dir,
         extra_files=(tfds_metadata.write,),  # TFDS dataset_info.json etc. beside the manifest
         transform_image_size=build.transform_image_size if build.transform else 0)
+    lock.check_held(spec.root)  # a build whose lock was taken over runs and submits nothing
     if not waits:
         return _submit(p, pipeline_options, spec, runner)
     with ProgressPrinter(progress_dir, planned.images):
@@ -116,6 +117,26 @@ def _submit(p, pipeline_options, spec, runner):
     print(f"Submitted to {runner}: version {version} is published to {root}/LATEST by the "
           f"job's last step. Job id: {job_id}")
     return Submitted(version, result, job_id)
+
+
+FLEX_LAUNCHER_ENV = "FLEX_TEMPLATE_PYTHON_PY_FILE"  # set in every Flex Template launcher image
+
+
+def refuse_classic_template(pipeline_options):
+    """--template_location outside the Flex launcher writes a classic template: its listing
+    and version are fixed now, and the next build's cleanup deletes them, so a later launch
+    would fail. The Flex launcher passes --template_location too, for the job it submits
+    at once; its image sets FLEX_LAUNCHER_ENV."""
+    import os
+
+    from beam_pipeline.errors import UserError
+
+    template = pipeline_options.get_all_options().get("template_location")
+    if template and not os.environ.get(FLEX_LAUNCHER_ENV):
+        raise UserError(f"--template_location {template}: classic templates are not supported "
+                        "(the listing they carry is deleted by the next build); use the Flex "
+                        "Template in configs/flex_template/ (docs/scheduling.md), which lists "
+                        "the inputs at each launch")
 
 
 def write_no_op_job(pipeline_options, version):

@@ -21,6 +21,29 @@ def gcs_blob(uri):
     return _gcs_clients[endpoint].bucket(bucket), name
 
 
+def server_time(bucket, name):
+    """Now, by the storage server's clock (the Date header of a metadata read of `name`;
+    404 answers carry it too). Lock ages compare it with the server's `updated`, so a
+    client clock that is off cannot make a live lock look expired."""
+    import urllib.parse
+    from email.utils import parsedate_to_datetime
+
+    from google.api_core import exceptions
+    from google.cloud.storage.retry import DEFAULT_RETRY
+
+    client = bucket.client
+    url = client._connection.build_api_url(
+        f"/b/{bucket.name}/o/{urllib.parse.quote(name, safe='')}")
+
+    def get():
+        response = client._http.request("GET", url, timeout=60)
+        if response.status_code >= 400 and response.status_code != 404:
+            raise exceptions.from_http_response(response)
+        return parsedate_to_datetime(response.headers["Date"])
+
+    return DEFAULT_RETRY(get)()
+
+
 def read_with_generation(bucket, name, attempts=None):
     """(bytes, generation, updated) of one object, all three of the same generation, or
     (None, 0, None) when there is none. Retries when the object changes between the metadata

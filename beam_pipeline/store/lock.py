@@ -10,9 +10,10 @@ ROOT/.lock names the build that holds the root, as one JSON object:
 * gs:// roots: the object ROOT/.lock, created with `if_generation_match=0` (exactly one
   creator wins). A heartbeat thread rewrites it every HEARTBEAT seconds with
   `if_generation_match=<its generation>`. A lock whose object was last written more than
-  TTL seconds ago (by the server's clock: the object's `updated`) belonged to a killed
-  build; the next build takes it over with a compare-and-swap on that generation, so two
-  builds taking over the same dead lock cannot both win.
+  TTL seconds ago belonged to a killed build; the next build takes it over with a
+  compare-and-swap on that generation, so two builds taking over the same dead lock cannot
+  both win. The age is measured on the server's clock alone (the object's `updated` against
+  the Date of the server's answer), so a client whose clock runs fast takes over nothing.
 * Runners that return once the job is submitted (Dataflow, a Flex Template's launcher):
   the launcher cannot hold the lock for the job, so just before submitting it hands the
   lock to the job (state "submitted", the version, no heartbeat) and the job's commit
@@ -22,9 +23,14 @@ ROOT/.lock names the build that holds the root, as one JSON object:
   the lock at once; a classic template (--template_location) starts no job and keeps none.
   Local roots are not handed off: their lock ends with the launcher.
 
+A build that stalled past TTL may have lost its lock without knowing it: it checks that the
+lock is still its own (same token) before it submits the job (`check_held`) and, in the
+job's commit stage, before it publishes (`check_token`); if not, LockLost: exit 1, nothing
+published.
+
 A second build exits with one line naming the holder (UserError: status 2), or with
-`--wait` polls until the root is free. The lock is advisory for everything but itself:
-publishing never depends on it (LATEST only moves forward by compare-and-swap, versions.py).
+`--wait` polls until the root is free. Whatever the lock says, LATEST only moves forward,
+by compare-and-swap (versions.py).
 """
 
 import datetime
@@ -53,6 +59,11 @@ _local = threading.local()     # locks this thread acquired inside a `release_on
 
 class LockHeld(UserError):
     """Another build holds the root: one line naming it."""
+
+
+class LockLost(RuntimeError):
+    """This build no longer holds the root's lock (another took it over): it stops before
+    submitting or publishing, and publishes nothing."""
 
 
 def lock_path(root):
@@ -118,6 +129,39 @@ def acquire(root, wait=False):
     if registry is not None:  # else acquired outside release_on_exit: the caller releases
         registry.append(held)
     return held
+
+
+def token(root):
+    """The token of the lock this thread holds on ROOT, or None. The job's commit stage
+    compares it with ROOT/.lock before publishing (`check_token`)."""
+    for held in getattr(_local, "held", []):
+        if held.root == root.rstrip("/"):
+            return held.token
+    return None
+
+
+def check_held(root):
+    """Raise LockLost unless every lock this thread took on ROOT is still its own."""
+    for held in getattr(_local, "held", []):
+        if held.root == root.rstrip("/"):
+            held.check()
+
+
+def check_token(root, token):
+    """Raise LockLost unless ROOT/.lock is still the lock `token` took (None: no lock to
+    check, e.g. a commit called directly)."""
+    if token is None:
+        return
+    root = root.rstrip("/")
+    holder = (_GcsLock(root)._read()[0] if root.startswith("gs://")
+              else _LocalLock(root).body())
+    if (holder or {}).get("token") != token:
+        raise LockLost(_lost_message(root, holder))
+
+
+def _lost_message(root, holder):
+    now = describe(root, holder, None) if holder else f"{lock_path(root)} is gone"
+    return f"lost the lock on {root} ({now}); nothing published"
 
 
 def hand_off(root, version):
@@ -214,6 +258,26 @@ class _LocalLock(_Heartbeat):
                 time.sleep(0.05)
         return {}, None
 
+    def body(self):
+        """The lock file's JSON (None when absent or unreadable)."""
+        try:
+            with open(self.path, "rb") as f:
+                return json.loads(f.read())
+        except (OSError, ValueError):
+            return None
+
+    def check(self):
+        if not self._owns_path() or (self.body() or {}).get("token") != self.token:
+            raise LockLost(_lost_message(self.root, self.body()))
+
+    def _owns_path(self):
+        """Whether ROOT/.lock is still the file this build locked (someone may have
+        deleted it, and another build locked a new one)."""
+        try:
+            return self.fd is not None and os.stat(self.path).st_ino == os.fstat(self.fd).st_ino
+        except FileNotFoundError:
+            return False
+
     def _beat(self):
         while not self.stop.wait(HEARTBEAT):
             try:
@@ -231,7 +295,8 @@ class _LocalLock(_Heartbeat):
         if self.fd is None:
             return
         try:
-            os.unlink(self.path)  # before unlocking: a waiter holding the old inode retries
+            if self._owns_path():  # never another build's lock file
+                os.unlink(self.path)  # before unlocking: a waiter holding the old inode retries
         except FileNotFoundError:
             pass
         os.close(self.fd)  # drops the flock
@@ -273,7 +338,8 @@ class _GcsLock(_Heartbeat):
             return False
 
     def _read(self):
-        """(body, generation, age in seconds) of the lock object, or (None, 0, None)."""
+        """(body, generation, server time of its last write) of the lock object, or
+        (None, 0, None)."""
         data, generation, updated = gcs.read_with_generation(self.bucket, self.name, attempts=10)
         if data is None:
             return None, 0, None
@@ -281,16 +347,29 @@ class _GcsLock(_Heartbeat):
             body = json.loads(data)
         except ValueError:
             body = {}
-        age = (_now() - updated).total_seconds() if updated else None
-        return body, generation, age
+        return body, generation, updated
+
+    def _age(self, updated):
+        """Seconds since `updated`, both on the server's clock (never this machine's)."""
+        if updated is None:
+            return None
+        return (gcs.server_time(self.bucket, self.name) - updated).total_seconds()
+
+    def check(self):
+        if not self.lost:
+            holder = self._read()[0]
+            self.lost = (holder or {}).get("token") != self.token
+        if self.lost:
+            raise LockLost(_lost_message(self.root, self._read()[0]))
 
     def try_acquire(self):
         body = _body(self.token, self.started)
         if self._write(body, 0):
             return None
-        holder, generation, age = self._read()
+        holder, generation, updated = self._read()
         if holder is None:
             return self.try_acquire()  # released just now
+        age = self._age(updated)
         ttl = SUBMITTED_TTL if holder.get("state") == "submitted" else TTL
         if age is not None and age > ttl:  # a killed build's lock: take it over by CAS
             logging.warning("taking over the expired lock %s: %s", lock_path(self.root),

@@ -6,6 +6,7 @@ Writer-side twin of readers.layout, on Beam FileSystems so gs:// works the same.
 import datetime
 import hashlib
 import json
+import logging
 import os
 import random
 import time
@@ -13,8 +14,10 @@ import uuid
 
 from apache_beam.io.filesystems import FileSystems
 
-from beam_pipeline.store import files, gcs
+from beam_pipeline.store import files, gcs, lock
 from readers import layout
+
+KEEP_SUPERSEDED_HOURS = 48.0  # --keep_superseded_hours: covers a nightly schedule twice
 
 
 def new_version_id(now=None):
@@ -69,20 +72,43 @@ def latest(root):
     return record["version"], files.read_json(layout.join(root, record["manifest"]))
 
 
+def latest_id(root):
+    """The version ROOT/LATEST names, or None (one small read, no manifest)."""
+    path = layout.join(root, layout.LATEST)
+    return files.read_json(path)["version"] if files.exists(path) else None
+
+
 def list_versions(root):
-    """{version id: is complete} for every directory under ROOT/versions/."""
-    pattern = layout.join(root, layout.VERSIONS, "*", "**")
-    paths = files.objects(pattern)
-    prefix = layout.join(root, layout.VERSIONS) + "/"
+    """{version id: is complete} for every directory under ROOT/versions/.
+
+    Raises when any part of the listing fails: a cleanup that cannot see everything must
+    delete nothing (a version it could not look into is not "incomplete").
+    """
+    prefix = layout.join(root, layout.VERSIONS)
+    if "://" not in root:
+        return _list_local_versions(prefix)
     found = {}
-    for p in paths:
-        if not p.startswith(prefix):
+    for m in FileSystems.match([prefix + "/*/**"])[0].metadata_list:  # raises on failure
+        if m.path.startswith(prefix + "/"):
+            version, _, rest = m.path[len(prefix) + 1:].partition("/")
+            found[version] = found.get(version, False) or rest == layout.MANIFEST
+    return found
+
+
+def _list_local_versions(prefix):
+    try:
+        entries = sorted(os.scandir(prefix), key=lambda e: e.name)
+    except FileNotFoundError:
+        return {}
+    found = {}
+    for entry in entries:
+        if not entry.is_dir(follow_symlinks=False):
             continue
-        version, _, rest = p[len(prefix):].partition("/")
-        found[version] = found.get(version, False) or rest == layout.MANIFEST
-    if "://" not in root and os.path.isdir(prefix):  # a run killed before its first file
-        for version in os.listdir(prefix):
-            found.setdefault(version, False)
+        try:  # complete = has a manifest; any error but "no such file" propagates
+            os.stat(os.path.join(entry.path, layout.MANIFEST))
+            found[entry.name] = True
+        except FileNotFoundError:
+            found[entry.name] = False
     return found
 
 
@@ -162,15 +188,68 @@ def _publish_gcs(root, version, attempts=50):
                        "compare-and-swap attempts; nothing published")
 
 
-def prune(root, published, keep):
-    """Delete incomplete versions older than `published`, and complete ones beyond `keep`."""
-    deleted = []
-    versions = list_versions(root)
+def prune(root, published, keep, keep_superseded_hours=KEEP_SUPERSEDED_HOURS):
+    """After `published` was published: delete what no reader or live build can need.
+
+    * Incomplete versions older than `published` that no live build can own. On a local root
+      that is all of them (this build holds the root's flock, so no other build runs). On
+      gs:// a build whose lock was taken over may still be writing (it will not publish:
+      its lock check fails), and a submitted job's lock lives lock.SUBMITTED_TTL: only those
+      claimed longer than that before `published` are deleted.
+    * With `keep` > 0, complete versions beyond the newest `keep` (never `published`), but
+      only once superseded (a newer complete version written) more than
+      `keep_superseded_hours` ago: a training job may have pinned one just before.
+
+    Any listing error means delete nothing (logged). Returns the deleted version ids.
+    """
+    try:
+        versions = list_versions(root)
+    except Exception as e:
+        logging.warning("cleanup of %s skipped, nothing deleted: cannot list its versions "
+                        "(%s)", root, " ".join(str(e).split())[:300])
+        return []
     complete = sorted((v for v, done in versions.items() if done), reverse=True)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    deleted = []
     for v, done in sorted(versions.items()):
-        stale = not done and v < published
-        surplus = keep and done and v != published and v not in complete[:keep]
-        if stale or surplus:
+        if done:
+            drop = (keep and v != published and v not in complete[:keep]
+                    and _superseded_for(root, v, complete, now) > keep_superseded_hours * 3600)
+        else:
+            drop = v < published and ("://" not in root or _seconds_between(v, published)
+                                       > lock.SUBMITTED_TTL)
+        if drop:
             delete_version(root, v)
             deleted.append(v)
     return deleted
+
+
+def _id_time(version):
+    try:
+        return datetime.datetime.strptime(version, "%Y%m%dT%H%M%SZ").replace(
+            tzinfo=datetime.timezone.utc)
+    except ValueError:
+        return None
+
+
+def _seconds_between(older, newer):
+    """Seconds from one version id to a later one; -inf when either is not an id (kept)."""
+    a, b = _id_time(older), _id_time(newer)
+    return (b - a).total_seconds() if a and b else float("-inf")
+
+
+def _superseded_for(root, version, complete, now):
+    """Seconds since the next newer complete version was written (its manifest's
+    created_at, else its id); -inf when unknown, so the version is kept."""
+    newer = [v for v in complete if v > version]
+    if not newer:
+        return float("-inf")
+    successor = min(newer)
+    try:
+        created = files.read_json(layout.join(layout.version_dir(root, successor),
+                                              layout.MANIFEST)).get("created_at")
+        when = (datetime.datetime.strptime(created, "%Y-%m-%dT%H:%M:%SZ").replace(
+            tzinfo=datetime.timezone.utc) if created else _id_time(successor))
+    except Exception:
+        return float("-inf")
+    return (now - when).total_seconds() if when else float("-inf")

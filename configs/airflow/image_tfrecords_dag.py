@@ -59,6 +59,7 @@ TEMPLATE_PARAMETERS = {
     "max_delta_share": "0.25",
     "wait": "false",
     "keep_versions": "7",
+    "keep_superseded_hours": "48",
     "verbose": "false",
 }
 
