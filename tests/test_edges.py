@@ -36,10 +36,10 @@ def open_dir():
 
 
 @contextlib.contextmanager
-def unreadable(folder):
-    """`folder` cannot be listed inside this block: mode 000, and for root (who reads
-    anything) the block runs with the effective uid and gid of nobody."""
-    os.chmod(folder, 0)
+def unreadable(folder, mode=0):
+    """`folder` cannot be listed inside this block: mode 000 (or `mode`), and for root (who
+    reads anything) the block runs with the effective uid and gid of nobody."""
+    os.chmod(folder, mode)
     as_root = os.geteuid() == 0
     try:
         if as_root:
@@ -67,6 +67,17 @@ def test_an_unreadable_folder_stops_the_listing_naming_it(open_dir):
     with unreadable(dog), pytest.raises(listing.ListingFailed,
                                         match=f"cannot list {dog}: Permission denied"):
         listed(os.path.join(open_dir, "in"))
+
+
+def test_a_failed_stat_stops_the_listing_naming_the_file(open_dir):
+    """A folder with read but no search permission: its names list, its files cannot be
+    stat'ed. Before: each such file silently dropped out of the listing."""
+    make_images(os.path.join(open_dir, "in"), {"cat": 2, "dog": 2})
+    dog = os.path.join(open_dir, "in", "dog")
+    with unreadable(dog, mode=0o444):
+        with pytest.raises(listing.ListingFailed,
+                           match=f"cannot stat {dog}/000.jpg: Permission denied"):
+            listed(os.path.join(open_dir, "in"))
 
 
 @pytest.mark.slow
