@@ -283,3 +283,72 @@ def test_launcher_waits_when_workers_live_in_it(argv, waits):
     from beam_pipeline.launcher.runner import workers_in_launcher
 
     assert workers_in_launcher(PipelineOptions(argv), argv[1]) is waits
+
+
+
+def _run_job_file(gcs, job_file):
+    """What the Dataflow service would run, run here: the pipeline proto the job file points
+    to, on Beam's FnApiRunner, with its environments swapped for in-process workers (the
+    service and the worker image are what is not run)."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.portability import python_urns
+    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+
+    options = gcs.read_json(job_file)["environment"]["sdkPipelineOptions"]["options"]
+    proto = _pipeline_proto(gcs.read(options["pipelineUrl"]))
+    for environment in proto.components.environments.values():
+        environment.urn = python_urns.EMBEDDED_PYTHON
+        environment.payload = b""
+    FnApiRunner().run_via_runner_api(proto, PipelineOptions([])).wait_until_finish()
+
+
+@pytest.fixture
+def preconditions(gcs, monkeypatch):
+    """google-cloud-storage through tests/faults.py's proxy, with no faults: it enforces the
+    generation preconditions the emulator ignores (the lock and LATEST depend on them)."""
+    from tests.faults import FaultProxy
+
+    with FaultProxy(gcs.endpoint) as proxy:
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
+        yield proxy
+
+
+@pytest.mark.slow
+def test_flex_launch_hands_the_lock_to_its_job_which_keeps_it_and_releases_it(
+        gcs, gcs_bucket, preconditions, tmp_path, make_images, monkeypatch, capsys):
+    """The Flex launcher runs main.py with --template_location and submits the job file
+    after main.py exits. The lock must outlive main.py: handed to the job (state
+    "submitted", the version), a second launch exits 2 naming it, the job's workers beat
+    it, and the job's commit stage releases it after publishing."""
+    from beam_pipeline.store import lock, versions
+
+    source = _upload_images(gcs, gcs_bucket, tmp_path, make_images)
+    root = f"gs://{gcs_bucket}/datasets/flowers"
+    argv = _flex_argv(gcs_bucket, source, root)
+    assert _flex_launch(monkeypatch, argv) == 0
+    assert "no job started" in capsys.readouterr().out
+    holder, _, _ = lock._GcsLock(root)._read()
+    assert holder["state"] == "submitted" and "job_heartbeat" not in holder
+    version = holder["version"]
+    assert gcs.exists(f"{root}/versions/{version}/.tmp/shards.jsonl")
+    assert not gcs.exists(f"{root}/LATEST")
+
+    # The next night's launch while that job runs (or waits for workers): exit 2, one line.
+    again = argv[:-1] + [argv[-1].replace("-42/", "-43/")]
+    assert _flex_launch(monkeypatch, again) == 2
+    err = capsys.readouterr().err
+    assert f"locked by version {version}, submitted to a runner" in err
+    assert "no job heartbeat yet" in err and "60 min after submission" in err
+    assert not gcs.exists(again[-1].split("=", 1)[1])  # no second job file
+
+    beats = []
+    real_beat = lock._GcsLock.beat_for_job
+    monkeypatch.setattr(lock._GcsLock, "beat_for_job",
+                        lambda self, v: beats.append(self._read()[0]) or real_beat(self, v))
+    try:
+        _run_job_file(gcs, argv[-1].split("=", 1)[1])
+    finally:
+        lock.stop_keep_alive()
+    assert beats and beats[0]["version"] == version  # the workers beat the job's lock
+    assert versions.latest(root)[0] == version
+    assert not gcs.exists(lock.lock_path(root))  # released by the job's commit stage

@@ -316,6 +316,104 @@ def test_a_submitted_job_holds_the_lock_until_its_commit_stage_releases_it(
     assert versions.latest(root)[0] == version
 
 
+def _handed_off(root, version):
+    """A launcher that handed ROOT's lock to a submitted job and exited (the Flex path)."""
+
+    @lock.release_on_exit
+    def launcher():
+        lock.acquire(root)
+        lock.hand_off(root, version)
+
+    launcher()
+    holder = lock._GcsLock(root)._read()[0]
+    assert (holder["state"], holder["version"]) == ("submitted", version)
+
+
+def test_a_job_that_never_starts_frees_the_root_after_submitted_ttl(proxy, gcs_bucket,
+                                                                    monkeypatch):
+    """Submitted (or its job file written for the Flex launcher) but no worker ever beat
+    the lock, e.g. the launch failed: the lock expires SUBMITTED_TTL after the hand-off."""
+    root, version = f"gs://{gcs_bucket}/ds", "20260401T000000Z"
+    monkeypatch.setattr(lock, "SUBMITTED_TTL", 2.0)
+    _handed_off(root, version)
+    with pytest.raises(lock.LockHeld, match="no job heartbeat yet.*after submission unless "
+                                            "its workers start"):
+        lock.acquire(root)
+    reader = lock._GcsLock(root)
+    wait_for(lambda: reader._age(reader._read()[2]) > lock.SUBMITTED_TTL, "expiry")
+    held = lock.acquire(root)  # taken over
+    assert lock._GcsLock(root)._read()[0]["token"] == held.token
+    held.release()
+
+
+def test_a_failed_or_cancelled_job_frees_the_root_job_ttl_after_its_last_beat(
+        proxy, gcs_bucket, monkeypatch):
+    """While the job's workers live they beat the lock (any number of them: about one
+    write per JOB_HEARTBEAT), so it outlives JOB_TTL; once they are gone (the job failed or
+    was cancelled) it expires JOB_TTL after the last beat. A late worker of that job beats
+    nothing, and its late commit releases nothing, once another build holds the root."""
+    from google.cloud import storage
+
+    root, version = f"gs://{gcs_bucket}/ds", "20260401T000000Z"
+    monkeypatch.setattr(lock, "JOB_HEARTBEAT", 0.5)
+    monkeypatch.setattr(lock, "JOB_TTL", 2.0)
+    _handed_off(root, version)
+    writes, upload = [], storage.Blob.upload_from_string
+
+    def counted(self, data, *args, **kwargs):
+        upload(self, data, *args, **kwargs)  # a 412 (another worker was first) raises
+        writes.append(data)
+
+    monkeypatch.setattr(storage.Blob, "upload_from_string", counted)
+    workers = [lock._JobBeat(root.rstrip("/"), version) for _ in range(8)]  # 8 processes'
+    for worker in workers:
+        worker.start()
+    try:
+        wait_for(lambda: "job_heartbeat" in lock._GcsLock(root)._read()[0], "a job heartbeat")
+        start = time.monotonic()
+        while time.monotonic() - start < 2 * lock.JOB_TTL:  # beaten: never expires
+            with pytest.raises(lock.LockHeld, match="its job's last heartbeat .* s ago.*expires "
+                                                    "0.0333333 min after"):
+                lock.acquire(root)
+            time.sleep(0.25)
+        beats = sum("job_heartbeat" in w for w in writes)
+        elapsed = time.monotonic() - start
+        assert 1 <= beats <= elapsed / lock.JOB_HEARTBEAT + 2, (beats, elapsed)
+    finally:
+        for worker in workers:  # the job fails: its workers go
+            worker.stop.set()
+            worker.join()
+    with pytest.raises(lock.LockHeld):
+        lock.acquire(root)  # its last beat is fresh still
+    reader = lock._GcsLock(root)
+    wait_for(lambda: reader._age(reader._read()[2]) > lock.JOB_TTL, "expiry")
+    held = lock.acquire(root)
+    assert not lock._GcsLock(root).beat_for_job(version)  # a zombie worker: stops, no write
+    lock.release_submitted(root, version)  # the dead job's late commit: not its lock now
+    assert lock._GcsLock(root)._read()[0]["token"] == held.token
+    held.release()
+    assert not lock_exists(root)
+
+
+def test_the_commit_releases_the_lock_while_workers_beat_it(proxy, gcs_bucket, monkeypatch):
+    """A beat between the commit's read of the lock and its delete changes the generation:
+    the release reads again and deletes; a beat after that recreates nothing."""
+    root, version = f"gs://{gcs_bucket}/ds", "20260401T000000Z"
+    monkeypatch.setattr(lock, "JOB_HEARTBEAT", 0.0)  # every look writes a beat
+    _handed_off(root, version)
+    workers = [lock._JobBeat(root.rstrip("/"), version) for _ in range(4)]
+    for worker in workers:
+        worker.start()
+    wait_for(lambda: "job_heartbeat" in lock._GcsLock(root)._read()[0], "a job heartbeat")
+    stats, spec = commit_inputs(root, version)
+    commit.commit(stats, spec)
+    for worker in workers:
+        worker.join(timeout=30)
+        assert not worker.is_alive()  # each found the lock gone and stopped
+    lock.stop_keep_alive()
+    assert not lock_exists(root) and versions.latest(root)[0] == version
+
+
 # --- LATEST only moves forward; a commit run twice changes nothing ------------------------
 
 @pytest.mark.parametrize("where", ["local", "gcs"])

@@ -69,6 +69,9 @@ def commit(results, spec, extra_files=(), manifest_parts=()):
     manifest and may add keys to it; `manifest_parts` are dicts produced by other branches
     of the job (e.g. the transform analysis) merged into the manifest.
     """
+    from beam_pipeline.store import lock
+
+    lock.keep_alive(spec.root, spec.version)  # the job's lock stays alive while this runs
     done_path = layout.join(spec.vdir, layout.MANIFEST)
     if files.exists(done_path):  # run again after it wrote the manifest (a runner's retry):
         return _publish(spec, files.read_json(done_path))  # publish only, rewrite nothing

@@ -4,6 +4,7 @@ import apache_beam as beam
 
 from beam_pipeline.job.commit import Commit
 from beam_pipeline.job.contracts import ShardResult, ShardTask
+from beam_pipeline.job.heartbeat import KeepLockAlive
 from beam_pipeline.refs import ImageRef
 from beam_pipeline.job.shards import WriteShardFn
 
@@ -30,7 +31,9 @@ class ImagesToTFRecords(beam.PTransform):
         shards = (pbegin
                   | "ShardIndex" >> beam.Create([self.shards_index])
                   | "ReadShardIndex" >> beam.FlatMap(read_shard_index)      # -> ShardTask
-                  | "ToWorkers" >> beam.Reshuffle())
+                  | "ToWorkers" >> beam.Reshuffle()
+                  # fused with the writers: each of their processes beats ROOT/.lock
+                  | "KeepLockAlive" >> beam.ParDo(KeepLockAlive(spec.root, spec.version)))
         if self.sink == "beam":
             from beam_pipeline.job.beam_sink import WriteWithBeamSink
 

@@ -106,8 +106,10 @@ def launch(pipeline_options, build, planned, runner, waits):
 def _submit(p, pipeline_options, spec, runner):
     root, version = spec.root, spec.version
     template = pipeline_options.get_all_options().get("template_location")
-    if not template:  # a job starts: it outlives us; its commit stage releases the lock
-        lock.hand_off(root, version)
+    # The job outlives us, whether it starts now or from the job file written at
+    # --template_location (the Flex launcher submits that file once we exit): hand it the
+    # lock; its workers keep it alive and its commit stage releases it.
+    lock.hand_off(root, version)
     result = p.run()
     if template:  # Dataflow wrote the job file and started nothing: there is no job id
         print(f"Wrote the {runner} job file {template} (no job started). Launching it "

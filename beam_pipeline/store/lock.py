@@ -14,14 +14,19 @@ ROOT/.lock names the build that holds the root, as one JSON object:
   compare-and-swap on that generation, so two builds taking over the same dead lock cannot
   both win. The age is measured on the server's clock alone (the object's `updated` against
   the Date of the server's answer), so a client whose clock runs fast takes over nothing.
-* Runners that return once the job is submitted (Dataflow, a Flex Template's launcher):
-  the launcher cannot hold the lock for the job, so just before submitting it hands the
-  lock to the job (state "submitted", the version, no heartbeat) and the job's commit
-  stage releases it (`release_submitted`, after publishing or after refusing to). A job
-  that dies before its commit leaves the lock until SUBMITTED_TTL; the message names the
-  version so an operator can delete ROOT/.lock sooner. A submission that raises releases
-  the lock at once; a classic template (--template_location) starts no job and keeps none.
-  Local roots are not handed off: their lock ends with the launcher.
+* Runners that return once the job is submitted (Dataflow, and the Flex Template launcher,
+  which runs the CLI with --template_location and submits the job file it writes): the
+  launcher cannot hold the lock for the job, so just before submitting (or writing the job
+  file) it hands the lock to the job (state "submitted", the version) and the job's commit
+  stage releases it (`release_submitted`, after publishing or after refusing to). The job
+  keeps it alive: every worker process that runs the shard writers or the commit beats it
+  (`keep_alive`: "job_heartbeat" in the body, at most one write per JOB_HEARTBEAT across
+  the job). A handed-off lock no worker has beaten yet expires SUBMITTED_TTL after the
+  hand-off (submission and worker start-up); once beaten, JOB_TTL after the job's last
+  beat, so a failed or cancelled job (its workers gone) frees the root within minutes.
+  A submission that raises releases the lock at once. Local roots are not handed off:
+  their lock ends with the launcher, which waits for its job. A classic template
+  (--template_location outside the Flex launcher) is refused before any of this.
 
 A build that stalled past TTL may have lost its lock without knowing it: it checks that the
 lock is still its own (same token) before it submits the job (`check_held`) and, in the
@@ -39,6 +44,7 @@ import functools
 import json
 import logging
 import os
+import random
 import socket
 import sys
 import threading
@@ -51,7 +57,9 @@ from beam_pipeline.store import gcs
 LOCK_NAME = ".lock"
 HEARTBEAT = 20.0               # seconds between heartbeats of a running build
 TTL = 120.0                    # a gs:// lock not refreshed for this long has expired
-SUBMITTED_TTL = 12 * 3600.0    # a lock handed to a submitted job expires after this
+SUBMITTED_TTL = 3600.0         # a handed-off lock no worker has beaten yet expires after this
+JOB_HEARTBEAT = 60.0           # seconds between a running job's beats (any of its workers)
+JOB_TTL = 600.0                # a handed-off lock its job stopped beating expires after this
 POLL = 2.0                     # --wait: seconds between looks at a held lock
 
 _local = threading.local()     # locks this thread acquired inside a `release_on_exit` call
@@ -88,18 +96,30 @@ def describe(root, holder, age):
     who = (f"host {holder.get('host', '?')} pid {holder.get('pid', '?')} "
            f"since {holder.get('started', '?')}")
     if holder.get("state") == "submitted":
+        beat = (f"; its job's last heartbeat {age:.0f} s ago"
+                if holder.get("job_heartbeat") and age is not None else
+                "; no job heartbeat yet" if not holder.get("job_heartbeat") else "")
         return (f"{root} is locked by version {holder.get('version')}, submitted to a runner "
-                f"by {who} and not committed yet")
+                f"by {who} and not committed yet{beat}")
     beat = f"last heartbeat {age:.0f} s ago" if age is not None else "heartbeat unknown"
     return f"{root} is being built by {who} ({beat})"
+
+
+def ttl(holder):
+    """Seconds after its last write that a lock with this body expires."""
+    if holder.get("state") != "submitted":
+        return TTL
+    return JOB_TTL if holder.get("job_heartbeat") else SUBMITTED_TTL
 
 
 def _held_message(root, holder, age):
     """The one line a second build exits with."""
     if holder.get("state") == "submitted":
+        expiry = (f"{JOB_TTL / 60:g} min after its job's last heartbeat"
+                  if holder.get("job_heartbeat") else
+                  f"{SUBMITTED_TTL / 60:g} min after submission unless its workers start")
         return (f"{describe(root, holder, age)}; nothing done. Pass --wait to wait, or if that "
-                f"job failed delete {lock_path(root)} (it expires {SUBMITTED_TTL / 3600:g} h "
-                "after submission)")
+                f"job failed delete {lock_path(root)} (it expires {expiry})")
     return f"{describe(root, holder, age)}; nothing done. Pass --wait to wait for it"
 
 
@@ -179,8 +199,61 @@ def release_submitted(root, version):
     try:
         _GcsLock(root.rstrip("/")).release_if_submitted(version)
     except Exception as e:  # never fail a commit that has published: the lock expires
-        logging.warning("could not release %s (%s); it expires %g h after submission",
-                        lock_path(root), e, SUBMITTED_TTL / 3600)
+        logging.warning("could not release %s (%s); it expires %g min after the job's "
+                        "last heartbeat", lock_path(root), e, JOB_TTL / 60)
+
+
+def keep_alive(root, version):
+    """On the job's workers: beat the lock handed to the job that builds `version`, from a
+    daemon thread, for as long as this process lives (one thread per process and version).
+
+    Called from the shard writers' and the commit's setup. The thread stops for good once
+    ROOT/.lock is gone (committed) or is anyone else's (another build, or a newer version):
+    it never creates a lock. Local roots have no handed-off lock: nothing to do.
+    """
+    if not root.startswith("gs://"):
+        return
+    key = (root.rstrip("/"), version)
+    with _job_beats_guard:
+        beat = _job_beats.get(key)
+        if beat is None or not beat.is_alive():
+            beat = _job_beats[key] = _JobBeat(*key)
+            beat.start()
+
+
+def stop_keep_alive():
+    """Stop this process's job heartbeats (tests: a worker that dies)."""
+    with _job_beats_guard:
+        beats = list(_job_beats.values())
+        _job_beats.clear()
+    for beat in beats:
+        beat.stop.set()
+        beat.join()
+
+
+_job_beats, _job_beats_guard = {}, threading.Lock()
+
+
+class _JobBeat(threading.Thread):
+    """One worker process's heartbeat of the lock its job was handed. Every worker beats,
+    but a beat reads the lock and writes it only when no beat was written for
+    JOB_HEARTBEAT seconds (one object takes about one write a second): a thousand workers
+    still make about one write a minute."""
+
+    def __init__(self, root, version):
+        super().__init__(daemon=True, name=f"job-lock-heartbeat {root} {version}")
+        self.root, self.version, self.stop = root, version, threading.Event()
+
+    def run(self):
+        held, rng = _GcsLock(self.root), random.Random()
+        while True:
+            try:
+                if not held.beat_for_job(self.version):
+                    return  # committed, or not this job's lock: never again ours
+            except Exception as e:  # a failed beat is retried on the next one
+                logging.warning("job heartbeat of %s failed: %s", lock_path(self.root), e)
+            if self.stop.wait(JOB_HEARTBEAT * rng.uniform(0.25, 0.5)):
+                return
 
 
 def release_on_exit(fn):
@@ -370,8 +443,7 @@ class _GcsLock(_Heartbeat):
         if holder is None:
             return self.try_acquire()  # released just now
         age = self._age(updated)
-        ttl = SUBMITTED_TTL if holder.get("state") == "submitted" else TTL
-        if age is not None and age > ttl:  # a killed build's lock: take it over by CAS
+        if age is not None and age > ttl(holder):  # a killed build's lock: take it over by CAS
             logging.warning("taking over the expired lock %s: %s", lock_path(self.root),
                             describe(self.root, holder, age))
             if self._write(body, generation):
@@ -416,7 +488,47 @@ class _GcsLock(_Heartbeat):
         except (exceptions.NotFound, exceptions.PreconditionFailed):
             pass  # already gone (a retried delete), or no longer ours
 
-    def release_if_submitted(self, version):
-        holder, generation, _ = self._read()
-        if holder and holder.get("state") == "submitted" and holder.get("version") == version:
-            self._delete(generation)
+    def beat_for_job(self, version):
+        """One job heartbeat: rewrite the lock handed to `version` by a compare-and-swap on
+        the generation just read, if no beat is fresher than JOB_HEARTBEAT. False once the
+        lock is gone or not that job's."""
+        from google.api_core import exceptions
+        from google.cloud.storage.retry import DEFAULT_RETRY
+
+        holder, generation, updated = self._read()
+        if not holder or holder.get("state") != "submitted" or holder.get("version") != version:
+            return False
+        # By this worker's clock: it only decides how often beats are written (expiry is
+        # judged on the server's clock).
+        age = (_now() - updated).total_seconds() if updated else None
+        if holder.get("job_heartbeat") and age is not None and age < JOB_HEARTBEAT:
+            return True  # another worker beat it a moment ago
+        body = dict(holder, job_heartbeat=_iso(_now()), job_worker=socket.gethostname())
+        try:  # a 412: another worker beat first, or the commit deleted it; look next time
+            self.bucket.blob(self.name).upload_from_string(
+                json.dumps(body) + "\n", content_type="application/json",
+                if_generation_match=generation, retry=DEFAULT_RETRY)
+        except exceptions.PreconditionFailed:
+            pass
+        return True
+
+    def release_if_submitted(self, version, attempts=20):
+        """Delete the lock handed to `version`; a job heartbeat may rewrite it between the
+        read and the delete (412): read again and retry."""
+        from google.api_core import exceptions
+        from google.cloud.storage.retry import DEFAULT_RETRY
+
+        for _ in range(attempts):
+            holder, generation, _ = self._read()
+            if not (holder and holder.get("state") == "submitted"
+                    and holder.get("version") == version):
+                return
+            try:
+                self.bucket.delete_blob(self.name, if_generation_match=generation,
+                                        retry=DEFAULT_RETRY)
+                return
+            except exceptions.NotFound:
+                return  # a retried delete whose first try succeeded
+            except exceptions.PreconditionFailed:
+                time.sleep(0.1)
+        raise RuntimeError(f"{lock_path(self.root)}: still changing after {attempts} tries")
