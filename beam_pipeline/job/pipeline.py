@@ -33,7 +33,8 @@ class ImagesToTFRecords(beam.PTransform):
                   | "ReadShardIndex" >> beam.FlatMap(read_shard_index)      # -> ShardTask
                   | "ToWorkers" >> beam.Reshuffle()
                   # fused with the writers: each of their processes beats ROOT/.lock
-                  | "KeepLockAlive" >> beam.ParDo(KeepLockAlive(spec.root, spec.version)))
+                  | "KeepLockAlive" >> beam.ParDo(KeepLockAlive(spec.root, spec.version))
+                  .with_output_types(ShardTask))
         if self.sink == "beam":
             from beam_pipeline.job.beam_sink import WriteWithBeamSink
 
