@@ -175,7 +175,8 @@ def check_invariants(result):
 
     m, vdir = result["manifest"], result["version_dir"]
     acc = m["accounting"]
-    assert acc["listed"] == acc["duplicates"] + acc["failed"] + acc["written"], acc
+    assert acc["listed"] == (acc["duplicates"] + acc["failed"] + acc["written"]
+                             + acc.get("leaks", 0)), acc
     assert acc["written"] == sum(s["num_examples"] for s in m["splits"].values())
     assert acc["written"] == sum(sh["num_examples"] for _, sh in shard_files(result))
     assert m["errors"]["count"] == acc["failed"] == len(errors_of(result))

@@ -51,7 +51,7 @@ def test_build_manifest_is_a_function_of_spec_and_finalized_values():
     assert m["splits"]["test"]["label_counts"] == {"cat": 0, "dog": 0}
     assert (m["splits"]["train"]["num_examples"], m["splits"]["train"]["num_bytes"]) == (3, 40)
     assert m["accounting"] == {"listed": 5, "duplicates": 2, "failed": 3, "written": 3,
-                               "passed_through": 1}
+                               "leaks": 0, "passed_through": 1}
     assert m["errors"] == {"path": layout.ERRORS, "count": 3,
                            "by_reason": {"truncated": 2, "not_found": 1}}
     assert m["catalog"] == {"path": layout.CATALOG, "rows": 3}
@@ -100,7 +100,8 @@ def test_commit_transform_drops_content_duplicates_and_publishes(tmp_path):
         got = (m["accounting"], m["content_duplicates"], m["catalog"]["rows"],
                [s["num_examples"] for s in m["splits"]["train"]["shards"]],
                [s["num_examples"] for s in m["splits"]["test"]["shards"]])
-        want = ({"listed": 5, "duplicates": 2, "failed": 1, "written": 3, "passed_through": 0},
+        want = ({"listed": 5, "duplicates": 2, "failed": 1, "written": 3, "leaks": 0,
+                 "passed_through": 0},
                 {"groups": 1, "across_splits": 0, "path": "duplicates.jsonl", "dropped": 1},
                 3, [2, 1], [0])
         if got != want:

@@ -13,7 +13,8 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from beam_pipeline.store import catalog, files, lock, versions
-from beam_pipeline.job import duplicates, rewrite
+from beam_pipeline.store.near_duplicates import DEFAULT_RADIUS
+from beam_pipeline.job import duplicates, leaks, rewrite
 from beam_pipeline.job.manifest import Finalized, build_manifest
 from readers import layout
 
@@ -48,6 +49,9 @@ class CommitSpec:
     drop_content_duplicates: bool = False
     lock_token: str = None    # the launcher's ROOT/.lock token, checked before publishing
     keep_superseded_hours: float = versions.KEEP_SUPERSEDED_HOURS
+    near_duplicates: bool = False          # group the catalog's perceptual hashes
+    near_duplicate_radius: int = DEFAULT_RADIUS  # Hamming bits
+    drop_near_duplicate_leaks: bool = False
 
     @property
     def previous_vdir(self):
@@ -90,6 +94,7 @@ def finalize(results, spec):
     cataloged = sorted((r for r in results if r.catalog_temp),
                        key=lambda r: (r.split, r.shard))
     cataloged, content_duplicates, dropped = _content_duplicates(cataloged, spec)
+    cataloged, near_duplicates, leaked = _near_duplicates(cataloged, spec)
     rewritten = {(r.split, r.shard): r for r in cataloged}
     results = tuple(rewritten.get((r.split, r.shard), r) if r.catalog_temp else r
                     for r in results)
@@ -101,7 +106,8 @@ def finalize(results, spec):
     catalog_rows, sides = _merge_catalog(cataloged, spec)
     _warn_empty_classes(spec.labels, results)
     return Finalized(results=results, shards=shards, errors=errors, catalog_rows=catalog_rows,
-                     longer_sides=sides, content_duplicates=content_duplicates, dropped=dropped)
+                     longer_sides=sides, content_duplicates=content_duplicates, dropped=dropped,
+                     near_duplicates=near_duplicates, leaks=leaked)
 
 
 def _write_manifest(spec, manifest, extra_files):
@@ -196,6 +202,18 @@ def _content_duplicates(ordered, spec):
     if not spec.drop_content_duplicates:
         return ordered, entry, 0
     kept = [rewrite.keep_rows(r, extras[r.path], spec.write_index) if r.path in extras else r
+            for r in ordered]
+    return kept, entry, sum(a.num_examples - b.num_examples for a, b in zip(ordered, kept))
+
+
+def _near_duplicates(ordered, spec):
+    """Group near-duplicate stored images (near_duplicates.jsonl); with
+    --drop_near_duplicate_leaks, rewrite the evaluation shards holding leaks.
+    -> (results, manifest entry or None, number of leaks dropped)."""
+    if not ordered or not spec.near_duplicates:
+        return ordered, None, 0
+    entry, drop = leaks.report(ordered, spec)
+    kept = [rewrite.keep_rows(r, drop[r.path], spec.write_index) if r.path in drop else r
             for r in ordered]
     return kept, entry, sum(a.num_examples - b.num_examples for a, b in zip(ordered, kept))
 

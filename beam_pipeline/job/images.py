@@ -19,6 +19,8 @@ import numpy as np
 import simplejpeg
 from PIL import Image, ImageOps
 
+from beam_pipeline.job import perceptual
+
 JPEG_SOI, JPEG_EOI = b"\xff\xd8", b"\xff\xd9"
 EXIF_ORIENTATION = 0x0112
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -73,6 +75,7 @@ class Encoded:
     passed_through: bool
     # with_moments: (pixel_count, (r, g, b) sums, (r, g, b) sums of squares)
     moments: tuple | None = None
+    phash: int | None = None  # with_phash: perceptual.phash of the stored pixels
 
 
 def pixel_moments(rgb):
@@ -250,22 +253,30 @@ def _storable_as_is(header, colorspace, h, w, opts):
             and header.data.rstrip(b"\0").endswith(JPEG_EOI))  # a truncated JPEG lacks its EOI
 
 
-def _convert_jpeg(data, opts, with_moments):
+def _convert_jpeg(data, opts, with_moments, with_phash):
     header = read_jpeg_header(data)
     h, w, colorspace = _jpeg_size(header, opts)
     if _storable_as_is(header, colorspace, h, w, opts):
-        if opts.validate == "header" and not with_moments:
-            return Encoded(data, h, w, True)
         if with_moments:
             pixels = _decode_jpeg(header, colorspace, (w, h))
-            return Encoded(data, h, w, True, pixel_moments(pixels))
+            return Encoded(data, h, w, True, pixel_moments(pixels),
+                           perceptual.phash(pixels) if with_phash else None)
+        if with_phash:
+            # A strict decode DCT-scaled to >= MIN_SIDE px validates as the full one does
+            # (entropy decoding is where corruption shows) and is all the hash needs.
+            small = _decode_jpeg(header, colorspace,
+                                 (perceptual.MIN_SIDE, perceptual.MIN_SIDE), "GRAY")
+            return Encoded(data, h, w, True, phash=perceptual.phash(small))
+        if opts.validate == "header":
+            return Encoded(data, h, w, True)
         # Validation only needs the entropy decoding, where corruption shows, and
         # libjpeg-turbo decodes every coefficient at any DCT scale: the smallest (1/8, GRAY:
         # one DC value per luma block, no chroma) rejects exactly what the full decode does
         # (not one difference on ~9,000 damaged and clean photographs) in ~60% of its time.
         _decode_jpeg(header, colorspace, (1, 1), "GRAY")
         return Encoded(data, h, w, True)
-    return _encoded(_upright_jpeg_pixels(header, h, w, colorspace, opts), opts, with_moments)
+    return _encoded(_upright_jpeg_pixels(header, h, w, colorspace, opts), opts, with_moments,
+                    with_phash)
 
 
 def _upright_jpeg_pixels(header, h, w, colorspace, opts):
@@ -350,10 +361,11 @@ def _decode_with_pillow(data, opts):
 
 # --- the stored form --------------------------------------------------------------------------
 
-def _encoded(pixels, opts, with_moments):
+def _encoded(pixels, opts, with_moments, with_phash=False):
     h, w, _ = pixels.shape
     return Encoded(encode_jpeg(pixels, opts.jpeg_quality), h, w, False,
-                   pixel_moments(pixels) if with_moments else None)
+                   pixel_moments(pixels) if with_moments else None,
+                   perceptual.phash(pixels) if with_phash else None)
 
 
 def decode(data, opts=EncodeOptions()):
@@ -369,14 +381,15 @@ def _is_jpeg(data):
     return data[:3] == b"\xff\xd8\xff"  # what Pillow's JPEG plugin accepts
 
 
-def convert(data, opts=EncodeOptions(), with_moments=False):
+def convert(data, opts=EncodeOptions(), with_moments=False, with_phash=False):
     """The stored form of one input: its own bytes when already good, else a new JPEG.
 
     with_moments adds `pixel_moments` of the stored pixels (decoding a pass-through JPEG
-    that `--validate header` would otherwise not decode).
+    that `--validate header` would otherwise not decode); with_phash their perceptual hash
+    (a pass-through JPEG is then validated by a DCT-scaled decode, which the hash reuses).
     """
     if not data:
         raise ImageError("read", "empty_file", "file has zero bytes")
     if _is_jpeg(data):
-        return _convert_jpeg(data, opts, with_moments)
-    return _encoded(_decode_with_pillow(data, opts), opts, with_moments)
+        return _convert_jpeg(data, opts, with_moments, with_phash)
+    return _encoded(_decode_with_pillow(data, opts), opts, with_moments, with_phash)

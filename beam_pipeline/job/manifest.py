@@ -19,6 +19,8 @@ class Finalized:
     longer_sides: dict = dataclasses.field(default_factory=dict)  # longer side -> images
     content_duplicates: Optional[dict] = None  # duplicates.jsonl's manifest entry
     dropped: int = 0                     # content duplicates dropped
+    near_duplicates: Optional[dict] = None  # near_duplicates.jsonl's manifest entry
+    leaks: int = 0                       # evaluation images dropped as near-copies of train
 
 
 def build_manifest(spec, done, created_at, parts=()):
@@ -47,6 +49,8 @@ def build_manifest(spec, done, created_at, parts=()):
                                      "max_longer_side": max(done.longer_sides)}
     if done.content_duplicates is not None:
         manifest["content_duplicates"] = dict(done.content_duplicates, dropped=done.dropped)
+    if done.near_duplicates is not None:
+        manifest["near_duplicates"] = done.near_duplicates
     if spec.increment:
         manifest["incremental"] = increment_summary(spec.increment, done.results)
     # Distinct processes that ran the shard writer (0 with --sink beam, which does not say).
@@ -76,9 +80,11 @@ def split_summaries(spec, done):
 
 
 def accounting(spec, done):
-    """Every listed input: written, a duplicate (by path, or by content when dropped), or failed."""
+    """Every listed input: written, a duplicate (by path, or by content when dropped), failed,
+    or a leak (an evaluation image near a train image, when dropped)."""
     return {"listed": spec.listed, "duplicates": spec.duplicates + done.dropped,
             "failed": len(done.errors), "written": sum(r.num_examples for r in done.results),
+            "leaks": done.leaks,
             "passed_through": sum(r.passed_through for r in done.results)}
 
 

@@ -50,7 +50,8 @@ class ImagesToTFRecords(beam.PTransform):
                            spec.tmp_dir, spec.name, spec.num_shards, label_ids,
                            self.encode_options, spec.write_index, self.progress_dir,
                            moments=bool(self.transform_image_size),
-                           previous_vdir=spec.previous_vdir)).with_output_types(ShardResult))
+                           previous_vdir=spec.previous_vdir,
+                           phash=spec.near_duplicates)).with_output_types(ShardResult))
             # -> ShardResult, one per shard (with --transform, + pixel_moments)
         parts = ()
         if self.transform_image_size:

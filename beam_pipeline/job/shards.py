@@ -20,7 +20,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from beam_pipeline.store import catalog
-from beam_pipeline.job import images, records, reuse
+from beam_pipeline.job import images, perceptual, records, reuse
 from beam_pipeline.errors import error_record
 from beam_pipeline.job.contracts import PixelMoments, ShardResult
 from beam_pipeline.refs import ImageRef
@@ -85,8 +85,9 @@ class WriteShardFn(beam.DoFn):
     """
 
     def __init__(self, tmp_dir, name, num_shards, label_ids, encode_options, write_index,
-                 progress_dir=None, moments=False, previous_vdir=None):
+                 progress_dir=None, moments=False, previous_vdir=None, phash=False):
         self.tmp_dir, self.name, self.num_shards = tmp_dir, name, num_shards
+        self.phash = phash  # --near_duplicates: a perceptual hash per stored image
         self.previous_vdir = previous_vdir  # incremental: where reuse/copy tasks read from
         self.moments = moments  # --transform: per-shard pixel sums for the analysis
         self.label_ids = label_ids
@@ -151,7 +152,8 @@ class WriteShardFn(beam.DoFn):
                     "file": final, "position": num_examples,
                     "offset": num_bytes, "length": len(frame), "sha256": sha256,
                     "height": encoded.height, "width": encoded.width,
-                    "input_size": ref.size, "input_mtime": ref.mtime})
+                    "input_size": ref.size, "input_mtime": ref.mtime,
+                    "phash": _signed(encoded.phash)})
                 out.write(frame)
                 digest.update(frame)
                 index.add(num_bytes, len(frame))
@@ -176,9 +178,12 @@ class WriteShardFn(beam.DoFn):
         if read_error is not None:
             raise images.ImageError("read", "unreadable",
                                     f"{type(read_error).__name__}: {read_error}")
-        if self.moments:
-            return images.convert(data, self.encode_options, with_moments=True)
-        return images.convert(data, self.encode_options)
+        return images.convert(data, self.encode_options, with_moments=self.moments,
+                              with_phash=self.phash)
+
+
+def _signed(phash):
+    return None if phash is None else perceptual.to_signed(phash)
 
 
 def _read_ahead(pool, refs, max_bytes=0, budget=None):

@@ -45,6 +45,10 @@ class BuildOptions(PipelineOptions):
             (self.max_image_mb > 0, f"--max_image_mb {self.max_image_mb}: must be > 0"),
             (self.transform_image_size > 0,
              f"--transform_image_size {self.transform_image_size}: must be > 0"),
+            (0 <= self.near_duplicate_radius <= 32,
+             f"--near_duplicate_radius {self.near_duplicate_radius}: must be in 0..32"),
+            (self.near_duplicates or not self.drop_near_duplicate_leaks,
+             "--drop_near_duplicate_leaks needs --near_duplicates (the hashes it compares)"),
         ]
         for ok, message in checks:
             if not ok:

@@ -120,6 +120,9 @@ def _commit_spec(build, root, planned, labels, num_shards, increment):
         keep_versions=build.keep_versions, write_index=build.write_index,
         increment=increment and dict(increment.counts, **{"from": increment.previous}),
         drop_content_duplicates=build.drop_content_duplicates,
+        near_duplicates=build.near_duplicates,
+        near_duplicate_radius=build.near_duplicate_radius,
+        drop_near_duplicate_leaks=build.drop_near_duplicate_leaks,
         lock_token=lock.token(root), keep_superseded_hours=build.keep_superseded_hours)
 
 

@@ -54,8 +54,9 @@ def print_summary(root, published):
     acc = manifest["accounting"]
     print(f"\nPublished {manifest['name']} version {manifest['version']} in {seconds:.1f}s "
           f"({acc['written'] / max(seconds, 1e-9):.0f} img/s)")
+    leaks = f" + leaks {acc['leaks']}" if acc.get("leaks") else ""
     print(f"  listed {acc['listed']} = written {acc['written']} + duplicates "
-          f"{acc['duplicates']} + failed {acc['failed']}")
+          f"{acc['duplicates']} + failed {acc['failed']}{leaks}")
     print("\n".join(class_table(manifest, split_order(manifest["splits"]))))
     inc = manifest.get("incremental")
     if inc:
@@ -64,6 +65,9 @@ def print_summary(root, published):
               f"{inc['reused']['shards']} reused, {inc['rewritten']['shards']} rewritten, "
               f"{inc['added_shards']['shards']} new; {inc['bytes_reused_share']:.0%} of the "
               "bytes reused")
+    near = near_duplicates_line(manifest)
+    if near:
+        print(f"  {near}; see {vdir}/{manifest['near_duplicates']['path']}")
     hint = big_image_hint(manifest)
     if hint:
         print(f"  hint: {hint}")
@@ -71,6 +75,17 @@ def print_summary(root, published):
         reasons = ", ".join(f"{k}: {v}" for k, v in sorted(manifest["errors"]["by_reason"].items()))
         print(f"  rejected {manifest['errors']['count']} ({reasons}); see {vdir}/errors.jsonl")
     print(f"  files: {vdir}/ (readers take {root})")
+
+
+def near_duplicates_line(manifest):
+    """One line on near-duplicates (None when the version was built without them)."""
+    near = manifest.get("near_duplicates")
+    if not near:
+        return None
+    line = (f"near-duplicates (pHash within {near['radius']} bits): {near['groups']} group(s) "
+            f"of {near['images']} images, {near['groups_across_splits']} across splits, "
+            f"{near['leaks']} evaluation image(s) near a train image")
+    return line + (f", {near['excluded']} left out" if near["excluded"] else "")
 
 
 def big_image_hint(manifest):

@@ -30,6 +30,8 @@ SCHEMA = pa.schema([
     ("width", pa.int32()),
     ("input_size", pa.int64()),
     ("input_mtime", pa.float64()),  # mtime, or GCS update time
+    ("phash", pa.int64()),         # --near_duplicates: 64-bit perceptual hash as a signed
+                                   # int64 (job/perceptual.py); null when not computed
 ])
 
 

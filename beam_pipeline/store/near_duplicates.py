@@ -30,7 +30,7 @@ import numpy as np
 from beam_pipeline.store.spill import SortedSpill
 
 BITS = 64
-DEFAULT_RADIUS = 14  # max recall at >= 99% precision on the benchmark (distances are even)
+DEFAULT_RADIUS = 10  # chosen by measurement (README, Measured): launcher/flags.py agrees
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,9 +64,13 @@ class Group:
             return ()
         return tuple(k for k, s in zip(self.keys, self.splits) if s != train)
 
-    def to_json(self):
-        return json.dumps({"keys": list(self.keys), "splits": list(self.splits),
-                           "distances": [[p.a, p.b, p.distance] for p in self.pairs]})
+    def to_json(self, excluded=()):
+        """One near_duplicates.jsonl line; `excluded`: keys left out of the version."""
+        line = {"keys": list(self.keys), "splits": list(self.splits),
+                "distances": [[p.a, p.b, p.distance] for p in self.pairs]}
+        if excluded:
+            line["excluded"] = list(excluded)
+        return json.dumps(line)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +99,11 @@ def plan(radius, bands=None):
     base, extra = divmod(BITS, bands)
     widths = tuple(base + (i < extra) for i in range(bands))
     return Plan(radius, widths, -(-(radius + 1) // bands) - 1)
+
+
+def default_bands(radius):
+    """The band count the build uses: radius + 1 (exact band matches; see plan)."""
+    return None
 
 
 def _unsigned(h):
@@ -180,9 +189,34 @@ def _row(payload):
     return Row(key, split, int(payload[:16], 16), payload[16] == "O")
 
 
-def find_groups(rows, radius=DEFAULT_RADIUS, bands=None, directory=None):
-    """Connected groups of the pairs `find_pairs` yields, ordered by first key."""
-    parent, split, edges = {}, {}, []
+def find_groups(rows, radius=DEFAULT_RADIUS, bands=None, directory=None, known_pairs=()):
+    """Connected groups of the pairs `find_pairs` yields, ordered by first key.
+
+    `known_pairs`: (key a, key b, distance) found by an earlier run between two old rows
+    (read_pairs of its near_duplicates.jsonl); kept when both keys are still old rows.
+    """
+    known_pairs = list(known_pairs)
+    wanted, old_split = {k for a, b, _ in known_pairs for k in (a, b)}, {}
+
+    def noting_old(rows):
+        for r in rows:
+            if r.old and r.key in wanted:
+                old_split[r.key] = r.split
+            yield r
+
+    edges, split = [], {}
+    for a, b, d in find_pairs(noting_old(rows), radius, bands, directory):
+        split[a.key], split[b.key] = a.split, b.split
+        edges.append((a.key, b.key, d))
+    for a, b, d in known_pairs:  # find_pairs has read every row by now
+        if a in old_split and b in old_split and d <= radius:
+            split[a], split[b] = old_split[a], old_split[b]
+            edges.append((a, b, d))
+    return _connected(edges, split)
+
+
+def _connected(edges, split):
+    parent = {k: k for k in split}
 
     def root(k):
         while parent[k] != k:
@@ -190,27 +224,31 @@ def find_groups(rows, radius=DEFAULT_RADIUS, bands=None, directory=None):
             k = parent[k]
         return k
 
-    for a, b, d in find_pairs(rows, radius, bands, directory):
-        for r in (a, b):
-            parent.setdefault(r.key, r.key)
-            split[r.key] = r.split
-        edges.append((a.key, b.key, d))
-        ra, rb = root(a.key), root(b.key)
+    for a, b, _ in edges:
+        ra, rb = root(a), root(b)
         if ra != rb:
             parent[max(ra, rb)] = min(ra, rb)
-    members = {}
+    members, group_edges = {}, {}
     for k in parent:
         members.setdefault(root(k), []).append(k)
-    by_root = {r: sorted(ks) for r, ks in members.items()}
-    group_edges = {}
     for a, b, d in edges:
         group_edges.setdefault(root(a), []).append((a, b, d))
     groups = []
-    for r, keys in by_root.items():
+    for r, keys in members.items():
+        keys.sort()
         index = {k: i for i, k in enumerate(keys)}
         pairs = sorted(Pair(*sorted((index[a], index[b])), d) for a, b, d in group_edges[r])
         groups.append(Group(tuple(keys), tuple(split[k] for k in keys), tuple(pairs)))
     return sorted(groups, key=lambda g: g.keys[0])
+
+
+def read_pairs(lines):
+    """near_duplicates.jsonl lines -> (key a, key b, distance) of every verified pair."""
+    for line in lines:
+        if line.strip():
+            g = json.loads(line)
+            for i, j, d in g["distances"]:
+                yield g["keys"][i], g["keys"][j], d
 
 
 def write_jsonl(groups, f):

@@ -1,10 +1,13 @@
 """Look at a dataset before training on it: `python -m beam_pipeline.tools.inspect_dataset PATH --out DIR`.
 
 Prints the manifest summary (splits, classes, counts, rejected inputs by reason) and writes
-two PNGs into DIR:
+two PNGs into DIR, three for a version built with --near_duplicates:
 
-  contact_sheet.png   N records sampled across the splits, each titled with its class name
-  class_counts.png    a bar chart of examples per class, one bar per split
+  contact_sheet.png        N records sampled across the splits, each titled with its class name
+  class_counts.png         a bar chart of examples per class, one bar per split
+  near_duplicates.png      up to N near-duplicate pairs that span splits, side by side (the
+                           closest stored pair of each group, groups in near_duplicates.jsonl
+                           order), captioned with key, split and Hamming distance
 
 Sampling needs no full read: records are picked by (shard, position) from the manifest's
 counts and fetched through the shard's .index file (seek to the offset), or by scanning
@@ -13,6 +16,7 @@ the shard up to that position when there is no index.
 
 import argparse
 import io
+import json
 import math
 import random
 import sys
@@ -23,6 +27,7 @@ from readers import _quiet, frames, layout, schema
 
 CONTACT_SHEET = "contact_sheet.png"
 CLASS_COUNTS = "class_counts.png"
+NEAR_DUPLICATE_SHEET = "near_duplicates.png"
 MAX_CHART_INCHES = 24.0   # bar chart width cap (100 dpi)
 MAX_NAMED_CLASSES = 80    # beyond this, x ticks are class ids, not names
 
@@ -47,6 +52,12 @@ def summary(manifest, version_dir=None):
     if acc:
         lines.append(f"inputs: listed {acc.get('listed')} = written {acc.get('written')} + "
                      f"duplicates {acc.get('duplicates')} + failed {acc.get('failed')}")
+    near = manifest.get("near_duplicates")
+    if near:
+        lines.append(f"near-duplicates (pHash within {near['radius']} bits): {near['groups']} "
+                     f"group(s), {near['groups_across_splits']} across splits, {near['leaks']} "
+                     f"evaluation image(s) near a train image ({near['excluded']} left out); "
+                     f"see {near['path']}")
     errors = manifest.get("errors") or {}
     if errors.get("count"):
         reasons = ", ".join(f"{r}: {n}" for r, n in
@@ -134,12 +145,12 @@ def _centered(draw, cx, y, text, font, fill=INK):
     draw.text((cx, y), text, font=font, fill=fill, anchor="ma")  # middle, ascender at y
 
 
-def contact_sheet(samples, path, title=""):
+def contact_sheet(samples, path, title="", cols=None):
     """A grid of the sampled images, each captioned 'class (label id)' and 'split WxH';
     saved as PNG at `path`."""
     from PIL import Image, ImageDraw
 
-    cols = max(1, math.ceil(math.sqrt(len(samples))))
+    cols = cols or max(1, math.ceil(math.sqrt(len(samples))))
     rows = max(1, math.ceil(len(samples) / cols))
     cell = max(64, min(200, (MAX_WIDTH - PAD) // cols - PAD))  # thumbnail box, px
     caption_font, title_font = _font(12), _font(16)
@@ -165,6 +176,77 @@ def contact_sheet(samples, path, title=""):
     if not samples:
         _centered(draw, width // 2, title_h + cell // 2, "no records", title_font)
     _save(sheet, path)
+
+
+def cross_split_pairs(version_dir, manifest, n):
+    """Up to `n` (distance, member a, member b) pairs of stored images in different splits,
+    the closest pair of each group; a member is (split, key, image). Keys are found in the
+    catalog; members left out of the version (--drop_near_duplicate_leaks) are skipped."""
+    import tensorflow as tf
+
+    near = manifest.get("near_duplicates")
+    if not near or not n:
+        return []
+    wanted = []
+    with tf.io.gfile.GFile(layout.join(version_dir, near["path"]), "r") as f:
+        for line in f:
+            if len(wanted) >= n:
+                break
+            g = json.loads(line)
+            gone = set(g.get("excluded", ()))
+            across = [(d, g["keys"][i], g["keys"][j]) for i, j, d in g["distances"]
+                      if g["splits"][i] != g["splits"][j]
+                      and not {g["keys"][i], g["keys"][j]} & gone]
+            if across:
+                wanted.append(min(across))
+    where = _catalog_places(version_dir, {k for _, a, b in wanted for k in (a, b)})
+    indexes, out = {}, []
+    for d, a, b in wanted:
+        members = []
+        for key in (a, b):
+            split, rel, position = where[key]
+            path = layout.join(version_dir, rel)
+            if rel not in indexes:
+                indexes[rel] = _read_index(tf.io.gfile, path)
+            members.append((split, key, _image(_record_at(tf.io.gfile, path, position,
+                                                          indexes[rel]))))
+        out.append((d, *members))
+    return out
+
+
+def _catalog_places(version_dir, keys):
+    """{key: (split, shard file, position)} of `keys`, from catalog.parquet."""
+    import pyarrow.compute as pc
+
+    from beam_pipeline.store import catalog
+
+    places = {}
+    for table in catalog.iter_tables(layout.join(version_dir, layout.CATALOG)):
+        rows = table.filter(pc.is_in(table["key"], value_set=pa_array(sorted(keys))))
+        for row in rows.select(["key", "split", "file", "position"]).to_pylist():
+            places[row["key"]] = (row["split"], row["file"], row["position"])
+    return places
+
+
+def pa_array(values):
+    import pyarrow as pa
+
+    return pa.array(values, pa.string())
+
+
+def _image(record):
+    from PIL import Image
+    from tensorflow.core.example import example_pb2
+
+    feature = example_pb2.Example.FromString(record).features.feature
+    return Image.open(io.BytesIO(feature[schema.ENCODED].bytes_list.value[0])).convert("RGB")
+
+
+def near_duplicate_sheet(pairs, path, title):
+    """Each pair on one row, side by side, captioned 'key (d bits)' and 'split WxH'."""
+    cells = [(split, key, f"{d} bits", image)
+             for d, *members in pairs for split, key, image in members]
+    contact_sheet(cells, path, title, cols=2)
 
 
 def _paste_vertical(image, text, font, x, y, centre=False):
@@ -289,8 +371,15 @@ def inspect(path, out_dir, n=16, split=None, seed=0):
                                   f"{len(samples)} sampled records"
                                   + (f" from {split}" if split else ""))
     class_counts_chart(manifest, chart)
-    return {"summary": summary(manifest, version_dir), "contact_sheet": sheet,
-            "class_counts": chart, "version_dir": version_dir}
+    result = {"summary": summary(manifest, version_dir), "contact_sheet": sheet,
+              "class_counts": chart, "version_dir": version_dir}
+    if manifest.get("near_duplicates"):
+        pairs = cross_split_pairs(version_dir, manifest, n)
+        result["near_duplicates"] = layout.join(out_dir, NEAR_DUPLICATE_SHEET)
+        near_duplicate_sheet(pairs, result["near_duplicates"],
+                             f"{len(pairs)} near-duplicate pair(s) across splits "
+                             f"(pHash within {manifest['near_duplicates']['radius']} bits)")
+    return result
 
 
 def main(argv=None):
@@ -318,6 +407,8 @@ def main(argv=None):
     print(result["summary"])
     print(f"wrote {result['contact_sheet']}")
     print(f"wrote {result['class_counts']}")
+    if "near_duplicates" in result:
+        print(f"wrote {result['near_duplicates']}")
     return 0
 
 

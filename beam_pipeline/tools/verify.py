@@ -177,6 +177,21 @@ def _check_errors_file(gfile, vdir, manifest, problems):
         problems.add(rel, f"{len(lines)} lines, manifest errors.count is {errors['count']}")
 
 
+def _check_near_duplicates_file(gfile, vdir, manifest, problems):
+    near = manifest.get("near_duplicates")
+    if not near:
+        return
+    path = layout.join(vdir, near["path"])
+    if not gfile.exists(path):
+        problems.add(near["path"], "missing (the manifest lists it)")
+        return
+    with gfile.GFile(path, "r") as f:
+        lines = sum(1 for l in f if l.strip())
+    if lines != near["groups"]:
+        problems.add(near["path"], f"{lines} lines, manifest near_duplicates.groups is "
+                                   f"{near['groups']}")
+
+
 def _check_tfds(gfile, vdir, manifest, problems):
     tfds = manifest.get("tfds")
     if not tfds:
@@ -257,24 +272,36 @@ def check(path):
         if acc.get("written") != written:
             problems.add("manifest accounting", f"written {acc.get('written')} but the splits "
                                                 f"hold {written}")
-        parts = acc.get("duplicates", 0) + acc.get("failed", 0) + acc.get("written", 0)
+        parts = (acc.get("duplicates", 0) + acc.get("failed", 0) + acc.get("written", 0)
+                 + acc.get("leaks", 0))
         if acc.get("listed") != parts:
             problems.add("manifest accounting", f"listed {acc.get('listed')} != duplicates + "
-                                                f"failed + written = {parts}")
+                                                f"failed + written + leaks = {parts}")
     _check_errors_file(gfile, vdir, manifest, problems)
+    _check_near_duplicates_file(gfile, vdir, manifest, problems)
     _check_tfds(gfile, vdir, manifest, problems)
     return {"problems": problems.items, "version_dir": vdir, "version": manifest.get("version"),
             "shards": files, "records": records, "warnings": _warnings(manifest)}
 
 
 def _warnings(manifest):
-    """Not damage, but worth knowing before training: identical images in two splits."""
+    """Not damage, but worth knowing before training: the same image (byte for byte, or a
+    near copy) in train and in an evaluation split."""
+    warnings = []
     dup = manifest.get("content_duplicates") or {}
     if dup.get("across_splits"):
-        return [f"{dup['across_splits']} group(s) of byte-identical images span splits (a test "
-                f"image also in train inflates accuracy); see {dup['path']}, or rebuild with "
-                "--drop_content_duplicates"]
-    return []
+        warnings.append(f"{dup['across_splits']} group(s) of byte-identical images span splits "
+                        f"(a test image also in train inflates accuracy); see {dup['path']}, "
+                        "or rebuild with --drop_content_duplicates")
+    near = manifest.get("near_duplicates") or {}
+    kept = near.get("leaks", 0) - near.get("excluded", 0)
+    if kept:
+        warnings.append(f"{kept} evaluation image(s) are near-duplicates of train images "
+                        f"(pHash within {near['radius']} bits: resized, re-compressed or "
+                        f"lightly cropped copies inflate accuracy); see {near['path']} or "
+                        "python -m beam_pipeline.tools.inspect_dataset --near_duplicates, or "
+                        "rebuild with --drop_near_duplicate_leaks")
+    return warnings
 
 
 def verify(path):

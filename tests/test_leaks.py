@@ -1,0 +1,195 @@
+"""Near-duplicates in the build: the writer's perceptual hash, near_duplicates.jsonl, the
+manifest, verify's warning, leaks left out of evaluation, incremental grouping, inspect's sheet."""
+
+import io
+import json
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+import simplejpeg
+from PIL import Image, ImageOps
+
+from beam_pipeline.job import images, leaks, perceptual
+from beam_pipeline.store import near_duplicates as grouping
+from readers import layout
+from tests.helpers import build, check_invariants
+
+
+def photo_like(seed, h=240, w=320):
+    """Smooth random blobs from a seed: a stand-in photo with its own perceptual hash."""
+    rng = np.random.default_rng(seed)
+    small = rng.integers(0, 256, (6, 8, 3), dtype=np.uint8)
+    return Image.fromarray(small, "RGB").resize((w, h), Image.Resampling.BICUBIC)
+
+
+def encoded(img, fmt="JPEG", **save):
+    buf = io.BytesIO()
+    img.save(buf, fmt, **save)
+    return buf.getvalue()
+
+
+def test_writer_hashes_the_pass_through_jpeg_from_its_scaled_decode():
+    data = encoded(photo_like(1), quality=90)
+    out = images.convert(data, images.EncodeOptions(), with_phash=True)
+    assert out.passed_through and out.data == data
+    small = simplejpeg.decode_jpeg(data, "GRAY", min_width=32, min_height=32, strict=True)
+    assert small.shape[:2] == (30 * 2, 40 * 2)  # DCT-scaled 1/4: >= 32 px a side
+    assert out.phash == perceptual.phash(small)
+    full = np.asarray(photo_like(1))
+    assert perceptual.hamming(out.phash, perceptual.phash(full)) <= 4
+    assert images.convert(data, images.EncodeOptions()).phash is None  # not asked: no hash
+
+
+def test_writer_hashes_the_stored_pixels_of_a_reencoded_image():
+    img = photo_like(2)
+    out = images.convert(encoded(img, "PNG"), images.EncodeOptions(max_side=160),
+                         with_phash=True)
+    assert not out.passed_through and (out.width, out.height) == (160, 120)
+    stored = images.decode(encoded(img, "PNG"), images.EncodeOptions(max_side=160))
+    assert out.phash == perceptual.phash(stored)
+
+
+def test_scaled_hash_decode_still_rejects_damaged_jpegs():
+    data = bytearray(encoded(photo_like(3), quality=90))
+    del data[len(data) // 2:len(data) // 2 + 200]  # entropy-coded data torn out
+    with pytest.raises(images.ImageError):
+        images.convert(bytes(data), images.EncodeOptions(), with_phash=True)
+
+
+def test_leak_flag_needs_the_hashes(tmp_path):
+    from beam_pipeline.errors import UserError
+    from beam_pipeline.launcher import flags, options
+
+    assert flags.NEAR_DUPLICATE_RADIUS == grouping.DEFAULT_RADIUS
+    with pytest.raises(UserError, match="needs --near_duplicates"):
+        options.parse(["--input", str(tmp_path), "--output", str(tmp_path / "o"),
+                       "--drop_near_duplicate_leaks"])
+
+
+# --- builds ---------------------------------------------------------------------------------
+
+def write(path, data):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    """DIR/<split>/cat/: 6 distinct photos in train, 3 in test, and in test a 60% PNG copy
+    of train/cat/p0.jpg re-exported at quality 70 (the planted leak)."""
+    src = str(tmp_path_factory.mktemp("planted"))
+    for k in range(6):
+        write(f"{src}/train/cat/p{k}.jpg", encoded(photo_like(10 + k), quality=90))
+    for k in range(3):
+        write(f"{src}/test/cat/q{k}.jpg", encoded(photo_like(20 + k), quality=90))
+    copy = photo_like(10).resize((192, 144), Image.Resampling.LANCZOS)
+    write(f"{src}/test/cat/copy.png", encoded(Image.open(io.BytesIO(
+        encoded(copy, quality=70))), "PNG"))
+    return src
+
+
+@pytest.fixture(scope="module")
+def reported(planted, tmp_path_factory):
+    return build(planted, tmp_path_factory.mktemp("reported") / "ds", "--near_duplicates")
+
+
+def read_jsonl(vdir):
+    with open(os.path.join(vdir, leaks.NEAR_DUPLICATES)) as f:
+        return [json.loads(line) for line in f]
+
+
+@pytest.mark.slow
+def test_planted_cross_split_pair_is_reported_everywhere(reported):
+    from beam_pipeline.tools import verify
+
+    (group,) = read_jsonl(reported["version_dir"])
+    assert group["keys"] == ["test/cat/copy.png", "train/cat/p0.jpg"]
+    assert group["splits"] == ["test", "train"]
+    ((i, j, d),) = group["distances"]
+    assert (i, j) == (0, 1) and d <= grouping.DEFAULT_RADIUS and "excluded" not in group
+    m = reported["manifest"]
+    assert m["near_duplicates"] == {
+        "path": "near_duplicates.jsonl", "hash": "phash64", "radius": 10, "groups": 1,
+        "groups_across_splits": 1, "images": 2, "leaks": 1, "excluded": 0, "incremental": False}
+    assert m["accounting"]["leaks"] == 0 and m["splits"]["test"]["num_examples"] == 4
+    table = pd.read_parquet(os.path.join(reported["version_dir"], layout.CATALOG))
+    assert table["phash"].notna().all() and table["phash"].nunique() >= 9  # the copy may tie
+    result = verify.check(reported["root"])
+    assert result["problems"] == []
+    (warning,) = result["warnings"]
+    assert warning.startswith("1 evaluation image(s) are near-duplicates of train images")
+
+
+@pytest.mark.slow
+def test_leaks_are_left_out_of_evaluation_and_counted(planted, tmp_path):
+    from beam_pipeline.tools import verify
+
+    result = build(planted, tmp_path / "ds", "--near_duplicates", "--drop_near_duplicate_leaks")
+    m = result["manifest"]
+    assert m["accounting"] == dict(m["accounting"], listed=10, written=9, duplicates=0,
+                                   failed=0, leaks=1)
+    assert m["near_duplicates"]["excluded"] == 1
+    assert m["splits"]["test"]["num_examples"] == 3 and m["splits"]["train"]["num_examples"] == 6
+    (group,) = read_jsonl(result["version_dir"])
+    assert group["excluded"] == ["test/cat/copy.png"]
+    table = pd.read_parquet(os.path.join(result["version_dir"], layout.CATALOG))
+    assert "test/cat/copy.png" not in set(table["key"])
+    check_invariants(result)
+    checked = verify.check(result["root"])
+    assert checked["problems"] == [] and checked["warnings"] == []
+
+
+@pytest.mark.slow
+def test_incremental_run_compares_new_images_with_old_ones_only(planted, tmp_path,
+                                                                monkeypatch):
+    import shutil
+
+    src = str(tmp_path / "src")
+    shutil.copytree(planted, src)
+    first = build(src, tmp_path / "ds", "--near_duplicates")
+    brighter = np.clip(np.asarray(photo_like(10), np.int16) * 11 // 10, 0, 255)
+    write(f"{src}/test/cat/brighter.jpg",
+          encoded(Image.fromarray(brighter.astype(np.uint8)), quality=80))
+    seen = []
+    find_groups = grouping.find_groups
+
+    def spy(rows, *args, **kw):
+        def noted(rows):
+            for r in rows:
+                seen.append((r.key, r.old))
+                yield r
+        return find_groups(noted(rows), *args, **kw)
+
+    monkeypatch.setattr(grouping, "find_groups", spy)
+    second = build(src, tmp_path / "ds", "--near_duplicates")
+    assert second["manifest"]["incremental"]["from"] == first["version"]
+    assert dict(seen)["test/cat/brighter.jpg"] is False
+    assert sum(not old for _, old in seen) == 1 and len(seen) == 11  # the rest are old
+    (group,) = read_jsonl(second["version_dir"])
+    assert group["keys"] == ["test/cat/brighter.jpg", "test/cat/copy.png", "train/cat/p0.jpg"]
+    pairs = {(group["keys"][i], group["keys"][j]) for i, j, _ in group["distances"]}
+    assert ("test/cat/copy.png", "train/cat/p0.jpg") in pairs  # carried from the first run
+    assert ("test/cat/brighter.jpg", "train/cat/p0.jpg") in pairs  # new vs old
+    assert second["manifest"]["near_duplicates"]["incremental"] is True
+    assert second["manifest"]["near_duplicates"]["leaks"] == 2
+
+
+@pytest.mark.slow
+def test_inspect_draws_the_cross_split_pairs_side_by_side(reported, tmp_path):
+    from beam_pipeline.tools import inspect_dataset
+
+    out = str(tmp_path / "inspect")
+    assert inspect_dataset.main([reported["root"], "--out", out, "--n", "4"]) == 0
+    with Image.open(os.path.join(out, inspect_dataset.NEAR_DUPLICATE_SHEET)) as img:
+        sheet = img.convert("RGB")
+    assert 2 * 200 <= sheet.width <= 2 * 220 + 20, sheet.size  # two columns: one pair a row
+    photos = []
+    for box in ((0, 80, sheet.width // 2, sheet.height),  # below the captions
+                (sheet.width // 2, 80, sheet.width, sheet.height)):
+        half = sheet.crop(box)
+        photos.append(half.crop(ImageOps.invert(half).getbbox()).resize((64, 48)))
+    left, right = (np.asarray(p, np.float64) for p in photos)
+    assert np.abs(left - right).mean() < 12 and left.std() > 30  # one photo twice, not blank
