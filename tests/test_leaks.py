@@ -15,6 +15,7 @@ from beam_pipeline.job import images, leaks, perceptual
 from beam_pipeline.store import near_duplicates as grouping
 from readers import layout
 from tests.helpers import build, check_invariants
+from tests.test_format_doc import check as check_documented
 
 
 def photo_like(seed, h=240, w=320):
@@ -115,6 +116,7 @@ def test_planted_cross_split_pair_is_reported_everywhere(reported):
         "path": "near_duplicates.jsonl", "hash": "phash64", "radius": 10, "groups": 1,
         "groups_across_splits": 1, "images": 2, "leaks": 1, "excluded": 0, "incremental": False}
     assert m["accounting"]["leaks"] == 0 and m["splits"]["test"]["num_examples"] == 4
+    check_documented(m, {"always", "unless `--sink beam`", "with `--near_duplicates`"})
     table = pd.read_parquet(os.path.join(reported["version_dir"], layout.CATALOG))
     assert table["phash"].notna().all() and table["phash"].nunique() >= 9  # the copy may tie
     result = verify.check(reported["root"])
