@@ -1,4 +1,4 @@
-"""Image files -> sharded TFRecords, as an Apache Beam batch job (see DESIGN.md)."""
+"""Image files -> sharded TFRecords, as an Apache Beam batch job (docs/architecture.md, docs/format.md)."""
 
 # Beam's local worker processes import this package: a quiet CLI's workers stay quiet too
 # (readers/_quiet.py; it imports neither Beam nor TensorFlow).

@@ -1,4 +1,4 @@
-"""User-facing errors and the errors.jsonl record (DESIGN §4)."""
+"""User-facing errors and the errors.jsonl record (docs/format.md)."""
 
 
 class UserError(Exception):

@@ -5,7 +5,7 @@
 The default command (configs/local.yaml, one worker per core) with --reencode always on
 N synthetic photos (benchmarks/common.py), then: 1% new images added (incremental), 1%
 deleted (incremental). Prints wall times side by side with the full build's and the share
-of shard bytes reused. Targets (issue 12): +1% <= 0.30x a full build with >= 90% of the
+of shard bytes reused. Targets: +1% <= 0.30x a full build with >= 90% of the
 bytes reused; -1% <= 0.5x. Medians over --repeat; read the ratios (shared machine).
 """
 

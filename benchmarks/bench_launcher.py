@@ -1,4 +1,4 @@
-"""Launcher memory at scale: peak RSS and time of a default build of N tiny JPEGs (issue 11).
+"""Launcher memory at scale: peak RSS and time of a default build of N tiny JPEGs.
 
     .venv/bin/python benchmarks/bench_launcher.py [--sizes 50000,400000] [--also 1000000]
 

@@ -2,10 +2,10 @@
 
     python benchmarks/bench_reader.py [--n 10000] [--data ROOT]
 
-Without --data it writes N synthetic ~500x375 JPEG records (~40 KB, DESIGN §6) into shards
+Without --data it writes N synthetic ~500x375 JPEG records (~40 KB) into shards
 with a manifest. Each pipeline then runs one first epoch in its own subprocess, so its peak
 RSS is its own (TensorFlow's baseline included; printed separately).
-Targets (issue 3): >= 2.5x the seed pipeline, >= 0.65x the ceiling, peak RSS <= 1.5 GB.
+Targets: >= 2.5x the seed pipeline, >= 0.65x the ceiling, peak RSS <= 1.5 GB.
 """
 
 import argparse

@@ -1,4 +1,4 @@
-"""What `--transform` adds to a build's wall time (issue 10: re-encode, at most 1.25x).
+"""What `--transform` adds to a build's wall time (target: at most 1.25x a plain build).
 
     .venv/bin/python benchmarks/bench_transform.py [--n 20000] [--repeat 1] [--accuracy]
 
@@ -37,7 +37,7 @@ def build(src, out, reencode, transform):
 def timed_build(cmd, out):
     """Run one build -> (seconds, note). A build that published its version counts even if
     the process then died at exit: --transform builds under configs/local.yaml segfault
-    during interpreter teardown (exit 139, also at the commit before issue 10)."""
+    during interpreter teardown (exit 139; before the writer computed the statistics too)."""
     import subprocess
     import time
 

@@ -1,7 +1,7 @@
 """The training input pipeline: manifest shards -> tf.data.Dataset of (images, labels).
 
 Memory stays bounded because only serialized records (~40 KB JPEGs) sit in the shuffle
-buffer and cache; pixels exist only between decode and batch (DESIGN §6). Speed comes from
+buffer and cache; pixels exist only between decode and batch. Speed comes from
 decoding just the crop window (`decode_and_crop_jpeg`) and parallel interleaved reads.
 """
 

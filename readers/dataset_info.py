@@ -1,4 +1,4 @@
-"""What a built dataset holds, read from its manifest (DESIGN §4) without touching the shards."""
+"""What a built dataset holds, read from its manifest (docs/format.md) without touching the shards."""
 
 import dataclasses
 import posixpath

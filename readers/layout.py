@@ -1,4 +1,4 @@
-"""Where things live in a dataset root (DESIGN §2); the one module that owns file names.
+"""Where things live in a dataset root (docs/format.md, "Layout"); the one module that owns file names.
 
 Uses tf.io.gfile so local paths and gs:// behave the same without Apache Beam.
 """
@@ -16,7 +16,7 @@ CATALOG = "catalog.parquet"
 # 2: keys relative to their input (manifest["key_scheme"]) and catalog.parquet.
 FORMAT_VERSION = 2
 READABLE_FORMAT_VERSIONS = (1, 2)
-KEY_SCHEME = "relative/1"  # image/filename = path relative to its input root (DESIGN §5)
+KEY_SCHEME = "relative/1"  # image/filename = path relative to its input root
 
 
 def join(*parts):

@@ -1,4 +1,4 @@
-"""The tf.train.Example keys (DESIGN §3): the one place writer and reader take them from."""
+"""The tf.train.Example keys (docs/format.md): the one place writer and reader take them from."""
 
 ENCODED = "image/encoded"
 FORMAT = "image/format"

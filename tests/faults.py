@@ -1,4 +1,4 @@
-"""A fault-injecting HTTP proxy in front of the GCS emulator (issue 13).
+"""A fault-injecting HTTP proxy in front of the GCS emulator.
 
     with FaultProxy(gcs.endpoint, rate=0.05, seed=13) as proxy:   # gcs: the emulator fixture
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)   # children inherit it

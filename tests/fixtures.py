@@ -56,7 +56,7 @@ def built_dataset(sample_images, tmp_path_factory):
     `cli.run` dict plus two keys:
       status       "published"
       version      the version id, e.g. "20261129T220102Z"
-      manifest     the manifest.json dict (DESIGN §4)
+      manifest     the manifest.json dict (docs/format.md)
       version_dir  ROOT/versions/VERSION
       root         ROOT, the dataset root (has LATEST; readers take it)
       input        the sample image directory that was built

@@ -8,7 +8,7 @@ nothing imports conftest by name. One helper per job:
 * `noise_image(size, sigma, seed)`   Gaussian grey noise like Image.effect_noise, but seeded
 * `build(inputs, root, …)`       the real CLI, in-process (FnApiRunner), one call per build
 * `read_records(vdir)`           every record of a built version, parsed, in manifest order
-* `shard_files`, `errors_of`, `check_invariants`   the manifest and errors.jsonl (DESIGN §4)
+* `shard_files`, `errors_of`, `check_invariants`   the manifest and errors.jsonl (docs/format.md)
 * `assert_same_arrays(a, b)`     two runs' outputs: same length, same arrays, in order
 """
 
@@ -170,7 +170,7 @@ def errors_of(result_or_vdir):
 
 
 def check_invariants(result):
-    """DESIGN §4 invariants of a published build; returns the manifest."""
+    """The invariants of a published build (docs/format.md); returns the manifest."""
     from readers import layout
 
     m, vdir = result["manifest"], result["version_dir"]

@@ -1,6 +1,6 @@
 """`--sink beam` (beam_pipeline/job/beam_sink.py): the comparison sink, through
 beam.io.WriteToTFRecord, writes the same records as the default shard writer, with the same
-accounting (DESIGN §1, §4)."""
+accounting."""
 
 import collections
 import json

@@ -1,4 +1,4 @@
-"""The command line: exit codes and one-line errors (issue 2, "The CLI")."""
+"""The command line: exit codes and one-line errors."""
 
 import os
 import subprocess

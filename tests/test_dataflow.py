@@ -1,4 +1,4 @@
-"""Dataflow submission, proven offline (issue 4).
+"""Dataflow submission, proven offline.
 
 The CLI runs with `--runner DataflowRunner … --template_location gs://…` against the storage
 emulator (tests/gcs_emulator.py). That makes Beam do everything a real submission does up to

@@ -1,4 +1,4 @@
-"""Fuzz: damaged images in every supported format are stored whole or rejected (issue 10).
+"""Fuzz: damaged images in every supported format are stored whole or rejected.
 
 ~210 mutants (bit flips, zeroed runs, splices of two files, truncations, scrambled headers)
 of clean gradient+noise+shape images in JPEG (baseline, progressive), PNG, WebP, GIF, TIFF

@@ -1,4 +1,4 @@
-"""gs:// end to end on the DirectRunner, against a real GCS JSON-API server (issue 4).
+"""gs:// end to end on the DirectRunner, against a real GCS JSON-API server.
 
 The emulator (gcp-storage-emulator, started by tests/gcs_emulator.py) stands in for Cloud
 Storage: images are uploaded to a bucket, the CLI builds from gs:// inputs (an ImageFolder

@@ -1,4 +1,4 @@
-"""Incremental versions (issue 12): each one holds exactly a full build's examples.
+"""Incremental versions: each one holds exactly a full build's examples.
 
 Every scenario builds a first version, changes the inputs, builds incrementally, then
 builds the same inputs in full (--full_rebuild) and compares the two example sets:

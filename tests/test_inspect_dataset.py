@@ -1,4 +1,4 @@
-"""`python -m beam_pipeline.tools.inspect_dataset`: summary text and two sensible PNGs (issue 7)."""
+"""`python -m beam_pipeline.tools.inspect_dataset`: summary text and two sensible PNGs."""
 
 import os
 import shutil

@@ -1,5 +1,5 @@
 """Other tools read our output: TFDS through its metadata, the `tfrecord` package and raw
-random access through the .index files, tf.data for the CRCs (issue 7)."""
+random access through the .index files, tf.data for the CRCs."""
 
 import hashlib
 import io

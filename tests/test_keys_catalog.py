@@ -1,4 +1,4 @@
-"""Keys relative to their input, the streaming planner, and catalog.parquet (issue 11)."""
+"""Keys relative to their input, the streaming planner, and catalog.parquet."""
 
 import hashlib
 import json

@@ -1,4 +1,4 @@
-"""Strict options (issue 10, part 4): unknown flags and config keys, YAML errors, Beam's own
+"""Strict options: unknown flags and config keys, YAML errors, Beam's own
 options passing through, and the shipped configs and template parameters still parsing."""
 
 import ast

@@ -1,4 +1,4 @@
-"""End-to-end pipeline tests on the DirectRunner, through beam_pipeline.cli.run (DESIGN §2-§5)."""
+"""End-to-end pipeline tests on the DirectRunner, through beam_pipeline.cli.run."""
 
 import collections
 import csv

@@ -1,4 +1,4 @@
-"""Quiet command lines (issue 10, part 5): no TensorFlow or absl start-up lines on stderr
+"""Quiet command lines: no TensorFlow or absl start-up lines on stderr
 unless --verbose; the summary and progress stay. Each CLI runs as a subprocess, as a user runs
 it, on one small dataset built once (by the CLI itself, with configs/local.yaml: Beam's
 multi-process DirectRunner)."""

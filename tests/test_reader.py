@@ -1,4 +1,4 @@
-"""Tests for readers/: the tf.data reader over a built dataset (DESIGN §2-§4)."""
+"""Tests for readers/: the tf.data reader over a built dataset."""
 
 import collections
 import datetime

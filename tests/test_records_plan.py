@@ -113,7 +113,7 @@ def test_assign_split_stable_and_proportional():
         assert abs(counts[name] / len(keys) - fraction) < 0.03, counts
 
 
-# --- pinned: what a release must never change (DESIGN §5) ------------------------------------
+# --- pinned: what a release must never change ------------------------------------------------
 # Computed once and written down. If one of these fails, images would move between splits or
 # shards across versions of the same dataset: a breaking change, not a test to update.
 # Keys are paths relative to an input root, as the listing makes them.

@@ -1,4 +1,4 @@
-"""Scheduled regeneration (issue 5): versions, LATEST, no-op runs, stable ids and splits,
+"""Scheduled regeneration: versions, LATEST, no-op runs, stable ids and splits,
 killed runs, retention and the concurrent-publish guard, on local paths and gs://."""
 
 import json

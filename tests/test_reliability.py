@@ -1,4 +1,4 @@
-"""Reliability under concurrency and faults (issue 13): one build per root, LATEST only
+"""Reliability under concurrency and faults: one build per root, LATEST only
 moves forward, a commit run twice changes nothing, injected faults lose nothing.
 
 Storage faults come from tests/faults.py, a proxy in front of the GCS emulator that also

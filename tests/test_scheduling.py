@@ -1,4 +1,4 @@
-"""Scheduling artifacts (issue 5): the Flex Template metadata, its launcher entry point, the
+"""Scheduling artifacts: the Flex Template metadata, its launcher entry point, the
 Airflow DAG and the crontab line name the CLI's real build options with the right types."""
 
 import ast

@@ -1,5 +1,5 @@
 """tf.Transform (`--transform`, off by default): statistics from the shard writer, the saved
-graph, the reader and serving (issue 10).
+graph, the reader and serving.
 
 One real build (in-process FnApiRunner, --transform) is shared by the module. Its inputs use
 the ROOT/<split>/<class>/ layout so the splits are known: train images are smooth colour

@@ -1,4 +1,4 @@
-"""`python -m beam_pipeline.tools.verify`: a clean build passes; damage is caught and named (issue 7)."""
+"""`python -m beam_pipeline.tools.verify`: a clean build passes; damage is caught and named."""
 
 import json
 import os

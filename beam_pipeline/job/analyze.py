@@ -41,7 +41,7 @@ MOMENTS = "shard/pixel_moments"    # int64 [7]: count, sums (r, g, b), sums of s
 LABEL_COUNTS = "shard/label_counts"  # int64 [K]: images per label id
 RAW_KEYS = (schema.ENCODED, schema.LABEL)  # the record keys the graph transforms
 TFT_TEMP = "tft"  # under the version's temp dir; deleted by commit
-# TF2 graphs, as before issue 10. TF1-compatible mode (True) skips the tf.function tracing
+# TF2 graphs, as the first --transform did. TF1-compatible mode (True) skips the tf.function tracing
 # in the workers but its SavedModel cannot be applied eagerly with
 # `tft_output.transform_raw_features` (readers/transform.py and users do); measured on a
 # loaded 2-core machine it saved ~20 s of ~45 s of fixed cost in one pair of runs.

@@ -2,7 +2,7 @@
 
 Here every serialized record (image bytes included) crosses the shuffle that
 WriteToTFRecord does to form shards; on the DirectRunner that group sits in memory, which
-is why `--sink shards` is the default (DESIGN §1). The benchmark compares the two.
+is why `--sink shards` is the default (docs/architecture.md). The benchmark compares the two.
 """
 
 import hashlib

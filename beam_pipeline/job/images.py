@@ -4,7 +4,7 @@ Everything a DoFn needs to turn one input into the bytes of `image/encoded`; eve
 rejection is an `ImageError` whose `reason` is the short code that lands in errors.jsonl.
 
 JPEGs go through libjpeg-turbo (`simplejpeg`) in strict mode: Pillow decodes damaged JPEG
-data without a word, libjpeg-turbo's warnings tell (DESIGN §5). Pillow decodes the other
+data without a word, libjpeg-turbo's warnings tell. Pillow decodes the other
 formats. Every stored image is encoded by libjpeg-turbo: baseline, RGB, 4:2:0 like Pillow's
 default, so stored pixels keep the meaning they had when Pillow encoded them.
 """

@@ -1,4 +1,5 @@
-"""The job as one composite transform whose expand reads like DESIGN §1."""
+"""The job as one composite transform whose expand reads like the data flow
+(docs/architecture.md, "The job")."""
 
 import apache_beam as beam
 

@@ -7,7 +7,7 @@ from readers import schema
 
 
 def make_example(encoded, label, text, filename, sha256=None):
-    """Serialized tf.train.Example with the DESIGN §3 keys; byte-identical for equal inputs.
+    """Serialized tf.train.Example with the readers/schema.py keys; byte-identical for equal inputs.
 
     `sha256`: the hex digest of encoded.data when the caller already has it (the catalog).
     """

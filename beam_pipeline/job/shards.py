@@ -1,7 +1,7 @@
 """Write one shard per DoFn call: stream its images from storage, convert, frame, write.
 
 Only small ImageRefs crossed the shuffle; image bytes live here, one shard at a time,
-so memory does not grow with the dataset (DESIGN §1).
+so memory does not grow with the dataset.
 """
 
 import collections

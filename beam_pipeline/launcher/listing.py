@@ -4,7 +4,7 @@ Runs in the launcher, before any heavy work, so a bad --input fails in a second 
 listing can be fingerprinted. It streams: nothing here holds the whole listing, so the
 launcher's memory does not grow with the number of inputs (the planner spills to disk).
 
-Keys (DESIGN §5): an image's key is its path relative to its input root (`class/x.jpg`,
+Keys (docs/format.md, "Keys"): an image's key is its path relative to its input root (`class/x.jpg`,
 `train/class/x.jpg`), never an absolute path, so the same images under another folder or
 bucket get the same splits and shards. With several inputs each key is prefixed by the
 input's name (the root's last path component; a manifest's file stem).

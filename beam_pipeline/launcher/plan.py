@@ -1,6 +1,6 @@
 """Pure planning: what each listed image becomes (label id, split, shard), no bytes read.
 
-These decisions must be stable across runs (DESIGN §5): an image never changes split,
+These decisions must be stable across runs: an image never changes split,
 an existing class never changes id, and the same inputs give the same shards.
 """
 

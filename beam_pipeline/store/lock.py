@@ -1,4 +1,4 @@
-"""One build per dataset root at a time (issue 13): a lock with a heartbeat that expires.
+"""One build per dataset root at a time: a lock with a heartbeat that expires.
 
 ROOT/.lock names the build that holds the root, as one JSON object:
 {"host", "pid", "started", "heartbeat", "token", "state": "running" | "submitted", "version"}.

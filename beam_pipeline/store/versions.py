@@ -1,4 +1,4 @@
-"""Versions under a dataset root: ids, LATEST, clean-up and retention (DESIGN §2, issue 5).
+"""Versions under a dataset root: ids, LATEST, clean-up and retention (docs/format.md, "Layout").
 
 Writer-side twin of readers.layout, on Beam FileSystems so gs:// works the same.
 """
@@ -137,7 +137,7 @@ def publish(root, version):
     """Point LATEST at `version` unless a newer one is already there; returns the version
     LATEST names afterwards (`version`, or the newer one that stays).
 
-    LATEST only moves forward, and atomically (issue 13): on gs:// by a compare-and-swap on
+    LATEST only moves forward, and atomically: on gs:// by a compare-and-swap on
     LATEST's generation, re-read and retried when another writer got in first; locally
     under an flock on the root directory, through a temp file that is fsynced and renamed
     over LATEST, then the directory fsynced. Publishing the version LATEST already names

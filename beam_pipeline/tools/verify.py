@@ -8,7 +8,7 @@ Checked, file by file and record by record, with no trust in anything but manife
   * each TFRecord frame is whole and both its CRCs (length and data) are valid
   * each record parses as a tf.train.Example whose label id and class name agree
   * records per shard, per split and per class equal the manifest's counts, and the
-    manifest's own sums add up (DESIGN §4 invariants)
+    manifest's own sums add up (docs/format.md, "manifest.json")
   * each .index line is the offset and length of the frame at that position
   * TFDS dataset_info.json shard lengths equal the manifest's
 
