@@ -82,11 +82,13 @@ def test_every_manifest_field_of_a_full_build_is_documented_and_present(built_da
 
 
 @pytest.mark.slow
-def test_an_incremental_builds_fields_are_documented_and_present(tmp_path):
+def test_incremental_and_near_duplicate_fields_are_documented_and_present(tmp_path):
     make_images(tmp_path / "in", {"cat": 3, "dog": 3})
-    build(tmp_path / "in", tmp_path / "ds", "--num_shards", "1")
+    args = ("--num_shards", "1", "--near_duplicates")
+    build(tmp_path / "in", tmp_path / "ds", *args)
     make_images(tmp_path / "in", {"owl": 1})
-    again = build(tmp_path / "in", tmp_path / "ds", "--num_shards", "1")
+    again = build(tmp_path / "in", tmp_path / "ds", *args)
     assert "incremental" in again["manifest"]
-    check(again["manifest"], {"always", "unless `--sink beam`", "incremental builds"})
+    check(again["manifest"], {"always", "unless `--sink beam`", "incremental builds",
+                              "with `--near_duplicates`"})
     # (the `transform` part is docs/transform.md's, checked by tests/test_transform.py)
