@@ -3,7 +3,7 @@ scales.
 
     python benchmarks/bench_near_duplicates.py accuracy   # hashes compared, ROC per threshold
     python benchmarks/bench_near_duplicates.py cost       # per-image cost beside the decode
-    python benchmarks/bench_near_duplicates.py grouping [RADIUS]  # time, RSS at 50k/200k/400k
+    python benchmarks/bench_near_duplicates.py grouping [RADIUS]  # time, RSS at 50k/100k/200k
     python benchmarks/bench_near_duplicates.py            # all three
 
 Needs the "bench" extra (imagehash as the yardstick; the photos scikit-image, scikit-learn
@@ -294,7 +294,7 @@ def cost():
     rgb = [full_rgb(d) for d in datas]
     pil_small = [Image.fromarray(s, "L") for s in small]
     figures = {
-        "full strict grey decode (the writer's check today)": per_image_us(full_grey, datas),
+        "full strict grey decode": per_image_us(full_grey, datas),
         "full strict RGB decode (re-encode path)": per_image_us(full_rgb, datas),
         "strict grey decode scaled to >= 32 px": per_image_us(scaled, datas),
         "ours: pHash of the scaled decode's pixels": per_image_us(perceptual.phash, small),
@@ -303,16 +303,22 @@ def cost():
         "imagehash.phash of the JPEG (open + full)": per_image_us(lib_full(imagehash.phash),
                                                                   datas),
     }
-    slope = 350.0
+    from beam_pipeline.job import images
+
+    opts = images.EncodeOptions()
+    figures["writer path: images.convert, default options"] = per_image_us(
+        lambda d: images.convert(d, opts), datas)
+    figures["writer path: images.convert, with_phash (--near_duplicates)"] = per_image_us(
+        lambda d: images.convert(d, opts, with_phash=True), datas)
+    slope = 650.0  # README, Measured: the default build's per-image slope, 5,000 -> 20,000
     print(f"per image, median of {len(datas)} 500x375 JPEGs (the pipeline benchmark's), best "
           f"of 5 runs each; % of a {slope:.0f} us/image build slope")
     for name, us in figures.items():
         print(f"  {name:52s} {us:8.1f} us  {us / slope:6.1%}")
-    saved = figures["full strict grey decode (the writer's check today)"] - \
-        figures["strict grey decode scaled to >= 32 px"]
-    net = figures["ours: pHash of the scaled decode's pixels"] - saved
-    print(f"  pass-through JPEG checked by the scaled decode, plus the hash: {net:+.1f} us "
-          f"({net / slope:+.1%})")
+    net = figures["writer path: images.convert, with_phash (--near_duplicates)"] - \
+        figures["writer path: images.convert, default options"]
+    print(f"  --near_duplicates adds {net:+.1f} us per pass-through JPEG to the writer "
+          f"({net / slope:+.1%} of the slope; on by default only at <= 5%)")
     bad = corruptions(datas, random.Random(SEED))
     a = [refused(full_grey, d) for d in bad]
     b = [refused(scaled, d) for d in bad]
@@ -322,51 +328,64 @@ def cost():
 
 # --- grouping at scale ------------------------------------------------------------------------
 
-GROUP_SIZES = (50_000, 200_000, 400_000)
-GROUPING_RADIUS = 4
+GROUP_SIZES = (50_000, 100_000, 200_000)
 
 
-def synthetic_rows(n, radius, seed=SEED):
-    """n uniform random 64-bit hashes; 1% of them get a planted near copy within `radius`."""
+def synthetic_rows(n, radius, real_path, seed=SEED):
+    """n hashes that look like real ones: the benchmark's own (with their near-duplicate
+    pairs), then independent bits with the per-bit frequencies measured on them (the top
+    bit, pHash's DC term, is always 1, so buckets are fuller than uniform hashes make them);
+    1% of the rows get a planted near copy within `radius`."""
     from beam_pipeline.store import near_duplicates
 
     rng = np.random.default_rng(seed)
-    h = rng.integers(0, 2**63, n, dtype=np.int64).astype(np.uint64) * np.uint64(2) \
-        + rng.integers(0, 2, n, dtype=np.int64).astype(np.uint64)
+    real = np.load(real_path)
+    p = ((real[:, None] >> np.arange(64, dtype=np.uint64)) & np.uint64(1)).mean(0)
+    bits = rng.random((n, 64)) < p
+    h = (bits.astype(np.uint64) << np.arange(64, dtype=np.uint64)).sum(1, dtype=np.uint64)
+    h[:len(real)] = real
     planted = n // 100
     for k in range(planted):
         flips = rng.choice(64, rng.integers(1, radius + 1), replace=False)
-        h[n - planted + k] = h[k] ^ np.uint64(sum(1 << int(f) for f in flips))
+        h[n - planted + k] = h[len(real) + k] ^ np.uint64(sum(1 << int(f) for f in flips))
     splits = ("train", "validation", "test")
     return [near_duplicates.Row(f"img/{k:08d}.jpg", splits[k % 3], int(v))
             for k, v in enumerate(h)], planted
 
 
-def grouping_one(n, radius):
+def grouping_one(n, radius, real_path):
     """Runs in a child process so ru_maxrss is this size's own peak."""
     from beam_pipeline.store import near_duplicates
 
-    rows, planted = synthetic_rows(n, radius)
+    rows, planted = synthetic_rows(n, radius, real_path)
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t = time.perf_counter()
-    found = near_duplicates.find_groups(iter(rows), radius)
-    pairs = sum(len(g.keys) - 1 for g in found)
+    found = near_duplicates.find_groups(iter(rows), radius,
+                                        near_duplicates.default_bands(radius))
+    pairs = sum(len(g.pairs) for g in found)
     took = time.perf_counter() - t
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(f"{n} {took:.2f} {peak / 1024:.1f} {(peak - base) / 1024:.1f} {pairs} {planted}")
 
 
-def grouping(radius=GROUPING_RADIUS):
-    """Exact search is linear only while buckets stay small: uniform hashes put n / 2**(64 /
-    (radius + 1)) rows in each band's bucket, and at radius 14 a 50k run already takes ~1 min
-    and finds ~4,400 chance pairs (P(d <= 14) ~ 3.5e-6 for random 64-bit hashes)."""
-    print(f"grouping uniform random hashes, radius {radius}; each size in its own process "
-          f"(rows are generated in memory first: 'peak' includes them, 'grouping' is peak minus "
+def grouping(radius=None):
+    """The build's grouping at the default radius on hashes that look like real ones. Exact
+    multi-index search is linear only while buckets stay small: radius + 1 bands of 64 bits
+    put ~n / 2**(64 / (radius + 1)) rows in a bucket (more for real, biased bits)."""
+    from beam_pipeline.store import near_duplicates
+
+    radius = near_duplicates.DEFAULT_RADIUS if radius is None else radius
+    real = np.array([perceptual.phash(small_grey(d)) for d, *_ in corpus(random.Random(SEED))],
+                    dtype=np.uint64)
+    real_path = os.path.join(tempfile.mkdtemp(), "real.npy")
+    np.save(real_path, real)
+    print(f"grouping {len(real)} benchmark hashes plus hashes with their bit frequencies, "
+          f"radius {radius}; each size in its own process ('grouping MB' is peak RSS minus "
           f"the RSS before grouping)")
     print("       n   seconds  us/image  peak MB  grouping MB  pairs found  planted")
     out = []
     for n in GROUP_SIZES:
-        r = subprocess.run([sys.executable, __file__, "_group", str(n), str(radius)],
+        r = subprocess.run([sys.executable, __file__, "_group", str(n), str(radius), real_path],
                            capture_output=True, text=True, check=True)
         n_, took, peak, grew, pairs, planted = r.stdout.split()
         out.append((int(n_), float(took), float(grew)))
@@ -382,7 +401,7 @@ if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     what = sys.argv[1] if len(sys.argv) > 1 else "all"
     if what == "_group":
-        grouping_one(int(sys.argv[2]), int(sys.argv[3]))
+        grouping_one(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
     else:
         for name, fn in (("accuracy", accuracy), ("cost", cost), ("grouping", grouping)):
             if what in (name, "all"):

@@ -150,8 +150,9 @@ def _bucket_pairs(band, entries, p):
         left.append((query, np.array([int(q[:16], 16) for q in query], dtype=np.uint64),
                      np.array([q[16] == "O" for q in query]), False))
     for rows, h, old, same in left:
-        for lo in range(0, len(rows), 1024):  # bounds the distance matrix to 1024 x bucket
-            a = slice(lo, lo + 1024)
+        step = max(16, (1 << 20) // len(exact))  # distance matrices of ~1M cells at most
+        for lo in range(0, len(rows), step):
+            a = slice(lo, lo + step)
             x = h[a, None] ^ eh[None, :]
             d = np.bitwise_count(x)
             keep = (d <= p.radius) & ~(old[a, None] & eo[None, :])

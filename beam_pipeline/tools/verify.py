@@ -298,9 +298,9 @@ def _warnings(manifest):
     if kept:
         warnings.append(f"{kept} evaluation image(s) are near-duplicates of train images "
                         f"(pHash within {near['radius']} bits: resized, re-compressed or "
-                        f"lightly cropped copies inflate accuracy); see {near['path']} or "
-                        "python -m beam_pipeline.tools.inspect_dataset --near_duplicates, or "
-                        "rebuild with --drop_near_duplicate_leaks")
+                        f"lightly cropped copies inflate accuracy); see {near['path']} (side by "
+                        "side: inspect_dataset's near_duplicates.png), or rebuild with "
+                        "--drop_near_duplicate_leaks")
     return warnings
 
 
