@@ -287,7 +287,7 @@ def test_regeneration_cycle_on_gcs(gcs, gcs_bucket, tmp_path, monkeypatch):
     # A half-written version, a new class, retention: the same as on local paths.
     gcs.upload_bytes(f"{root}/versions/20200101T000000Z/.tmp/listing.jsonl", b"{}\n")
     gcs.upload_bytes(f"{src}/ant/0.jpg", image_bytes((9, 9, 9)))
-    v2 = build(src, root, *ARGS, "--keep_versions", "1")
+    v2 = build(src, root, *ARGS, "--keep_versions", "1", "--keep_superseded_hours", "0")
     assert v2["status"] == "published" and v2["version"] > v1
     assert v2["manifest"]["labels"] == ["cat", "dog", "ant"]
     assert gcs.read_json(f"{root}/LATEST")["version"] == v2["version"]
