@@ -27,7 +27,7 @@ def run(argv=None):
     lock.acquire(root, wait=build.wait)  # one build per root: exit 2 (or --wait) if held
     planned = prepare.prepare(build, root)
     if isinstance(planned, prepare.UpToDate):
-        report.print_up_to_date(root, planned.version)
+        report.print_up_to_date(root, planned.version, planned.why)
         if pipeline_options.get_all_options().get("template_location"):
             runners.write_no_op_job(pipeline_options, planned.version)
         return planned

@@ -11,6 +11,20 @@ SPLIT_NAMES = ("train", "validation", "test")  # split folders a directory input
 
 
 @dataclasses.dataclass(frozen=True, order=True)
+class StoredFrame:
+    """A record already stored by an earlier version: its TFRecord frame in a shard file.
+
+    A listed image whose bytes that record was made from is re-framed from it (the stored
+    JPEG bytes under the new key and label) instead of being decoded again.
+    """
+
+    path: str                     # the shard file (absolute local path or gs:// uri)
+    offset: int
+    length: int
+    phash: Optional[int] = None   # its catalog row's perceptual hash (--near_duplicates)
+
+
+@dataclasses.dataclass(frozen=True, order=True)
 class ImageRef:
     """One listed input: small, and streamed through the launcher, never held all at once."""
 
@@ -19,14 +33,26 @@ class ImageRef:
     label: str
     split: Optional[str] = None   # fixed by layout or manifest column, else hashed
     size: int = 0
-    mtime: float = 0.0            # mtime or GCS update time; for the fingerprint and catalog
+    stamp: str = ""               # change token: "mtime_ns:ctime_ns", or "gen:N" on gs://
+    sha256: Optional[str] = None  # of the input bytes, when the launcher read them
+    source: Optional[StoredFrame] = None  # re-frame this stored record instead of converting
 
     def to_json(self):  # a list, not dataclasses.astuple: that deep-copies (10x slower)
-        return json.dumps([self.key, self.uri, self.label, self.split, self.size, self.mtime])
+        source = self.source and [self.source.path, self.source.offset, self.source.length,
+                                  self.source.phash]
+        return json.dumps([self.key, self.uri, self.label, self.split, self.size, self.stamp,
+                           self.sha256, source])
 
     @classmethod
     def from_json(cls, line):
-        return cls(*json.loads(line))
+        return cls.from_fields(json.loads(line))
+
+    @classmethod
+    def from_fields(cls, fields):
+        """The parsed to_json list -> ImageRef."""
+        if len(fields) > 7 and fields[7]:
+            fields[7] = StoredFrame(*fields[7])
+        return cls(*fields)
 
     def with_key(self, key):
         return dataclasses.replace(self, key=key)

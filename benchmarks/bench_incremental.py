@@ -1,12 +1,16 @@
-"""Regeneration cost: an incremental version after +1% / -1% of the images vs a full build.
+"""Regeneration cost: an incremental version after +1% / -1% of the images, and after the
+tree moved, vs a full build.
 
     .venv/bin/python benchmarks/bench_incremental.py [--n 10000] [--repeat 1]
 
 The default command (configs/local.yaml, one worker per core) with --reencode always on
 N synthetic photos (benchmarks/common.py), then: 1% new images added (incremental), 1%
-deleted (incremental). Prints wall times side by side with the full build's and the share
-of shard bytes reused. Targets: +1% <= 0.30x a full build with >= 90% of the
-bytes reused; -1% <= 0.5x. Medians over --repeat; read the ratios (shared machine).
+deleted (incremental), the tree copied elsewhere with cp -a semantics (new inodes and
+ctimes, same bytes and mtimes: hashed, every record kept), and that tree built as one of
+two inputs (every key changes: every record re-framed). Prints wall times beside the full
+build's, the share of shard bytes reused and the images decoded. Targets: +1% <= 0.30x a
+full build with >= 90% of the bytes reused; -1% <= 0.5x; a moved tree decodes nothing.
+Medians over --repeat; read the ratios (shared machine).
 """
 
 import argparse
@@ -56,7 +60,19 @@ def one_round(n, base, extra):
             os.remove(path)
         delete = run_measured(command(src, root))[0]
         deleted = latest_manifest(root)["incremental"]
-        return full, add, added, delete, deleted
+        # moved: cp -a to another folder (same bytes and mtimes, new ctimes), old one gone
+        moved_src = os.path.join(tmp, "moved", "photos")
+        shutil.copytree(src, moved_src, copy_function=shutil.copy2)
+        shutil.rmtree(src)
+        move = run_measured(command(moved_src, root))[0]
+        moved = latest_manifest(root)
+        # keys change: the same tree as one of two inputs (keys gain "photos/")
+        other = os.path.join(tmp, "other", "cls")
+        os.makedirs(other)
+        shutil.copy2(extra[0], os.path.join(other, "one.jpg"))
+        rekey = run_measured(command(moved_src, root, "--input", os.path.dirname(other)))[0]
+        rekeyed = latest_manifest(root)
+        return full, add, added, delete, deleted, move, moved, rekey, rekeyed
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -85,6 +101,16 @@ def main():
     print(f"{'-1% (incremental)':28}{delete:9.1f}{delete / full:8.2f}x"
           f"{deleted['bytes_reused_share']:13.0%}  <= 0.5x: "
           f"{'PASS' if delete / full <= 0.5 else 'FAIL'}")
+    move = statistics.median(r[5] for r in rounds)
+    rekey = statistics.median(r[7] for r in rounds)
+    moved, rekeyed = rounds[-1][6], rounds[-1][8]
+    print(f"{'moved tree (cp -a)':28}{move:9.1f}{move / full:8.2f}x"
+          f"{moved['incremental']['bytes_reused_share']:13.0%}  decoded "
+          f"{moved['build']['converted']}: {'PASS' if moved['build']['converted'] == 0 else 'FAIL'}")
+    print(f"{'moved, every key new':28}{rekey:9.1f}{rekey / full:8.2f}x{'-':>13}  decoded "
+          f"{rekeyed['build']['converted']} (the 1 new image), re-framed "
+          f"{rekeyed['build']['reframed']}: "
+          f"{'PASS' if rekeyed['build']['converted'] <= 1 else 'FAIL'}")
     print(f"\n+1%: {json.dumps({k: added[k] for k in ('reused', 'rewritten', 'added_shards')})}")
     print(f"-1%: {json.dumps({k: deleted[k] for k in ('reused', 'rewritten', 'added_shards')})}")
 

@@ -32,7 +32,8 @@ def test_build_manifest_is_a_function_of_spec_and_finalized_values():
     results = (ShardResult("train", 0, num_examples=2, num_bytes=30, label_counts={"cat": 2},
                            kind="reuse", writer="a:1", passed_through=1),
                ShardResult("train", 1, num_examples=1, num_bytes=10, label_counts={"dog": 1},
-                           kind="images", writer="a:1", errors=({"reason": "truncated"},)),
+                           kind="images", writer="a:1", errors=({"reason": "truncated"},),
+                           converted=1),
                ShardResult(None, None, errors=({"reason": "truncated"},)))
     entry = {"path": "s", "num_examples": 2, "num_bytes": 30, "sha256": "h", "origin": "hash"}
     done = Finalized(
@@ -60,7 +61,7 @@ def test_build_manifest_is_a_function_of_spec_and_finalized_values():
     assert m["incremental"]["reused"] == {"shards": 1, "examples": 2, "bytes": 30}
     assert m["incremental"]["added_shards"] == {"shards": 1, "examples": 1, "bytes": 10}
     assert m["incremental"]["bytes_reused_share"] == 0.75
-    assert m["build"] == {"writer_processes": 1}
+    assert m["build"] == {"writer_processes": 1, "converted": 1, "reframed": 0}
     assert m["transform"] == {"x": 1}
     assert build_manifest(spec, done, created, parts=({"transform": {"x": 1}},)) == m
 
@@ -76,7 +77,7 @@ def _temp_shard(tmp, split, shard, payloads):
                      "label_id": 0, "split": split, "shard": shard, "file": final,
                      "position": position, "offset": len(data), "length": len(frame),
                      "sha256": hashlib.sha256(payload).hexdigest(), "height": 4, "width": 6,
-                     "input_size": 1, "input_mtime": 0.0})
+                     "input_size": 1, "input_stamp": "0:0", "input_sha256": "00" * 32})
         data += frame
     files.write_bytes(temp, data)
     with catalog.FragmentWriter(temp + ".catalog.parquet") as fragment:

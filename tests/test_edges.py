@@ -240,7 +240,7 @@ def test_gcs_manifest_names_are_literal_and_503s_are_retried(proxy, gcs_objects)
     refs, errors = listed(f"{base}/lists/cats.csv")
     assert errors == []
     assert sorted(r.uri for r in refs) == sorted(f"{base}/in/cat/{n}" for n in names)
-    assert all(r.size > 0 and r.mtime > 0 for r in refs)
+    assert all(r.size > 0 and r.stamp.startswith("gen:") for r in refs)
     assert proxy.forced[0][2] == 0  # both 503s were answered, and retried
 
 
@@ -288,9 +288,9 @@ class CountingPool:
 
         self.pool, self.sizes, self.submitted = concurrent.futures.ThreadPoolExecutor(4), sizes, 0
 
-    def submit(self, fn, uri, *args):
-        self.submitted += self.sizes[uri]
-        return self.pool.submit(fn, uri, *args)
+    def submit(self, fn, ref, *args):
+        self.submitted += self.sizes[ref.uri]
+        return self.pool.submit(fn, ref, *args)
 
 
 def test_read_ahead_is_bounded_in_bytes(tmp_path):

@@ -35,14 +35,21 @@ def test_sorted_spill_merges_chunks_in_order(tmp_path):
 
 def _plan(items, tmp_path, chunk=None):
     errors = []
-    p = plan.plan_listing(iter(items), SPLITS, versions.Fingerprint({"a": 1}, "0"), None,
+    p = plan.plan_listing(iter(items), versions.Fingerprint({"a": 1}, "0"), None,
                           str(tmp_path), errors.append)
     return p, errors
 
 
+def _splits(p, tmp_path):
+    """A new root's splits (no previous version): identity.Resolved."""
+    from beam_pipeline.launcher import identity
+
+    return identity.resolve(p.by_key, None, SPLITS, str(tmp_path))
+
+
 def _refs(n):
     return [ImageRef(f"c{i % 3}/{i:04d}.jpg", f"/data/c{i % 3}/{i:04d}.jpg", f"c{i % 3}",
-                     None, 100 + i, 1.5) for i in range(n)]
+                     None, 100 + i, "1500:1500") for i in range(n)]
 
 
 def test_plan_is_independent_of_listing_order_and_cuts_shards_by_hash(tmp_path):
@@ -52,28 +59,29 @@ def test_plan_is_independent_of_listing_order_and_cuts_shards_by_hash(tmp_path):
     a, _ = _plan(refs, tmp_path)
     b, _ = _plan(shuffled, tmp_path)
     assert a.fingerprint == b.fingerprint
-    assert a.per_split == b.per_split and a.num_images == 300
+    ra, rb = _splits(a, tmp_path), _splits(b, tmp_path)
+    assert ra.per_split == rb.per_split and ra.num_images == a.num_images == 300
     num_shards = {"train": 4, "validation": 2, "test": 1}
-    by_position = plan.by_shard_position((line for _, line in b.by_key), str(tmp_path))
+    by_position = plan.by_shard_position((r.to_json() for r, _ in rb.refs()), str(tmp_path))
     streamed = {(split, shard): [ImageRef.from_json(l) for l in lines]
                 for split, shard, lines in plan.iter_shards(by_position, num_shards)}
     expected = {}  # shard_of(split, key), ordered by shard_position inside a shard
     for r in refs:
         split = plan.assign_split(r.key, SPLITS)
         expected.setdefault((split, plan.shard_of(split, r.key, num_shards[split])), []).append(
-            ImageRef(r.key, r.uri, r.label, split, r.size, r.mtime))
+            ImageRef(r.key, r.uri, r.label, split, r.size, r.stamp))
     for shard in expected.values():
         shard.sort(key=lambda ref: plan.shard_position(ref.split, ref.key))
     assert streamed == expected
     assert sum(len(v) for v in streamed.values()) == 300
-    for spill in (a.by_key, b.by_key, by_position):
+    for spill in (a.by_key, b.by_key, ra.by_key, rb.by_key, by_position):
         spill.close()
 
 
 def test_plan_drops_a_file_listed_twice_and_reports_a_conflicting_one(tmp_path):
     refs = _refs(4)
     again = refs[1]
-    conflict = ImageRef("x/" + refs[2].key, refs[2].uri, "other", None, refs[2].size, 1.5)
+    conflict = ImageRef("x/" + refs[2].key, refs[2].uri, "other", None, refs[2].size, "15:15")
     p, errors = _plan(refs + [again, conflict, {"uri": "gone.jpg", "reason": "not_found"}],
                       tmp_path)
     assert (p.listed, p.duplicates, p.errors, p.num_images) == (7, 1, 2, 4)

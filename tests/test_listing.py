@@ -7,7 +7,7 @@ import os
 import pytest
 
 from beam_pipeline.errors import UserError
-from beam_pipeline.launcher.listing import iter_inputs
+from beam_pipeline.launcher.listing import iter_inputs, local_stamp
 from beam_pipeline.refs import ImageRef
 
 
@@ -46,7 +46,7 @@ def test_a_class_folder_tree_lists_keys_labels_and_absolute_uris(tmp_path):
     for key, ref in refs.items():
         assert ref.uri == os.path.join(str(root), *key.split("/"))
         assert os.path.isabs(ref.uri)
-        assert ref.size == 7 and ref.mtime == os.stat(ref.uri).st_mtime
+        assert ref.size == 7 and ref.stamp == local_stamp(os.stat(ref.uri))
 
 
 def test_split_folders_fix_the_split_and_stay_in_the_key(tmp_path):

@@ -256,8 +256,13 @@ def test_label_file_order_wins():
 
 
 def test_image_ref_json_round_trip():
-    ref = ImageRef("x/ü.jpg", "gs://b/x/ü.jpg", "x", "train", 12, 3.5)
+    from beam_pipeline.refs import StoredFrame
+
+    ref = ImageRef("x/ü.jpg", "gs://b/x/ü.jpg", "x", "train", 12, "gen:3")
     assert ImageRef.from_json(ref.to_json()) == ref
+    again = ImageRef("y.jpg", "/in/y.jpg", "y", None, 5, "1:2", "ab" * 32,
+                     StoredFrame("/root/versions/V/s-train.tfrecord-00000-of-00001", 40, 99))
+    assert ImageRef.from_json(again.to_json()) == again
 
 
 def test_serialize_example_equals_tensorflow_deterministic_serialization():

@@ -27,7 +27,7 @@ def _task(tmp_path, inputs, shard=0):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
         refs.append(ImageRef(key=key, uri=str(path), label=key.split("/")[0], split="train",
-                             size=len(data), mtime=1.5))
+                             size=len(data), stamp="15:15"))
     listing = tmp_path / f"listing-{shard}.jsonl"
     listing.write_text("".join(r.to_json() + "\n" for r in refs))
     return ShardTask("train", shard, str(listing))

@@ -69,6 +69,8 @@ class ShardResult:
     label_counts: dict = dataclasses.field(default_factory=dict)  # class name -> records
     errors: tuple = ()                  # error records for errors.jsonl
     passed_through: int = 0             # JPEGs stored as they came
+    converted: int = 0                  # images decoded and converted
+    reframed: int = 0                   # stored records re-framed under a new key or label
     kind: Optional[str] = None          # the ShardTask's kind (None: --sink beam)
     origin: str = "hash"
     writer: Optional[str] = None        # host:pid of the writing process

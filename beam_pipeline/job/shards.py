@@ -9,10 +9,12 @@ import concurrent.futures
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import socket
 import time
 import uuid
+from typing import Optional
 
 import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
@@ -20,11 +22,11 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from beam_pipeline.store import catalog
-from beam_pipeline.job import images, perceptual, records, reuse
+from beam_pipeline.job import images, perceptual, records, reframe, reuse
 from beam_pipeline.errors import error_record
 from beam_pipeline.job.contracts import PixelMoments, ShardResult
 from beam_pipeline.refs import ImageRef
-from readers import frames, layout
+from readers import frames, layout, schema
 
 READ_AHEAD = 16                 # images fetched concurrently: hides gs:// latency
 READ_AHEAD_BYTES = 256 << 20    # ... and at most this many listed bytes in flight (one more
@@ -127,7 +129,7 @@ class WriteShardFn(beam.DoFn):
         catalog_temp = temp + ".catalog.parquet"
         index_temp = temp + layout.INDEX_SUFFIX if self.write_index else None
         digest, counts, errors = hashlib.sha256(), {}, []
-        num_examples = num_bytes = passed_through = 0
+        num_examples = num_bytes = passed_through = converted = reframed = 0
         moments = PixelMoments() if self.moments else None  # exact over the stored pixels
         with (FileSystems.create(temp) as out,
               catalog.FragmentWriter(catalog_temp) as catalog_rows,
@@ -135,41 +137,63 @@ class WriteShardFn(beam.DoFn):
             for ref, data, read_error in _read_ahead(self.pool, refs,
                                                      self.encode_options.max_bytes):
                 try:
-                    encoded = self._convert(data, read_error)
+                    made = self._make(ref, data, read_error)
                 except images.ImageError as e:
                     errors.append(error_record(ref.uri, e.stage, e.reason, e.detail))
                     Metrics.counter("errors", e.reason).inc()
                     self.failed.inc()
                     progress.tick()
                     continue
-                sha256 = hashlib.sha256(encoded.data).hexdigest()
-                frame = frames.tfrecord_frame(
-                    records.make_example(encoded, self.label_ids[ref.label], ref.label,
-                                         ref.key, sha256))
+                frame = frames.tfrecord_frame(made.record)
                 catalog_rows.append({
                     "key": ref.key, "uri": ref.uri, "label": ref.label,
                     "label_id": self.label_ids[ref.label], "split": split, "shard": shard,
                     "file": final, "position": num_examples,
-                    "offset": num_bytes, "length": len(frame), "sha256": sha256,
-                    "height": encoded.height, "width": encoded.width,
-                    "input_size": ref.size, "input_mtime": ref.mtime,
-                    "phash": _signed(encoded.phash)})
+                    "offset": num_bytes, "length": len(frame), "sha256": made.sha256,
+                    "height": made.height, "width": made.width, "input_size": ref.size,
+                    "input_stamp": ref.stamp, "input_sha256": made.input_sha256,
+                    "phash": made.phash})
                 out.write(frame)
                 digest.update(frame)
                 index.add(num_bytes, len(frame))
                 num_bytes += len(frame)
                 num_examples += 1
-                passed_through += encoded.passed_through
+                passed_through += made.passed_through
+                reframed += made.reframed
+                converted += not made.reframed
                 if moments is not None:
-                    moments = moments.plus(*encoded.moments)
+                    moments = moments.plus(*made.moments)
                 counts[ref.label] = counts.get(ref.label, 0) + 1
                 self.written.inc()
-                self.passed_through.inc(encoded.passed_through)
+                self.passed_through.inc(made.passed_through)
                 progress.tick()
         return dataclasses.replace(
             result, num_examples=num_examples, num_bytes=num_bytes, label_counts=counts,
-            errors=tuple(errors), passed_through=passed_through, sha256=digest.hexdigest(),
+            errors=tuple(errors), passed_through=passed_through, converted=converted,
+            reframed=reframed, sha256=digest.hexdigest(),
             catalog_temp=catalog_temp, index_temp=index_temp, pixel_moments=moments)
+
+    def _make(self, ref, data, read_error):
+        """One listed image -> _Made: its stored record re-framed (ref.source: no decode),
+        or its input converted. Raises images.ImageError for an input that is rejected."""
+        label_id = self.label_ids[ref.label]
+        if ref.source is not None:
+            try:
+                if read_error is not None:
+                    raise read_error
+                record, f = reframe.reframe(data, ref.key, label_id, ref.label)
+                return _Made(record, f[schema.SHA256].decode(), f[schema.HEIGHT],
+                             f[schema.WIDTH], ref.sha256, 0, None, ref.source.phash,
+                             reframed=True)
+            except Exception as e:  # the earlier version's shard unreadable: convert instead
+                logging.warning("%s: converting %s again (%s)", ref.source.path, ref.uri, e)
+                data, read_error = _fetch(ref.uri, self.encode_options.max_bytes)
+        encoded = self._convert(data, read_error)
+        sha256 = hashlib.sha256(encoded.data).hexdigest()
+        record = records.make_example(encoded, label_id, ref.label, ref.key, sha256)
+        return _Made(record, sha256, encoded.height, encoded.width,
+                     hashlib.sha256(data).hexdigest(), encoded.passed_through, encoded.moments,
+                     _signed(encoded.phash))
 
     def _convert(self, data, read_error):
         """Image bytes -> images.Encoded; ImageError for an unreadable or unusable input."""
@@ -186,6 +210,31 @@ def _signed(phash):
     return None if phash is None else perceptual.to_signed(phash)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Made:
+    """One record ready to frame, and what its catalog row and the shard result need."""
+
+    record: bytes
+    sha256: str                   # of the stored image bytes
+    height: int
+    width: int
+    input_sha256: str             # of the input bytes it came from
+    passed_through: int
+    moments: object               # --transform: the stored pixels' moments, else None
+    phash: Optional[int]          # --near_duplicates: the catalog's signed perceptual hash
+    reframed: bool = False
+
+
+def _fetch_for(ref, max_bytes=0):
+    """The bytes a ref is made from: its stored record (ref.source), else its input file."""
+    if ref.source is None:
+        return _fetch(ref.uri, max_bytes)
+    try:
+        return reframe.read_stored(ref.source), None
+    except Exception as e:
+        return None, e
+
+
 def _read_ahead(pool, refs, max_bytes=0, budget=None):
     """Yield (ref, bytes, error) in order while later reads are in flight: up to READ_AHEAD
     of them, holding at most `budget` (READ_AHEAD_BYTES) listed bytes, or one image."""
@@ -196,7 +245,7 @@ def _read_ahead(pool, refs, max_bytes=0, budget=None):
             done, future = pending.popleft()
             in_flight -= done.size
             yield (done, *future.result())
-        pending.append((ref, pool.submit(_fetch, ref.uri, max_bytes)))
+        pending.append((ref, pool.submit(_fetch_for, ref, max_bytes)))
         in_flight += ref.size
     for ref, future in pending:
         yield (ref, *future.result())

@@ -76,6 +76,12 @@ def add_build_args(parser):
              "of a train image, counted as leaks. Without it they are only reported.")
     add("--full_rebuild", type=boolean, nargs="?", const=True, default=False,
         help="Convert every image again instead of reusing the previous version's records.")
+    add("--resplit", type=boolean, nargs="?", const=True, default=False,
+        help="Split every image by its key hash again, forgetting the splits earlier "
+             "versions published (which are otherwise kept for life). Converts everything.")
+    add("--verify_inputs", type=boolean, nargs="?", const=True, default=False,
+        help="Hash every input instead of trusting unchanged size, mtime and ctime (or a "
+             "gs:// generation): certainty for a full read.")
     add("--max_delta_share", type=float, default=0.25,
         help="Rebuild in full when shards added by incremental runs would hold more than "
              "this share of a split's examples.")

@@ -1,19 +1,21 @@
-"""Regeneration that costs what changed: join the new listing with the previous catalog.
+"""Regeneration that costs what changed: the resolved listing against the previous version.
 
-    new refs (by key) ⋈ previous catalog rows (by key), both sorted on disk
-      unchanged (same label, split, size, mtime)  -> kept: its record bytes are reused
-      new, or changed in place                    -> fresh: converted into delta shards
-      gone, or changed                            -> removed from its old shard
+    identity.resolve has matched each listed image with the previous record it may reuse:
+      same key, label and split, same bytes -> kept: its record bytes are reused
+      known bytes under a new key or label  -> fresh, re-framed from the stored record
+      new content, or changed               -> fresh: converted into delta shards
+      gone, or changed                      -> removed from its old shard
 
     per previous shard: every member kept -> "reuse" (hard link / server-side copy)
                         some kept          -> "copy" (surviving frames copied, not decoded)
                         none kept          -> dropped
     fresh images -> "images" tasks: new delta shards of ~--target_shard_mb
 
-The result holds exactly the examples a full build would (same keys, labels, splits and
-record bytes: conversion is deterministic and ids never move); only the grouping into
-shards differs. When delta shards would hold more than --max_delta_share of a split, the
-plan returns None and the launcher builds in full (compaction).
+The result holds exactly the examples a full build with the same split map would (same
+keys, labels, splits and record bytes: conversion is deterministic and ids never move);
+only the grouping into shards differs. When delta shards would hold more than
+--max_delta_share of a split, the plan returns None and the launcher builds in full
+(compaction).
 """
 
 import collections
@@ -22,11 +24,8 @@ import itertools
 import json
 import math
 
-from beam_pipeline.store import catalog
-from beam_pipeline.launcher import plan
-from beam_pipeline.refs import ImageRef
+from beam_pipeline.launcher import identity, plan
 from beam_pipeline.store.spill import SortedSpill
-from readers import layout
 
 HASH, DELTA = "hash", "delta"  # a shard's origin: a full build's hash shards, or added later
 
@@ -39,64 +38,43 @@ class Increment:
     num_shards: dict              # split -> N in the new version
     tasks: list                   # [(split, shard, kind, origin, previous shard entry or None)]
     kept: SortedSpill             # ("file position", merged catalog row JSON)
-    fresh: SortedSpill            # (shard sort key, ImageRef JSON): to convert
+    fresh: SortedSpill            # (shard sort key, ImageRef JSON): to convert or re-frame
     fresh_shards: dict            # split -> (first new index, number of delta shards)
-    counts: dict                  # images unchanged, changed, added, removed
+    counts: dict                  # images unchanged, changed, added, moved, removed
+    to_convert: int = 0           # fresh images with no stored record: decoded
 
     def close(self):
         self.kept.close()
         self.fresh.close()
 
 
-def join_by_key(new, old):
-    """Two (key, line) streams sorted by key -> (key, new line or None, old line or None)."""
-    new, old = iter(new), iter(old)
-    a, b = next(new, None), next(old, None)
-    while a is not None or b is not None:
-        if b is None or (a is not None and a[0] < b[0]):
-            yield a[0], a[1], None
-            a = next(new, None)
-        elif a is None or b[0] < a[0]:
-            yield b[0], None, b[1]
-            b = next(old, None)
-        else:
-            yield a[0], a[1], b[1]
-            a, b = next(new, None), next(old, None)
+def kept_as_is(ref, row):
+    """The stored record is this image's, byte for byte: same key, label and split."""
+    return row is not None and (row["key"], row["label"], row["split"]) == (
+        ref.key, ref.label, ref.split)
 
 
-def unchanged(ref, row):
-    """Same image, same place in the dataset: its stored record can be reused as is."""
-    return (ref.label == row["label"] and ref.split == row["split"]
-            and ref.size == row["input_size"] and ref.mtime == row["input_mtime"])
-
-
-def plan_increment(by_key, previous_vdir, previous, spill_dir, target_shard_mb,
+def plan_increment(resolved, previous_vdir, previous, spill_dir, target_shard_mb,
                    max_delta_share):
-    """New refs (by key) + the previous version -> Increment, or None to build in full."""
-    previous_rows = SortedSpill(spill_dir)
-    for row in catalog.iter_rows(layout.join(previous_vdir, layout.CATALOG)):
-        previous_rows.add(json.dumps(row["key"]), json.dumps(row))
+    """identity.Resolved + the previous version -> Increment, or None to build in full."""
     kept, fresh = SortedSpill(spill_dir), SortedSpill(spill_dir)
     kept_in = collections.Counter()             # previous shard file -> members kept
     fresh_size = collections.defaultdict(lambda: [0, 0])  # split -> [count, bytes]
-    counts = collections.Counter()
-    with previous_rows:
-        for _, new_line, old_line in join_by_key(by_key, previous_rows):
-            ref = ImageRef.from_json(new_line) if new_line else None
-            row = json.loads(old_line) if old_line else None
-            if ref and row and unchanged(ref, row):
-                counts["unchanged"] += 1
-                kept_in[row["file"]] += 1
-                row.update(uri=ref.uri)  # moved with the same bytes: the catalog follows
-                kept.add(f"{row['file']} {row['position']:010d}", json.dumps(row))
-                continue
-            if row:
-                counts["removed" if ref is None else "changed"] += 1
-            if ref:
-                counts["added"] += row is None
-                fresh.add(plan.shard_sort_key(ref.split, ref.key), new_line)
-                fresh_size[ref.split][0] += 1
-                fresh_size[ref.split][1] += ref.size
+    to_convert = 0
+    for ref, row in resolved.refs():
+        if kept_as_is(ref, row):
+            kept_in[row["file"]] += 1
+            # Moved or touched with the same bytes: the catalog follows the file.
+            row.update(uri=ref.uri, input_size=ref.size, input_stamp=ref.stamp,
+                       input_sha256=ref.sha256 or row.get("input_sha256"))
+            kept.add(f"{row['file']} {row['position']:010d}", json.dumps(row))
+            continue
+        if row is not None:
+            ref = dataclasses.replace(ref, source=identity.stored_frame(previous_vdir, row))
+        to_convert += row is None
+        fresh.add(plan.shard_sort_key(ref.split, ref.key), ref.to_json())
+        fresh_size[ref.split][0] += 1
+        fresh_size[ref.split][1] += ref.size
 
     tasks, num_shards, fresh_shards = [], {}, {}
     for split in sorted(set(previous["splits"]) | set(fresh_size)):
@@ -121,9 +99,10 @@ def plan_increment(by_key, previous_vdir, previous, spill_dir, target_shard_mb,
         tasks += [(split, index + i, "images", DELTA, None) for i in range(deltas)]
         if index + deltas:
             num_shards[split] = index + deltas
-    counts = {k: counts[k] for k in ("unchanged", "changed", "added", "removed")}
+    counts = {k: resolved.counts[k] for k in identity.KINDS}
     return Increment(previous=previous["version"], num_shards=num_shards, tasks=tasks,
-                     kept=kept, fresh=fresh, fresh_shards=fresh_shards, counts=counts)
+                     kept=kept, fresh=fresh, fresh_shards=fresh_shards, counts=counts,
+                     to_convert=to_convert)
 
 
 def task_listings(increment):

@@ -99,7 +99,7 @@ def _list_spec(spec):
 
 def _list_directory(root):
     found = 0
-    for rel, uri, size, mtime in _walk(root):
+    for rel, uri, size, stamp in _walk(root):
         if not _is_image_name(rel):
             continue
         if size is None:
@@ -115,7 +115,7 @@ def _list_directory(root):
             raise UserError(f"--input {root}: {rel} is not in a class folder; use "
                             f"{root}/<class>/<image> or a CSV manifest")
         found += 1
-        yield ImageRef(rel, uri, _folder_label(parts[0], root, rel), split, size, mtime)
+        yield ImageRef(rel, uri, _folder_label(parts[0], root, rel), split, size, stamp)
     if not found:
         raise UserError(f"--input {root}: no image files found (expected {root}/<class>/<image>, "
                         f"extensions {', '.join(sorted(IMAGE_EXTENSIONS))})")
@@ -130,7 +130,7 @@ def _list_glob(pattern):
     root = _glob_root(pattern)
     regex = re.compile(_glob_regex(pattern))
     found = 0
-    for rel, uri, size, mtime in _walk(root or "."):
+    for rel, uri, size, stamp in _walk(root or "."):
         if not regex.fullmatch(f"{root}/{rel}" if root else rel):
             continue
         found += 1
@@ -139,7 +139,7 @@ def _list_glob(pattern):
                                                          "while listing")
             continue
         label = _folder_label(posixpath.basename(posixpath.dirname(uri)), pattern, rel)
-        yield ImageRef(rel, uri, label, None, size, mtime)
+        yield ImageRef(rel, uri, label, None, size, stamp)
     if not found:
         raise UserError(f"--input {pattern}: no files match")
 
@@ -184,7 +184,7 @@ def _glob_regex(pattern):
 
 
 def _walk(root):
-    """Every file under `root` -> (path relative to root, uri, size, mtime), streamed.
+    """Every file under `root` -> (path relative to root, uri, size, stamp), streamed.
 
     Local uris are absolute (workers may run elsewhere); gs:// lists prefixes in parallel.
     """
@@ -224,7 +224,7 @@ def _walk_local(root):
             if stat.S_ISDIR(st.st_mode):
                 (linked if entry.is_symlink() else subdirs).append(path)
             else:
-                yield rel, path, st.st_size, st.st_mtime
+                yield rel, path, st.st_size, local_stamp(st)
         stack.extend(reversed(subdirs))
 
 
@@ -256,8 +256,7 @@ def _walk_gcs(root):
             for blob in page:
                 if not blob.name.endswith("/"):
                     yield "item", (blob.name[len(base):], f"gs://{bucket_name}/{blob.name}",
-                                   blob.size or 0,
-                                   blob.updated.timestamp() if blob.updated else 0.0)
+                                   blob.size or 0, gcs_stamp(blob))
             for sub in sorted(getattr(page, "prefixes", ()) or ()):
                 yield "prefix", sub
 
@@ -437,7 +436,7 @@ def _check_unique_keys(path, by_key):
 
 
 def _stat_batch(batch):
-    """Manifest entries -> ImageRefs with size and mtime, or not_found errors."""
+    """Manifest entries -> ImageRefs with size and stamp, or not_found errors."""
     if not batch:
         return
     remote = [(full, where) for _, full, _, _, where in batch if "://" in full]
@@ -464,11 +463,11 @@ def _stat_local(path, where):
         raise ListingFailed(f"{where}: cannot stat {path}: {e.strerror}") from e
     if stat.S_ISDIR(st.st_mode):
         return error_record(path, "read", "not_found", "listed in the manifest; a folder")
-    return st.st_size, st.st_mtime
+    return st.st_size, local_stamp(st)
 
 
 def _stat_remote(uri, where):
-    """One object's (size, updated), by its exact name (never a glob), retried on transient
+    """One object's (size, stamp), by its exact name (never a glob), retried on transient
     errors; None when there is no such object."""
     from beam_pipeline.store.gcs import gcs_blob
 
@@ -481,7 +480,22 @@ def _stat_remote(uri, where):
         raise gcs_failure(e, f"{where}: {uri}", "read") from e
     if blob is None:
         return None
-    return blob.size or 0, blob.updated.timestamp() if blob.updated else 0.0
+    return blob.size or 0, gcs_stamp(blob)
+
+
+def local_stamp(st):
+    """What changes whenever a local file's bytes may have: mtime and ctime in ns.
+
+    `cp -p`, `rsync -a` and tar restore mtime, but nothing sets ctime back: a file replaced
+    that way still shows a new stamp (and same-size files are then hashed, not trusted).
+    """
+    return f"{st.st_mtime_ns}:{st.st_ctime_ns}"
+
+
+def gcs_stamp(blob):
+    """An object's generation: every write makes a new one (a time would be converted
+    through the local time zone somewhere: Beam's last_updated_in_seconds uses mktime)."""
+    return f"gen:{blob.generation}"
 
 
 def _is_image_name(path):

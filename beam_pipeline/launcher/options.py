@@ -75,7 +75,7 @@ class BuildOptions(PipelineOptions):
 # Options that change where or whether a build happens, not what it produces.
 NOT_FINGERPRINTED = {"input", "output", "force", "keep_versions", "keep_superseded_hours",
                      "verbose", "wait",
-                     "full_rebuild", "max_delta_share"}
+                     "full_rebuild", "max_delta_share", "resplit", "verify_inputs"}
 
 
 def _own_actions():

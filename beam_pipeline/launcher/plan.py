@@ -97,28 +97,21 @@ class Plan:
     labels_present: set
     listed: int = 0
     duplicates: int = 0
-    per_split: dict = dataclasses.field(default_factory=dict)  # split -> [count, bytes]
     errors: int = 0
-    by_key: Optional[SortedSpill] = None  # (key JSON, ImageRef JSON with its split), by key
-
-    @property
-    def num_images(self):
-        return sum(c for c, _ in self.per_split.values())
-
-    @property
-    def num_bytes(self):
-        return sum(b for _, b in self.per_split.values())
+    num_images: int = 0
+    by_key: Optional[SortedSpill] = None  # (key JSON, ImageRef JSON; split only where fixed)
 
 
-def plan_listing(items, splits, fingerprint, known_labels, spill_dir, write_error):
+def plan_listing(items, fingerprint, known_labels, spill_dir, write_error):
     """Listed items (ImageRef or error dict) -> Plan, in flat memory.
 
     Sorts by uri on disk to drop duplicates (the same file listed again, by any input:
     same label and split, counted; otherwise a `conflicting_duplicate` error) and to
     fingerprint in a stable order (keys are then unique: each input's keys are distinct
-    paths under its own prefix), then assigns splits and spills the refs again by key,
-    for a join with the previous version's catalog or `by_shard_position`. `fingerprint` has add(ref) and hexdigest(); `write_error`
-    takes each errors.jsonl record; `known_labels` (a --label_file's classes) or None.
+    paths under its own prefix), then spills the refs again by key for identity.resolve,
+    which gives every image its split. `fingerprint` has add(ref) and hexdigest();
+    `write_error` takes each errors.jsonl record; `known_labels` (a --label_file's
+    classes) or None.
     """
     from beam_pipeline.errors import error_record
 
@@ -152,11 +145,8 @@ def plan_listing(items, splits, fingerprint, known_labels, spill_dir, write_erro
                                          f"class {ref.label!r} is not in --label_file"))
                 continue
             plan.labels_present.add(ref.label)
-            split = ref.split or assign_split(ref.key, splits)
-            counts = plan.per_split.setdefault(split, [0, 0])
-            counts[0] += 1
-            counts[1] += ref.size
-            plan.by_key.add(json.dumps(ref.key), dataclasses.replace(ref, split=split).to_json())
+            plan.num_images += 1
+            plan.by_key.add(json.dumps(ref.key), line)
     plan.fingerprint = fingerprint.hexdigest()
     return plan
 

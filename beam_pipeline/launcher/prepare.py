@@ -1,8 +1,9 @@
 """Everything before the job: list, fingerprint, plan, and write the shard listings.
 
 listing (stream) -> sorted by uri on disk (dedupe, fingerprint) -> refs by key on disk
--> "up to date"? -> incremental plan (join with the previous catalog) or full plan
-(sorted by shard hash) -> one listing file per shard task under VDIR/.tmp/.
+-> "up to date"? -> identity (joined with the previous catalog: splits, what is unchanged)
+-> incremental plan or full plan (sorted by shard hash) -> one listing file per shard
+task under VDIR/.tmp/.
 Memory stays flat: every sort is on disk (store/spill.py).
 """
 
@@ -24,6 +25,7 @@ class UpToDate:
     """The inputs and options match the latest version: nothing to build."""
 
     version: str
+    why: str = "fingerprint unchanged"
     status: str = dataclasses.field(default="up_to_date", init=False)
 
 
@@ -51,19 +53,22 @@ def prepare(build, root):
     with tempfile.TemporaryDirectory(prefix="image-tfrecords-") as scratch:
         errors_path = os.path.join(scratch, "listing_errors.jsonl")
         planned = _plan_listing(build, label_file, scratch, errors_path)
-        if (previous and previous.get("input_fingerprint") == planned.fingerprint
-                and not build.force):
+        same = (previous and previous.get("input_fingerprint") == planned.fingerprint
+                and not build.force and not build.resplit)
+        if same and not build.verify_inputs:
             return UpToDate(previous_version)
+        resolved = _resolve(build, root, planned, (previous_version, previous), scratch)
+        if same and not resolved.changed():
+            return UpToDate(previous_version, "every input's bytes verified")
         labels = plan.label_ids(planned.labels_present, previous["labels"] if previous else (),
                                 label_file)
-        increment, num_shards, tasks = _shard_tasks(
-            build, root, planned, labels, (previous_version, previous), scratch)
+        increment, num_shards, tasks, to_convert = _shard_tasks(
+            build, root, resolved, labels, (previous_version, previous), scratch)
         spec = _commit_spec(build, root, planned, labels, num_shards, increment)
         files.copy_local_file(errors_path, spec.listing_errors_path)
         shards_index = write_shard_listings(spec.tmp_dir, tasks)
-    return Planned(spec, shards_index, images=planned.num_images, bytes=planned.num_bytes,
-                   rejected=planned.errors,
-                   to_convert=len(increment.fresh) if increment else planned.num_images)
+    return Planned(spec, shards_index, images=resolved.num_images, bytes=resolved.num_bytes,
+                   rejected=planned.errors, to_convert=to_convert)
 
 
 def _plan_listing(build, label_file, scratch, errors_path):
@@ -77,31 +82,63 @@ def _plan_listing(build, label_file, scratch, errors_path):
     with open(errors_path, "w") as errors_file:
         return plan.plan_listing(
             listing.iter_inputs(build.input, build.encode_options().max_bytes),
-            plan.parse_splits(build.splits),
             versions.Fingerprint(fingerprint_config, __version__),
             set(label_file) if label_file else None, scratch,
             lambda e: errors_file.write(json.dumps(e) + "\n"))
 
 
-def _shard_tasks(build, root, planned, labels, latest, scratch):
-    """-> (incremental plan or None, split -> shard count, stream of shard tasks)."""
+def _resolve(build, root, planned, latest, scratch):
+    """Splits and reuse from the previous version's catalog: its split map (unless
+    --resplit) and, when it was built the same way, its records. -> identity.Resolved"""
+    from beam_pipeline.launcher import identity, plan
+    from beam_pipeline.store import catalog
+    from readers import layout
+
+    previous_version, previous = latest
+    rows = None
+    if previous and "catalog" in previous and not build.resplit:
+        rows = catalog.iter_rows(layout.join(layout.version_dir(root, previous_version),
+                                             layout.CATALOG))
+    return identity.resolve(planned.by_key, rows, plan.parse_splits(build.splits), scratch,
+                            reuse=can_reuse(build, previous), verify=build.verify_inputs)
+
+
+def _shard_tasks(build, root, resolved, labels, latest, scratch):
+    """-> (incremental plan or None, split -> shard count, stream of shard tasks, images
+    the job will decode)."""
     from beam_pipeline.launcher import incremental, plan
     from readers import layout
 
     previous_version, previous = latest
+    previous_vdir = previous and layout.version_dir(root, previous_version)
+    reuse = can_reuse(build, previous)
     increment = None
-    if can_increment(build, previous, labels):
+    if reuse and can_increment(build, previous, labels):
         increment = incremental.plan_increment(
-            planned.by_key, layout.version_dir(root, previous_version), previous, scratch,
-            build.target_shard_mb, build.max_delta_share)
+            resolved, previous_vdir, previous, scratch, build.target_shard_mb,
+            build.max_delta_share)
     if increment:
-        return increment, increment.num_shards, incremental.task_listings(increment)
-    # a full build: every image converted, shards cut by hash
-    num_shards = shard_counts(planned.per_split, build)
-    by_position = plan.by_shard_position((line for _, line in planned.by_key), scratch)
+        return (increment, increment.num_shards, incremental.task_listings(increment),
+                increment.to_convert)
+    # a full build: shards cut by hash; stored records re-framed unless --full_rebuild
+    sources = reuse and not build.full_rebuild and not build.transform
+    num_shards = shard_counts(resolved.per_split, build)
+    lines = (_full_build_line(ref, row if sources else None, previous_vdir)
+             for ref, row in resolved.refs())
+    by_position = plan.by_shard_position(lines, scratch)
     tasks = ((split, shard, "images", incremental.HASH, lines)
              for split, shard, lines in plan.iter_shards(by_position, num_shards))
-    return None, num_shards, tasks
+    to_convert = resolved.num_images - (resolved.counts["stored"] if sources else 0)
+    return None, num_shards, tasks, to_convert
+
+
+def _full_build_line(ref, row, previous_vdir):
+    """A full build's listing line: the stored record to re-frame when there is one."""
+    from beam_pipeline.launcher import identity
+
+    if row is not None:
+        ref = dataclasses.replace(ref, source=identity.stored_frame(previous_vdir, row))
+    return ref.to_json()
 
 
 def _commit_spec(build, root, planned, labels, num_shards, increment):
@@ -126,22 +163,30 @@ def _commit_spec(build, root, planned, labels, num_shards, increment):
         lock_token=lock.token(root), keep_superseded_hours=build.keep_superseded_hours)
 
 
-def can_increment(build, previous, labels):
-    """Reuse the previous version when it has a catalog, was built with the same options
-    by the same software (stored bytes depend on the codecs), and its label ids still hold
-    (a changed --label_file may renumber them)."""
+def can_reuse(build, previous):
+    """The previous version's records are what this build would store (same options, same
+    software: stored bytes depend on the codecs), so they may be reused or re-framed."""
     from beam_pipeline.launcher import options as opts
     from readers import layout
 
-    if previous is None or build.full_rebuild or build.transform or "catalog" not in previous:
-        return False  # (--transform needs every train image's pixels: a full build)
+    if previous is None or build.resplit or "catalog" not in previous:
+        return False
+
     def same(config):
         return {k: v for k, v in config.items() if k not in opts.NOT_FINGERPRINTED}
 
-    before, now = same(previous.get("config", {})), same(build.build_config())
-    return (before == now and previous.get("key_scheme") == layout.KEY_SCHEME
-            and previous.get("generator") == generator()
-            and list(labels[:len(previous["labels"])]) == list(previous["labels"]))
+    return (same(previous.get("config", {})) == same(build.build_config())
+            and previous.get("key_scheme") == layout.KEY_SCHEME
+            and previous.get("generator") == generator())
+
+
+def can_increment(build, previous, labels):
+    """Build on the previous version's shards (when its records can be reused) unless a
+    full build is asked for, or its label ids no longer hold (a changed --label_file may
+    renumber them)."""
+    if not can_reuse(build, previous) or build.full_rebuild or build.transform:
+        return False  # (--transform needs every train image's pixels: a full build)
+    return list(labels[:len(previous["labels"])]) == list(previous["labels"])
 
 
 def shard_counts(per_split, build):

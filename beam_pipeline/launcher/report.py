@@ -34,8 +34,8 @@ def class_table(manifest, splits, all_column=False):
     return lines
 
 
-def print_up_to_date(root, version):
-    print(f"{root}: up to date (version {version}, fingerprint unchanged); "
+def print_up_to_date(root, version, why="fingerprint unchanged"):
+    print(f"{root}: up to date (version {version}, {why}); "
           "nothing written. Use --force to rebuild.")
 
 
@@ -61,7 +61,8 @@ def print_summary(root, published):
     inc = manifest.get("incremental")
     if inc:
         print(f"  incremental from {inc['from']}: {inc['unchanged']} unchanged, {inc['added']} "
-              f"added, {inc['changed']} changed, {inc['removed']} removed; shards: "
+              f"added, {inc['changed']} changed, {inc.get('moved', 0)} moved, {inc['removed']} "
+              f"removed; shards: "
               f"{inc['reused']['shards']} reused, {inc['rewritten']['shards']} rewritten, "
               f"{inc['added_shards']['shards']} new; {inc['bytes_reused_share']:.0%} of the "
               "bytes reused")

@@ -29,7 +29,8 @@ SCHEMA = pa.schema([
     ("height", pa.int32()),        # of the stored image
     ("width", pa.int32()),
     ("input_size", pa.int64()),
-    ("input_mtime", pa.float64()),  # mtime, or GCS update time
+    ("input_stamp", pa.string()),  # change token: "mtime_ns:ctime_ns", or "gen:N" on gs://
+    ("input_sha256", pa.string()),  # of the input bytes: identity for a key not seen before
     ("phash", pa.int64()),         # --near_duplicates: 64-bit perceptual hash as a signed
                                    # int64 (job/perceptual.py); null when not computed
 ])

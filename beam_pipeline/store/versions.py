@@ -117,8 +117,11 @@ def delete_version(root, version):
 
 
 class Fingerprint:
-    """sha256 over the build options and the listing (uri, size, mtime, label, split), fed
-    one ref at a time in key order, so the launcher never holds the listing."""
+    """sha256 over the build options and the listing (key, uri, size, stamp, label, split), fed
+    one ref at a time in key order, so the launcher never holds the listing.
+
+    The stamp is the one change detection uses (mtime and ctime in ns; a gs:// object's
+    generation), so "up to date" trusts nothing that change detection would not."""
 
     def __init__(self, config, package_version):
         self.h = hashlib.sha256()
@@ -126,7 +129,7 @@ class Fingerprint:
                                  sort_keys=True).encode())
 
     def add(self, r):
-        self.h.update(json.dumps([r.uri, r.size, r.mtime, r.label, r.split]).encode())
+        self.h.update(json.dumps([r.key, r.uri, r.size, r.stamp, r.label, r.split]).encode())
         self.h.update(b"\n")
 
     def hexdigest(self):

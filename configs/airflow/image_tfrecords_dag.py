@@ -59,6 +59,8 @@ TEMPLATE_PARAMETERS = {
     "near_duplicate_radius": "10",
     "drop_near_duplicate_leaks": "false",
     "full_rebuild": "false",
+    "resplit": "false",
+    "verify_inputs": "false",
     "max_delta_share": "0.25",
     "wait": "false",
     "keep_versions": "7",

@@ -1,0 +1,282 @@
+"""Which published example each listed image is: sticky splits and change detection.
+
+Identity is the key. A key the previous version does not hold is matched by content: the
+sha256 of its input bytes against the catalog's input_sha256. A matched image keeps the
+split it was published in (a split folder or manifest column, the user's own choice,
+wins) and may be re-framed from its stored record; new content is split by its key hash.
+So a version equals a full build of the same files with the same split map.
+
+Change detection, for a key the previous version holds:
+    same size and stamp (mtime_ns:ctime_ns; a gs:// generation) -> same bytes, not read
+    same size, another stamp                                    -> read and hashed
+    another size                                                -> changed
+For a new key, only a size some stored input has is worth hashing. --verify_inputs hashes
+every input whatever its stamp. Streams and external sorts only: flat memory.
+"""
+
+import collections
+import dataclasses
+import hashlib
+import json
+
+from beam_pipeline.launcher import plan
+from beam_pipeline.refs import ImageRef, StoredFrame
+from beam_pipeline.store.spill import SortedSpill
+from readers import layout
+
+HASH_THREADS = 16  # inputs read at once to hash them (gs:// latency)
+KINDS = ("unchanged", "changed", "added", "moved", "removed")
+
+
+@dataclasses.dataclass
+class Resolved:
+    """Every listed image with its final split, and the previous record it may reuse."""
+
+    by_key: SortedSpill           # (key, [ImageRef fields, previous catalog row or None])
+    per_split: dict = dataclasses.field(default_factory=dict)  # split -> [count, bytes]
+    counts: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+
+    @property
+    def num_images(self):
+        return sum(c for c, _ in self.per_split.values())
+
+    @property
+    def num_bytes(self):
+        return sum(b for _, b in self.per_split.values())
+
+    def changed(self):
+        """Whether the listing differs from the previous version's examples at all."""
+        return any(self.counts[k] for k in KINDS if k != "unchanged")
+
+    def refs(self):
+        """(ImageRef with its split, previous catalog row dict or None), in key order."""
+        for _, line in self.by_key:
+            fields, row = json.loads(line)
+            yield ImageRef.from_fields(fields), row
+
+    def add(self, ref, row, kind):
+        counts = self.per_split.setdefault(ref.split, [0, 0])
+        counts[0] += 1
+        counts[1] += ref.size
+        self.counts[kind] += 1
+        self.counts["stored"] += row is not None  # a record to reuse or re-frame
+        self.by_key.add(json.dumps(ref.key), f"[{ref.to_json()},{json.dumps(row)}]")
+
+
+SUFFIX_DEPTHS = (2, 1, 0)  # same bytes: prefer the row with the same class/name, name, any
+
+
+def resolve(by_key, rows, splits, spill_dir, reuse=True, verify=False):
+    """Listed refs (key order; split only where fixed) + the previous catalog's rows (None:
+    no split map, e.g. a new root or --resplit) -> Resolved.
+
+    `reuse`: the previous records may be reused (same options and software); otherwise
+    rows still give splits but no record is offered. `verify`: hash every input.
+    """
+    out = Resolved(by_key=SortedSpill(spill_dir))
+    previous = _Previous(spill_dir, rows)
+    with previous, SortedSpill(spill_dir) as orphans, SortedSpill(spill_dir) as rehash:
+        for _, line, old in join_by_key(by_key, previous.by_key):
+            if line is None:
+                out.counts["removed"] += 1
+                continue
+            ref = ImageRef.from_json(line)
+            if old is None:
+                orphans.add(json.dumps(ref.uri), line)
+                continue
+            row = json.loads(old)
+            ref = dataclasses.replace(ref, split=ref.split or row["split"])
+            if reuse and _must_hash(ref, row, verify):
+                rehash.add(json.dumps(ref.key), f"[{ref.to_json()},{old}]")
+            elif _same_stamp(ref, row):
+                out.add(dataclasses.replace(ref, sha256=row.get("input_sha256")),
+                        row if reuse else None, _same_bytes(ref, row))
+            else:
+                out.add(ref, None, "changed")
+        for (ref, row), same in _hashed_pairs(out, rehash):
+            out.add(ref, row if same else None, _same_bytes(ref, row) if same else "changed")
+        _new_keys(out, orphans, previous, splits, spill_dir, reuse, verify)
+    return out
+
+
+class _Previous:
+    """The previous catalog's rows, spilled in the orders the joins need."""
+
+    def __init__(self, spill_dir, rows):
+        self.by_key, self.by_uri, self.sizes = (SortedSpill(spill_dir) for _ in range(3))
+        self.by_content = {depth: SortedSpill(spill_dir) for depth in SUFFIX_DEPTHS}
+        for row in rows or ():
+            line = json.dumps(row)
+            self.by_key.add(json.dumps(row["key"]), line)
+            self.by_uri.add(json.dumps(row["uri"]), line)
+            self.sizes.add(f"{row['input_size']:020d}", "")
+            if row.get("input_sha256"):
+                for depth, spill in self.by_content.items():
+                    spill.add(content_key(row["input_sha256"], row["key"], depth), line)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for spill in (self.by_key, self.by_uri, self.sizes, *self.by_content.values()):
+            spill.close()
+
+
+def content_key(sha256, key, depth):
+    """Bytes plus the key's last `depth` path components: among stored copies of the same
+    bytes, the one with the same class folder and name, else name, else any (key order)."""
+    return f"{sha256} {json.dumps('/'.join(key.split('/')[-depth:]) if depth else '')}"
+
+
+def _same_bytes(ref, row):
+    """Same key, same bytes: unchanged, or changed when its label or split moved (a manifest
+    row relabelled: its record is then re-framed)."""
+    return "unchanged" if (ref.label, ref.split) == (row["label"], row["split"]) else "changed"
+
+
+def _same_stamp(ref, row):
+    return ref.size == row["input_size"] and ref.stamp == row.get("input_stamp")
+
+
+def _must_hash(ref, row, verify):
+    """Same size, and a stamp that says nothing (changed, or --verify_inputs): read it."""
+    return (ref.size == row["input_size"] and bool(row.get("input_sha256"))
+            and (verify or not _same_stamp(ref, row)))
+
+
+def _hashed_pairs(out, spill):
+    """A spill of [ref, row] pairs -> ((ref with its sha256, row), same bytes as the row's
+    input?), inputs read HASH_THREADS at a time."""
+    items = ((ImageRef.from_fields(fields), row)
+             for fields, row in (json.loads(line) for _, line in spill))
+    for (ref, row), digest in hashed(items):
+        out.counts["hashed"] += 1
+        ref = dataclasses.replace(ref, sha256=digest)
+        yield (ref, row), digest is not None and digest == row["input_sha256"]
+
+
+def _new_keys(out, orphans, previous, splits, spill_dir, reuse, verify):
+    """New keys: a stored input's file under a new key (an input added or removed, a
+    manifest renamed), or its bytes under a new name (moved, renamed, relabelled, copied),
+    keeps its split; new content is split by the key hash."""
+    def moved(ref, row):
+        out.add(dataclasses.replace(ref, split=ref.split or row["split"]),
+                row if reuse else None, "moved")
+
+    with SortedSpill(spill_dir) as rest, SortedSpill(spill_dir) as rehash:
+        for line, old in first_match(orphans, previous.by_uri):  # 1. the same file
+            ref, row = ImageRef.from_json(line), old and json.loads(old)
+            if row and _must_hash(ref, row, verify):
+                rehash.add(json.dumps(ref.uri), f"[{ref.to_json()},{old}]")
+            elif row and _same_stamp(ref, row):
+                moved(dataclasses.replace(ref, sha256=row.get("input_sha256")), row)
+            else:
+                rest.add(f"{ref.size:020d}", line)
+        for (ref, row), same in _hashed_pairs(out, rehash):
+            if same:
+                moved(ref, row)
+            else:
+                rest.add(f"{ref.size:020d}", ref.to_json())
+        unmatched = _by_content(out, rest, previous, spill_dir, moved)
+        for _, line in unmatched:  # 3. new content
+            ref = ImageRef.from_json(line)
+            out.add(dataclasses.replace(
+                ref, split=ref.split or plan.assign_split(ref.key, splits)), None, "added")
+        unmatched.close()
+
+
+def _by_content(out, rest, previous, spill_dir, moved):
+    """2. The same bytes under a new name: refs of a size some stored input has are hashed
+    and matched by content_key at each depth. -> a spill of the refs still unmatched."""
+    unmatched, candidates = SortedSpill(spill_dir), SortedSpill(spill_dir)
+    with candidates:
+        for line, size_seen in first_match(rest, previous.sizes):
+            (candidates if size_seen is not None else unmatched).add("", line)
+        level = SortedSpill(spill_dir)
+        items = ((ImageRef.from_json(line), None) for _, line in candidates)
+        for (ref, _), digest in hashed(i for i in items if i[0].sha256 is None):
+            out.counts["hashed"] += 1
+            ref = dataclasses.replace(ref, sha256=digest)
+            level.add(content_key(digest or "-", ref.key, SUFFIX_DEPTHS[0]), ref.to_json())
+        for _, line in candidates:  # hashed already (the same file with another stamp)
+            ref = ImageRef.from_json(line)
+            if ref.sha256 is not None:
+                level.add(content_key(ref.sha256, ref.key, SUFFIX_DEPTHS[0]), line)
+    for i, depth in enumerate(SUFFIX_DEPTHS):
+        following = SortedSpill(spill_dir) if i + 1 < len(SUFFIX_DEPTHS) else unmatched
+        with level:
+            for line, old in first_match(level, previous.by_content[depth]):
+                ref = ImageRef.from_json(line)
+                if old is not None:
+                    moved(ref, json.loads(old))
+                elif following is unmatched:
+                    unmatched.add("", line)
+                else:
+                    following.add(content_key(ref.sha256 or "-", ref.key,
+                                              SUFFIX_DEPTHS[i + 1]), line)
+        level = following
+    return unmatched
+
+
+def join_by_key(new, old):
+    """Two (key, line) streams sorted by key -> (key, new line or None, old line or None)."""
+    new, old = iter(new), iter(old)
+    a, b = next(new, None), next(old, None)
+    while a is not None or b is not None:
+        if b is None or (a is not None and a[0] < b[0]):
+            yield a[0], a[1], None
+            a = next(new, None)
+        elif a is None or b[0] < a[0]:
+            yield b[0], None, b[1]
+            b = next(old, None)
+        else:
+            yield a[0], a[1], b[1]
+            a, b = next(new, None), next(old, None)
+
+
+def first_match(left, right):
+    """Two (sort key, line) streams sorted by key -> (left line, the first right line with
+    the same key, or None), one per left item."""
+    right = iter(right)
+    b = next(right, None)
+    for key, line in left:
+        while b is not None and b[0] < key:
+            b = next(right, None)
+        yield line, (b[1] if b is not None and b[0] == key else None)
+
+
+def hashed(items, threads=HASH_THREADS):
+    """(ImageRef, x) items -> ((ImageRef, x), sha256 of its input or None if unreadable),
+    in order, reading `threads` inputs at a time."""
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        pending = collections.deque()
+        for item in items:
+            pending.append((item, pool.submit(input_sha256, item[0].uri)))
+            if len(pending) > 2 * threads:
+                item, future = pending.popleft()
+                yield item, future.result()
+        for item, future in pending:
+            yield item, future.result()
+
+
+def input_sha256(uri):
+    """The sha256 of a file's bytes (read in 1 MiB pieces), or None when it cannot be read."""
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
+
+    digest = hashlib.sha256()
+    try:
+        with FileSystems.open(uri, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+    except Exception:  # vanished since listing, or unreadable: the shard writer reports it
+        return None
+    return digest.hexdigest()
+
+
+def stored_frame(previous_vdir, row):
+    """A previous catalog row -> where its record's frame is."""
+    return StoredFrame(layout.join(previous_vdir, row["file"]), row["offset"], row["length"],
+                       row.get("phash"))
