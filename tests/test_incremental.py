@@ -145,7 +145,7 @@ def test_retention_keeps_reused_shards_readable(first, tmp_path):
 
     src, v1 = first
     make_images(src, {"owl": {"late.jpg": image_bytes((3, 3, 3))}})
-    v2 = build([src], tmp_path / "root", *ARGS, "--keep_versions", "1")
+    v2 = build([src], tmp_path / "root", *ARGS, "--keep_versions", "1", "--keep_superseded_hours", "0")
     assert not os.path.exists(v1["version_dir"])  # the version it linked from is gone
     check_invariants(v2)
     meta = readers.info(v2["root"])
