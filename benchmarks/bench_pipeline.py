@@ -17,6 +17,7 @@ Needs the "bench" extra (scikit-image for the photographs, TensorFlow for the sc
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import sys
@@ -50,20 +51,30 @@ def commands(impl, variant, src, out):
 
 
 def measure(cmd_of, repeat):
+    """Median wall seconds, CPU seconds of the whole process tree and peak RSS."""
     runs = []
     for _ in range(repeat):
         tmp = tempfile.mkdtemp(prefix="bench-")
         try:
-            runs.append(run_measured(cmd_of(os.path.join(tmp, "out"))))
+            before = _tree_cpu()
+            seconds, rss, *_ = run_measured(cmd_of(os.path.join(tmp, "out")))
+            runs.append((seconds, _tree_cpu() - before, rss))
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    return {"seconds": statistics.median(r[0] for r in runs),
-            "rss": statistics.median(r[1] for r in runs)}
+    return {key: statistics.median(r[i] for r in runs)
+            for i, key in enumerate(("seconds", "cpu", "rss"))}
 
 
-def line(results, sizes):
+def _tree_cpu():
+    """User + system seconds of every finished descendant (each process waits for its own
+    children, so the build's workers count too): what a loaded machine inflates least."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def line(results, sizes, key="seconds"):
     """(slope s/image, start-up s) through the smallest and largest size."""
-    lo, hi = results[sizes[0]]["seconds"], results[sizes[-1]]["seconds"]
+    lo, hi = results[sizes[0]][key], results[sizes[-1]][key]
     slope = (hi - lo) / (sizes[-1] - sizes[0])
     return slope, lo - slope * sizes[0]
 
@@ -73,6 +84,7 @@ def report(res, sizes, variants):
     two = len(sizes) > 1
     print(f"\n{'variant':34}{'program':8}" + "".join(f"{f'{n} s':>10}" for n in sizes)
           + f"{'img/s':>8}" + (f"{'slope ms':>10}{'start-up s':>12}" if two else "")
+          + f"{'CPU s':>8}" + (f"{'CPU ms/img':>12}{'CPU start-up':>14}" if two else "")
           + f"{'peak RSS GB':>16}")
     for v in variants:
         for impl in ("script", "floor", "ours"):
@@ -82,6 +94,10 @@ def report(res, sizes, variants):
             if two:
                 slope, start = line(r, sizes)
                 row += f"{slope * 1e3:10.3f}{start:12.1f}"
+            row += f"{r[big]['cpu']:8.1f}"
+            if two:
+                slope, start = line(r, sizes, "cpu")
+                row += f"{slope * 1e3:12.3f}{start:14.1f}"
             rss = " -> ".join(f"{r[n]['rss'] / 2**30:.2f}" for n in (sizes[0], big)) if two \
                 else f"{r[big]['rss'] / 2**30:.2f}"
             print(row + f"{rss:>16}")
@@ -103,8 +119,18 @@ def report(res, sizes, variants):
                     f"{f'{i_o:.1f} vs {i_s:.1f} s {_verdict(i_o <= i_s)}':>26}"
                     f"{f'{growth:+.1%} {_verdict(growth <= RSS_TARGET)}':>12}{slope_mark}")
         print(row)
+    if two:
+        print(f"\n{'on CPU seconds (less moved by load)':34}{f'CPU vs script @{big}':>22}"
+              f"{'CPU slope/floor':>17}{'CPU slope/script':>18}{'CPU start-up vs script':>26}")
+        for v in variants:
+            ours, script, floor = res[v, "ours"], res[v, "script"], res[v, "floor"]
+            (s_o, i_o), (s_s, i_s), (s_f, _) = (line(x, sizes, "cpu")
+                                                for x in (ours, script, floor))
+            print(f"{LABELS[v]:34}{script[big]['cpu'] / ours[big]['cpu']:21.2f}x"
+                  f"{s_o / s_f:16.2f}x{s_o / s_s:17.2f}x{f'{i_o:.1f} vs {i_s:.1f} s':>26}")
     print("\nspeed = the script's wall time / ours (higher is better); slope = seconds per extra "
-          "image between the sizes; start-up = the line's intercept at 0 images")
+          "image between the sizes; start-up = the line's intercept at 0 images; CPU = user + "
+          "system seconds of the whole process tree")
 
 
 def _verdict(ok, target=""):
