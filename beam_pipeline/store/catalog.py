@@ -96,14 +96,15 @@ def median(counts):
     return None
 
 
-def iter_tables(path):
-    """A catalog file's row groups (one per shard), one in memory at a time."""
+def iter_tables(path, columns=None, row_groups=None):
+    """A catalog file's row groups (one per shard), one in memory at a time: all of them, or
+    those numbered in `row_groups`; all columns, or only `columns`."""
     from apache_beam.io.filesystem import CompressionTypes
 
     with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
         source = pq.ParquetFile(f)  # reads the footer, then one row group at a time
-        for i in range(source.num_row_groups):
-            yield source.read_row_group(i)
+        for i in range(source.num_row_groups) if row_groups is None else row_groups:
+            yield source.read_row_group(i, columns=columns)
 
 
 def iter_rows(path):
