@@ -23,7 +23,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import build_command, files_of, jpeg_tree, run_measured  # noqa: E402
+from common import _make, build_command, files_of, jpeg_tree, run_measured  # noqa: E402
 
 
 
@@ -69,7 +69,7 @@ def one_round(n, base, extra):
         # keys change: the same tree as one of two inputs (keys gain "photos/")
         other = os.path.join(tmp, "other", "cls")
         os.makedirs(other)
-        shutil.copy2(extra[0], os.path.join(other, "one.jpg"))
+        _make((os.path.join(other, "one.jpg"), 10**9))  # new content (its own seed)
         rekey = run_measured(command(moved_src, root, "--input", os.path.dirname(other)))[0]
         rekeyed = latest_manifest(root)
         return full, add, added, delete, deleted, move, moved, rekey, rekeyed

@@ -15,6 +15,7 @@ is the files on disk plus the previous version's split map; after every build:
   * no example in the previous version changed split without --resplit: a key keeps
     its split, a new key whose bytes the previous version held takes that example's
     split, new content is split by its key hash;
+  * only bytes no stored record was made from are decoded (manifest build.converted);
   * an unchanged listing is "up to date"; anything touched is seen.
 
 Profiles: `fast` (derandomized, one sequence, in the fast subset) and `long` (`slow`;
@@ -276,7 +277,20 @@ class Regeneration(RuleBasedStateMachine):
             want = self.expected_split(key, sha, uri, mode)
             assert split == want, f"{key} is in {split}, not {want} ({mode})"
             published[key] = (split, sha, uri)
+        build = manifest["build"]
+        assert build["converted"] + build["reframed"] <= len(listed)
+        assert build["converted"] == self.expected_decodes(published, mode), build
         self.previous, self.labels = published, labels
+
+    def expected_decodes(self, published, mode):
+        """Only bytes no stored record was made from are decoded (unless --full_rebuild or
+        --resplit): a kept key, a moved, renamed, relabelled or copied image costs none."""
+        if self.previous is None or mode in ("full_rebuild", "resplit"):
+            return len(published)
+        stored = {sha for _, sha, _ in self.previous.values()}
+        return sum(1 for key, (_, sha, _) in published.items()
+                   if not (self.previous[key][1] == sha if key in self.previous
+                           else sha in stored))
 
     def check_against_full_build(self, result, inputs):
         """A real --full_rebuild on a copy of the root (its split map: this version)."""
@@ -325,8 +339,8 @@ def catalog_rows(vdir):
 COMMON = dict(deadline=None, database=None, print_blob=True,
               suppress_health_check=list(HealthCheck))
 FAST = settings(max_examples=3, stateful_step_count=20, derandomize=True, **COMMON)
-LONG = settings(max_examples=int(os.environ.get("MODEL_EXAMPLES", "3")),
-                stateful_step_count=int(os.environ.get("MODEL_STEPS", "40")), **COMMON)
+LONG = settings(max_examples=int(os.environ.get("MODEL_EXAMPLES", "5")),
+                stateful_step_count=int(os.environ.get("MODEL_STEPS", "30")), **COMMON)
 
 
 def run_profile(profile, real_full_build, capsys, name):

@@ -17,6 +17,7 @@ every input whatever its stamp. Streams and external sorts only: flat memory.
 import collections
 import dataclasses
 import hashlib
+import itertools
 import json
 
 from beam_pipeline.launcher import plan
@@ -55,15 +56,16 @@ class Resolved:
             yield ImageRef.from_fields(fields), row
 
     def add(self, ref, row, kind):
+        """One resolved image; `row`: the previous catalog row's JSON text, or None."""
         counts = self.per_split.setdefault(ref.split, [0, 0])
         counts[0] += 1
         counts[1] += ref.size
         self.counts[kind] += 1
         self.counts["stored"] += row is not None  # a record to reuse or re-frame
-        self.by_key.add(json.dumps(ref.key), f"[{ref.to_json()},{json.dumps(row)}]")
+        self.by_key.add(json.dumps(ref.key), f"[{ref.to_json()},{row or 'null'}]")
 
 
-SUFFIX_DEPTHS = (2, 1, 0)  # same bytes: prefer the row with the same class/name, name, any
+SUFFIX_DEPTHS = (2, 1)  # same bytes: prefer the row with the same class/name, then name
 
 
 def resolve(by_key, rows, splits, spill_dir, reuse=True, verify=False):
@@ -85,47 +87,59 @@ def resolve(by_key, rows, splits, spill_dir, reuse=True, verify=False):
                 orphans.add(json.dumps(ref.uri), line)
                 continue
             row = json.loads(old)
-            ref = dataclasses.replace(ref, split=ref.split or row["split"])
+            split = ref.split or row["split"]
             if reuse and _must_hash(ref, row, verify):
                 rehash.add(json.dumps(ref.key), f"[{ref.to_json()},{old}]")
             elif _same_stamp(ref, row):
-                out.add(dataclasses.replace(ref, sha256=row.get("input_sha256")),
-                        row if reuse else None, _same_bytes(ref, row))
+                ref = dataclasses.replace(ref, split=split, sha256=row.get("input_sha256"))
+                out.add(ref, old if reuse else None, _same_bytes(ref, row))
             else:
-                out.add(ref, None, "changed")
-        for (ref, row), same in _hashed_pairs(out, rehash):
-            out.add(ref, row if same else None, _same_bytes(ref, row) if same else "changed")
-        _new_keys(out, orphans, previous, splits, spill_dir, reuse, verify)
+                out.add(dataclasses.replace(ref, split=split), None, "changed")
+        for (ref, row, old), same in _hashed_pairs(out, rehash):
+            ref = dataclasses.replace(ref, split=ref.split or row["split"])
+            out.add(ref, old if same else None, _same_bytes(ref, row) if same else "changed")
+        if len(orphans):
+            _new_keys(out, orphans, previous, splits, spill_dir, reuse, verify)
     return out
 
 
 class _Previous:
-    """The previous catalog's rows, spilled in the orders the joins need."""
+    """The previous catalog's rows, spilled by key; by uri, size and content only when
+    some listed key is new (`others`)."""
 
     def __init__(self, spill_dir, rows):
-        self.by_key, self.by_uri, self.sizes = (SortedSpill(spill_dir) for _ in range(3))
-        self.by_content = {depth: SortedSpill(spill_dir) for depth in SUFFIX_DEPTHS}
+        self.spill_dir, self.spills = spill_dir, []
+        self.by_key = self._spill()
         for row in rows or ():
-            line = json.dumps(row)
-            self.by_key.add(json.dumps(row["key"]), line)
-            self.by_uri.add(json.dumps(row["uri"]), line)
-            self.sizes.add(f"{row['input_size']:020d}", "")
-            if row.get("input_sha256"):
-                for depth, spill in self.by_content.items():
-                    spill.add(content_key(row["input_sha256"], row["key"], depth), line)
+            self.by_key.add(json.dumps(row["key"]), json.dumps(row))
+
+    def _spill(self):
+        self.spills.append(SortedSpill(self.spill_dir))
+        return self.spills[-1]
+
+    def others(self):
+        """-> (by uri, sizes, by input sha256) spills, built from by_key once."""
+        if not hasattr(self, "by_uri"):
+            self.by_uri, self.sizes, self.by_sha = self._spill(), self._spill(), self._spill()
+            for _, line in self.by_key:
+                row = json.loads(line)
+                self.by_uri.add(json.dumps(row["uri"]), line)
+                self.sizes.add(f"{row['input_size']:020d}", "")
+                if row.get("input_sha256"):
+                    self.by_sha.add(row["input_sha256"], line)  # ties: by row text ~ key
+        return self.by_uri, self.sizes, self.by_sha
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
-        for spill in (self.by_key, self.by_uri, self.sizes, *self.by_content.values()):
+        for spill in self.spills:
             spill.close()
 
 
-def content_key(sha256, key, depth):
-    """Bytes plus the key's last `depth` path components: among stored copies of the same
-    bytes, the one with the same class folder and name, else name, else any (key order)."""
-    return f"{sha256} {json.dumps('/'.join(key.split('/')[-depth:]) if depth else '')}"
+def suffix(key, depth):
+    """The key's last `depth` path components (class/name, name)."""
+    return "/".join(key.split("/")[-depth:])
 
 
 def _same_bytes(ref, row):
@@ -145,77 +159,99 @@ def _must_hash(ref, row, verify):
 
 
 def _hashed_pairs(out, spill):
-    """A spill of [ref, row] pairs -> ((ref with its sha256, row), same bytes as the row's
-    input?), inputs read HASH_THREADS at a time."""
-    items = ((ImageRef.from_fields(fields), row)
-             for fields, row in (json.loads(line) for _, line in spill))
-    for (ref, row), digest in hashed(items):
+    """A spill of [ref, row] pairs -> ((ref with its sha256, row, row JSON), same bytes as
+    the row's input?), inputs read HASH_THREADS at a time."""
+    def items():
+        for _, line in spill:
+            fields, row = json.loads(line)
+            yield ImageRef.from_fields(fields), row
+
+    for (ref, row), digest in hashed(items()):
         out.counts["hashed"] += 1
         ref = dataclasses.replace(ref, sha256=digest)
-        yield (ref, row), digest is not None and digest == row["input_sha256"]
+        yield (ref, row, json.dumps(row)), digest is not None and digest == row["input_sha256"]
 
 
 def _new_keys(out, orphans, previous, splits, spill_dir, reuse, verify):
     """New keys: a stored input's file under a new key (an input added or removed, a
     manifest renamed), or its bytes under a new name (moved, renamed, relabelled, copied),
     keeps its split; new content is split by the key hash."""
-    def moved(ref, row):
+    def moved(ref, row, old):
         out.add(dataclasses.replace(ref, split=ref.split or row["split"]),
-                row if reuse else None, "moved")
+                old if reuse else None, "moved")
 
+    by_uri, sizes, by_sha = previous.others()
     with SortedSpill(spill_dir) as rest, SortedSpill(spill_dir) as rehash:
-        for line, old in first_match(orphans, previous.by_uri):  # 1. the same file
+        for line, old in first_match(orphans, by_uri):  # 1. the same file
             ref, row = ImageRef.from_json(line), old and json.loads(old)
             if row and _must_hash(ref, row, verify):
                 rehash.add(json.dumps(ref.uri), f"[{ref.to_json()},{old}]")
             elif row and _same_stamp(ref, row):
-                moved(dataclasses.replace(ref, sha256=row.get("input_sha256")), row)
+                moved(dataclasses.replace(ref, sha256=row.get("input_sha256")), row, old)
             else:
                 rest.add(f"{ref.size:020d}", line)
-        for (ref, row), same in _hashed_pairs(out, rehash):
+        for (ref, row, old), same in _hashed_pairs(out, rehash):
             if same:
-                moved(ref, row)
+                moved(ref, row, old)
             else:
                 rest.add(f"{ref.size:020d}", ref.to_json())
-        unmatched = _by_content(out, rest, previous, spill_dir, moved)
-        for _, line in unmatched:  # 3. new content
-            ref = ImageRef.from_json(line)
-            out.add(dataclasses.replace(
-                ref, split=ref.split or plan.assign_split(ref.key, splits)), None, "added")
-        unmatched.close()
-
-
-def _by_content(out, rest, previous, spill_dir, moved):
-    """2. The same bytes under a new name: refs of a size some stored input has are hashed
-    and matched by content_key at each depth. -> a spill of the refs still unmatched."""
-    unmatched, candidates = SortedSpill(spill_dir), SortedSpill(spill_dir)
-    with candidates:
-        for line, size_seen in first_match(rest, previous.sizes):
-            (candidates if size_seen is not None else unmatched).add("", line)
-        level = SortedSpill(spill_dir)
-        items = ((ImageRef.from_json(line), None) for _, line in candidates)
-        for (ref, _), digest in hashed(i for i in items if i[0].sha256 is None):
-            out.counts["hashed"] += 1
-            ref = dataclasses.replace(ref, sha256=digest)
-            level.add(content_key(digest or "-", ref.key, SUFFIX_DEPTHS[0]), ref.to_json())
-        for _, line in candidates:  # hashed already (the same file with another stamp)
-            ref = ImageRef.from_json(line)
-            if ref.sha256 is not None:
-                level.add(content_key(ref.sha256, ref.key, SUFFIX_DEPTHS[0]), line)
-    for i, depth in enumerate(SUFFIX_DEPTHS):
-        following = SortedSpill(spill_dir) if i + 1 < len(SUFFIX_DEPTHS) else unmatched
-        with level:
-            for line, old in first_match(level, previous.by_content[depth]):
+        with _by_content(out, rest, sizes, by_sha, spill_dir, moved) as unmatched:
+            for _, line in unmatched:  # 3. new content
                 ref = ImageRef.from_json(line)
-                if old is not None:
-                    moved(ref, json.loads(old))
-                elif following is unmatched:
+                out.add(dataclasses.replace(
+                    ref, split=ref.split or plan.assign_split(ref.key, splits)), None,
+                    "added")
+
+
+def _by_content(out, rest, sizes, by_sha, spill_dir, moved):
+    """2. The same bytes under a new name: refs of a size some stored input has are hashed
+    and matched with the stored inputs of the same sha256 (the one with the same class/name,
+    else name, else the first). -> a spill of the refs still unmatched."""
+    unmatched, by_content = SortedSpill(spill_dir), SortedSpill(spill_dir)
+    with by_content:
+        def candidates():
+            for line, size_seen in first_match(rest, sizes):
+                ref = ImageRef.from_json(line)
+                if size_seen is None:
+                    unmatched.add("", line)
+                elif ref.sha256 is not None:  # hashed already (the same file, new stamp)
+                    by_content.add(ref.sha256, line)
+                else:
+                    yield ref, None
+
+        for (ref, _), digest in hashed(candidates()):
+            out.counts["hashed"] += 1
+            if digest is None:  # unreadable: new content as far as we know; the job says why
+                unmatched.add("", ref.to_json())
+            else:
+                by_content.add(digest, dataclasses.replace(ref, sha256=digest).to_json())
+        groups = itertools.groupby(by_sha, key=lambda item: item[0])
+        group_sha, rows = next(groups, (None, None))
+        for sha, lines in itertools.groupby(by_content, key=lambda item: item[0]):
+            while group_sha is not None and group_sha < sha:
+                group_sha, rows = next(groups, (None, None))
+            best = _best_rows(rows) if group_sha == sha else None
+            for _, line in lines:
+                ref = ImageRef.from_json(line)
+                old = best and (best.get((2, suffix(ref.key, 2))) or
+                                best.get((1, suffix(ref.key, 1))) or best[0])
+                if old is None:
                     unmatched.add("", line)
                 else:
-                    following.add(content_key(ref.sha256 or "-", ref.key,
-                                              SUFFIX_DEPTHS[i + 1]), line)
-        level = following
+                    moved(ref, json.loads(old), old)
     return unmatched
+
+
+def _best_rows(rows):
+    """The stored rows of one input sha256 -> {(depth, key suffix): first row, 0: first row}
+    (one entry per distinct suffix: small unless the data is one image copied many times)."""
+    best = {}
+    for _, line in rows:
+        key = json.loads(line)["key"]
+        best.setdefault(0, line)
+        for depth in SUFFIX_DEPTHS:
+            best.setdefault((depth, suffix(key, depth)), line)
+    return best
 
 
 def join_by_key(new, old):
