@@ -10,6 +10,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m readers", description=__doc__,
                                      allow_abbrev=False)
     parser.add_argument("path", help="dataset root (uses LATEST) or a version directory")
+    parser.add_argument("--version", help="a version id under ROOT/versions/ (default: LATEST)")
     parser.add_argument("--split", default="train")
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--image_size", type=int, default=224)
@@ -23,10 +24,11 @@ def main(argv=None):
     import readers
     from readers import layout
 
-    vdir, manifest = layout.load_manifest(args.path)
+    vdir, manifest = layout.load_manifest(args.path, args.version)
     start = time.monotonic()
     ds = readers.make_dataset(args.path, split=args.split, batch_size=args.batch_size,
-                              image_size=args.image_size, training=False, repeat=False)
+                              image_size=args.image_size, training=False, repeat=False,
+                              version=args.version)
     images, labels = next(iter(ds))
     names = manifest["labels"]
     print(f"Read back {vdir} ({args.split}): one batch of images {tuple(images.shape)} "

@@ -1,172 +1,188 @@
 """The training input pipeline: manifest shards -> tf.data.Dataset of (images, labels).
 
 Memory stays bounded because only serialized records (~40 KB JPEGs) sit in the shuffle
-buffer and cache; pixels exist only between decode and batch. Speed comes from
-decoding just the crop window (`decode_and_crop_jpeg`) and parallel interleaved reads.
+buffer and cache; pixels exist only between decode and batch. Speed comes from decoding just
+the crop window and parallel interleaved reads. Which records a host reads: readers/hosts.py;
+how files are checked and read: readers/shards.py; pixels: readers/images.py.
 """
 
 import logging
-import random
-import sys
 
 import tensorflow as tf
 
 from readers import dataset_info as info_lib
-from readers import schema
+from readers import hosts as hosts_lib
+from readers import images
+from readers import shards
 
 log = logging.getLogger(__name__)
 
 READ_BUFFER_BYTES = 8 << 20  # per open shard; large reads keep gs:// throughput up
 SHUFFLE_BUFFER_BYTES = 128 << 20  # default shuffle buffer: ~this many serialized bytes
-CROP_FRACTION = 0.875  # eval center crop, as the TPU ImageNet reference (224 of 256)
-_KEYS = (schema.ENCODED, schema.LABEL)
+CACHE_CHUNK = 256  # cache=: records per cached element; their order is reshuffled each epoch
+CROP_FRACTION = images.CROP_FRACTION
 
 
 def make_dataset(path, split="train", batch_size=128, image_size=224, training=None,
-                 seed=None, input_context=None, dtype=tf.float32, shuffle_buffer=None,
-                 repeat=False, drop_remainder=None, cycle_length=None, deterministic=None,
-                 cache=False, label_offset=0, skip_corrupt=False, transform=False,
-                 crop_fraction=CROP_FRACTION, read_buffer_bytes=READ_BUFFER_BYTES):
+                 seed=None, input_context=None, dtype=tf.float32, value_range=None,
+                 shuffle_buffer=None, repeat=False, drop_remainder=None, cycle_length=None,
+                 deterministic=None, cache=False, label_offset=0, skip_corrupt=False,
+                 transform=False, crop_fraction=CROP_FRACTION, version=None,
+                 read_buffer_bytes=READ_BUFFER_BYTES):
     """A `tf.data.Dataset` of `(images [B, H, W, 3], labels [B] int32)` for `model.fit`.
 
-    path: dataset root (LATEST is resolved once, now), version dir, or a `readers.info()`
-      result (pins the version).
+    path: dataset root, version dir, or a `readers.info()` result (pins the version).
+    version: a version id under ROOT/versions/ to read instead of following LATEST.
     training: random-resized crop + flip and shuffling; default `split == "train"`.
       Otherwise a center crop of `crop_fraction` and the manifest's order.
     seed: makes the training stream (file order, shuffle, crops, flips) the same on every
-      run; every call with the same seed yields the same sequence of epochs.
+      run. Without it, `tf.random.set_seed` / `keras.utils.set_random_seed` seed it.
     input_context: a `tf.distribute.InputContext`; `batch_size` is then per replica.
-      Each input pipeline reads a disjoint subset of the shard files; with fewer files
-      than pipelines, every pipeline reads all files and keeps every n-th record.
-    dtype: uint8 keeps 0..255; a float dtype is scaled to [0, 1].
+      Without one, a multi-worker cluster (the strategy in scope, else TF_CONFIG) is
+      detected and `batch_size` is the global batch. See docs/reader.md for what every host
+      reads; several hosts need a pinned version (`version=` or a version dir).
+    dtype, value_range: float pixels map 0..255 onto value_range: (0, 1) by default,
+      (0, 255) for Keras models with their own preprocessing (EfficientNet, ConvNeXt, …),
+      (-1, 1) for MobileNetV2/Inception style; uint8 keeps 0..255.
     shuffle_buffer: records (serialized) to shuffle over; default ~128 MiB worth (>= 1024).
-    repeat: False (one epoch, known cardinality), True (forever) or an epoch count.
+    repeat: False (one epoch), True (forever) or an epoch count.
     drop_remainder: default `training`, so every training batch has a static shape.
-    deterministic: default: order is fixed unless training without a seed.
+    deterministic: default: order is fixed unless training without any seed.
     cache: True (memory) or a file prefix: caches serialized records, never pixels.
     label_offset: labels come out as 0-based id + label_offset, whatever the manifest's
       own offset is (e.g. 1 for a model with a background class 0).
-    skip_corrupt: a corrupt or truncated shard loses its remaining records (a TFRecord
-      stream cannot resync) with a logged count, instead of failing; cardinality is then
-      unknown.
-    transform: apply the version's saved tf.Transform graph (readers/transform.py) instead
-      of crop/flip/resize: `(images [B, S, S, 3] float32, normalized; labels [B] int64)`,
-      S = the build's --transform_image_size; image_size, dtype and crop_fraction are unused.
+    skip_corrupt: records after a bad frame in a shard (a TFRecord stream cannot resync)
+      and records that do not decode are skipped with a warning naming them, instead of
+      failing; cardinality is then unknown. Missing or wrong-sized files always fail.
+    transform: normalize with the version's tf.Transform statistics, (v - mean) / std per
+      channel, instead of value_range: the same values its saved graph gives, after this
+      reader's crops, flips and image_size.
+
+    The dataset carries `.dataset_info` (the version read: `.dataset_info.version`) and
+    `.plan` (readers.hosts.HostPlan: this host's share) for the training job to record.
     """
-    ds_info = path if isinstance(path, info_lib.DatasetInfo) else info_lib.info(path)
+    ds_info = path if isinstance(path, info_lib.DatasetInfo) else info_lib.info(path, version)
+    if version and ds_info.version != version:
+        raise ValueError(f"{ds_info.version_dir}: is version {ds_info.version}, not {version}")
     split_info = ds_info.split(split)
     training = (split == "train") if training is None else bool(training)
-    if deterministic is None:
-        deterministic = not training or seed is not None
-    if drop_remainder is None:
-        drop_remainder = training
-    height, width = (image_size, image_size) if isinstance(image_size, int) else image_size
-    dtype = tf.as_dtype(dtype)
-    if not (dtype == tf.uint8 or dtype.is_floating):
-        raise ValueError(f"dtype={dtype.name}: use uint8 or a float dtype")
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be >= 1")
+    size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+    output = _output(ds_info, dtype, value_range, transform)
+    hosts = hosts_lib.detect(input_context)
+    _check_pinned(ds_info, hosts)
+    plan = hosts_lib.plan(split_info, hosts, training)
+    shards.check_files(plan.pieces)
+    seed = _seed(seed, training)
+    if deterministic is None:
+        deterministic = not training or seed is not None
+    host_seed = hosts_lib.seed_for(seed, hosts)
 
-    files, counts, record_shard = _host_files(split_info, input_context, seed)
-    num_records = sum(counts)
-    label_shift = label_offset - ds_info.label_offset
-
-    # (path, expected records) per shard file this pipeline reads
-    ds = tf.data.Dataset.from_tensor_slices((files, tf.constant(counts, tf.int64)))
+    ds = _records(plan, training, host_seed, skip_corrupt, cache, cycle_length, deterministic,
+                  read_buffer_bytes)  # -> (record, path, position)
     if training:
-        ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
-    read = _shard_reader(record_shard, skip_corrupt, read_buffer_bytes)
-    ds = ds.interleave(read, cycle_length=cycle_length or min(len(files), 16) or 1,
-                       block_length=1, num_parallel_calls=tf.data.AUTOTUNE,
-                       deterministic=deterministic)
-    # -> serialized tf.train.Example bytes
-    if not skip_corrupt:
-        ds = ds.apply(tf.data.experimental.assert_cardinality(num_records))
-    if cache:
-        ds = ds.cache("" if cache is True else cache)
-    if training:
-        buffer = _shuffle_buffer(shuffle_buffer, split_info, num_records)
+        buffer = _shuffle_buffer(shuffle_buffer, split_info, plan.records)
         if buffer > 1:
-            ds = ds.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
+            ds = ds.shuffle(buffer, seed=host_seed, reshuffle_each_iteration=True)
+        if plan.per_epoch < plan.records:  # the common minimum: equal steps on every host
+            ds = ds.take(plan.per_epoch)
     if repeat is True:
         ds = ds.repeat()
     elif repeat:
         ds = ds.repeat(int(repeat))
+    drop_remainder = training if drop_remainder is None else drop_remainder
+    ds = _decode(ds, training, host_seed, size, output, label_offset - ds_info.label_offset,
+                 crop_fraction, skip_corrupt, deterministic, batch_size, drop_remainder)
+    if not skip_corrupt:  # one image per record: the interleave in _decode hides that
+        ds = ds.apply(tf.data.experimental.assert_cardinality(
+            _batches(plan, training, repeat, batch_size, drop_remainder)))
+    if hosts.count > 1 and input_context is None:
+        # tf.distribute splits each of this host's global batches among all workers'
+        # replicas, so an epoch is `hosts.count` times more steps than batches here: an
+        # honest cardinality is unknown (fit() then runs until every host is done).
+        ds = ds.filter(lambda *batch: True)  # -> unknown cardinality
+    ds = ds.prefetch(tf.data.AUTOTUNE)
+    ds = ds.with_options(_options(deterministic))
+    _log_plan(ds_info, split, plan, training)
+    ds.dataset_info, ds.plan = ds_info, plan
+    return ds
 
+
+def _records(plan, training, seed, skip_corrupt, cache, cycle_length, deterministic,
+             read_buffer_bytes):
+    """This host's serialized records (record, path, position), each piece checked."""
+    read = shards.reader(skip_corrupt, read_buffer_bytes)
+    pieces = shards.pieces_dataset(plan.pieces)
+    cycle = cycle_length or min(len(plan.pieces), 16)
+    if cache:  # cache chunks in a fixed order; reshuffle the chunks each epoch instead
+        ds = pieces.interleave(lambda *p: read(*p).batch(CACHE_CHUNK), cycle_length=cycle,
+                               num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        ds = ds.cache("" if cache is True else cache)
+        if training:
+            chunks = -(-plan.records // CACHE_CHUNK) + len(plan.pieces)
+            ds = ds.shuffle(chunks, seed=seed, reshuffle_each_iteration=True)
+        ds = ds.interleave(lambda *chunk: tf.data.Dataset.from_tensor_slices(chunk),
+                           cycle_length=cycle, num_parallel_calls=tf.data.AUTOTUNE,
+                           deterministic=deterministic)
+    else:
+        if training:
+            pieces = pieces.shuffle(len(plan.pieces), seed=seed, reshuffle_each_iteration=True)
+        ds = pieces.interleave(read, cycle_length=cycle, block_length=1,
+                               num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+    if not skip_corrupt:
+        ds = ds.apply(tf.data.experimental.assert_cardinality(plan.records))
+    return ds
+
+
+def _decode(ds, training, seed, size, output, label_shift, crop_fraction, skip_corrupt,
+            deterministic, batch_size, drop_remainder):
+    """(record, path, position) -> batches of (image, label), naming any record that fails."""
+    fn = images.example_fn(training, size, output, label_shift, crop_fraction)
     if training:
         # per-element [2] seeds for the stateless crop and flip; the same seed gives the
         # same seed stream, and each epoch (iteration) draws fresh ones.
         seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)
-        ds = tf.data.Dataset.zip((ds, seeds))  # -> (record, seed[2])
-        decode = _train_decoder(height, width)
-    else:
-        decode = _eval_decoder(height, width, crop_fraction)
-
-    if transform:
-        to_example = _transform_fn(ds_info, label_shift)
-    else:
-        to_example = _resized(decode, height, width, dtype, label_shift)
-
-    ds = ds.map(to_example, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
-    if skip_corrupt:  # records that frame fine but fail to parse or decode
-        ds = ds.ignore_errors(log_warning=True)
-    ds = ds.batch(batch_size, drop_remainder=drop_remainder)
-    ds = ds.prefetch(tf.data.AUTOTUNE)
-
-    options = tf.data.Options()
-    options.deterministic = deterministic
-    if input_context is not None:  # already sharded here; don't let tf.distribute redo it
-        options.experimental_distribute.auto_shard_policy = (
-            tf.data.experimental.AutoShardPolicy.OFF)
-    return ds.with_options(options)
+        ds = tf.data.Dataset.zip(ds, seeds).map(lambda r, s: r + (s,))
+    spec = (tf.TensorSpec([size[0], size[1], 3], output.dtype), tf.TensorSpec([], tf.int32))
+    return images.decode_batches(fn, skip_corrupt, spec, batch_size, drop_remainder)(
+        ds, deterministic)
 
 
-def _transform_fn(ds_info, label_shift):
-    """Hook for the tf.Transform stage: a map fn (record[, seed]) -> (features, label) that
-    replaces decode/crop/resize; reading, sharding, shuffling and batching stay as they are."""
+def _batches(plan, training, repeat, batch_size, drop_remainder):
+    if repeat is True:
+        return tf.data.INFINITE_CARDINALITY
+    records = (plan.per_epoch if training else plan.records) * (int(repeat) if repeat else 1)
+    return records // batch_size if drop_remainder else -(-records // batch_size)
+
+
+def _output(ds_info, dtype, value_range, transform):
+    if not transform:
+        return images.Output(dtype, value_range)
     from readers import transform as transform_lib
 
-    return transform_lib.record_fn(transform_lib.load(ds_info), label_shift)
+    mean, std = transform_lib.statistics_of(ds_info)
+    return images.Output(dtype, mean=mean, std=std)
 
 
-def _host_files(split_info, input_context, seed):
-    """(files, records expected from each, record_shard) for this input pipeline.
-
-    record_shard is None, or (num_pipelines, index) when there are too few files to give
-    each pipeline its own; then expected counts are this pipeline's share of each file.
-    """
-    shards = [s for s in split_info.shards if s.num_examples > 0]
-    if not shards:
-        raise ValueError(f"split {split_info.name!r} has no records")
-    n = input_context.num_input_pipelines if input_context else 1
-    index = input_context.input_pipeline_id if input_context else 0
-    if n <= 1:
-        return [s.path for s in shards], [s.num_examples for s in shards], None
-    # Same order on every host (same seed, same manifest), so the slices are disjoint.
-    random.Random(0 if seed is None else seed).shuffle(shards)
-    if len(shards) >= n:
-        mine = shards[index::n]
-        return [s.path for s in mine], [s.num_examples for s in mine], None
-    log.warning("split %r has %d shard files for %d input pipelines: every pipeline reads "
-                "all files and keeps every %d-th record (more shards would read faster)",
-                split_info.name, len(shards), n, n)
-    counts = [len(range(index, s.num_examples, n)) for s in shards]
-    return [s.path for s in shards], counts, (n, index)
+def _check_pinned(ds_info, hosts):
+    """Several hosts must read one version: each following LATEST could land on another."""
+    if hosts.count > 1 and ds_info.followed_latest:
+        raise ValueError(
+            f"{hosts.count} hosts read this dataset and this one followed LATEST to "
+            f"{ds_info.version}: pin one version for all of them, e.g. "
+            f"make_dataset(ROOT, ..., version={ds_info.version!r}) or readers.info(ROOT, "
+            "version=...), with the id passed to every host (a flag, an environment variable)")
 
 
-def _resized(decode, height, width, dtype, label_shift):
-    """(record[, seed]) -> (image [H, W, 3] in dtype, label): decode, resize, scale."""
+def _seed(seed, training):
+    """The user's seed, else the global one (tf.random.set_seed), else None."""
+    if seed is not None or not training:
+        return seed
+    from tensorflow.python.framework import random_seed
 
-    def to_example(*args):
-        image, label = decode(*args)
-        image = tf.image.resize(image, [height, width], method="bilinear")  # float32 0..255
-        if dtype == tf.uint8:
-            image = tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
-        else:
-            image = tf.cast(image * (1.0 / 255.0), dtype)
-        return image, tf.cast(label + label_shift, tf.int32)
-
-    return to_example
+    global_seed, _ = random_seed.get_seed(None)
+    return global_seed
 
 
 def _shuffle_buffer(shuffle_buffer, split_info, num_records):
@@ -176,87 +192,19 @@ def _shuffle_buffer(shuffle_buffer, split_info, num_records):
     return int(min(num_records, max(1024, SHUFFLE_BUFFER_BYTES // mean_bytes)))
 
 
-def _shard_reader(record_shard, skip_corrupt, read_buffer_bytes):
-    """A function (path, expected) -> Dataset of that file's records.
-
-    TFRecordDataset's DataLossError names no file, and the interleave hides which one failed.
-    So each file is read with ignore_errors (which ends the file at the first bad frame) and
-    compared with the record count in the manifest: a short file raises an error naming it,
-    or with skip_corrupt, logs how many records were lost. The strict check costs nothing per
-    record: the failing tail is only pulled if the file runs out before `expected`.
-    """
-
-    def read(path, expected):
-        records = tf.data.TFRecordDataset(path, buffer_size=read_buffer_bytes)
-        records = records.ignore_errors(log_warning=True)  # logs TF's own reason + offset
-        if record_shard:
-            records = records.shard(*record_shard)
-        if not skip_corrupt:
-            fail = tf.data.Dataset.from_tensors(path).map(lambda p: _short_file(p, expected))
-            return records.concatenate(fail).take(expected)
-        marked = records.map(lambda r: (r, False)).concatenate(
-            tf.data.Dataset.from_tensors((tf.constant(b""), True)))
-        # -> (index in file, (record, is_end_marker))
-
-        def keep(i, item):
-            is_end = item[1]
-            with tf.control_dependencies([tf.cond(
-                    is_end & (i < expected), lambda: _log_lost(path, i, expected), tf.no_op)]):
-                return tf.logical_not(is_end)
-
-        return marked.enumerate().filter(keep).map(lambda i, item: item[0])
-
-    return read
+def _options(deterministic):
+    options = tf.data.Options()
+    options.deterministic = deterministic
+    # This reader splits the records among hosts itself (readers/hosts.py): tf.distribute
+    # must not shard again (AUTO would cut the already-cut stream, and the seed stream too).
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    return options
 
 
-def _short_file(path, expected):
-    check = tf.debugging.Assert(False, [tf.strings.join([
-        path, ": fewer records than the ", tf.strings.as_string(expected), " in manifest.json; "
-        "the shard is corrupt (bad CRC), truncated or missing (TensorFlow logged the reason above). "
-        "Rebuild the dataset, or pass skip_corrupt=True to read past it."])])
-    with tf.control_dependencies([check]):
-        return tf.constant(b"")
-
-
-def _log_lost(path, got, expected):
-    return tf.print("WARNING readers: skip_corrupt: ", path, ": read ", got, " of ", expected,
-                    " records, skipped ", expected - got, " (corrupt, truncated or missing)",
-                    sep="", output_stream=sys.stderr)  # not via logging: data loss is never muted
-
-
-def _decode_fields(record):
-    ex = tf.io.parse_single_example(record, schema.feature_spec(_KEYS))
-    return ex[schema.ENCODED], ex[schema.LABEL]
-
-
-def _train_decoder(height, width):
-    """Random-resized crop (Inception style) decoded straight from the JPEG, then a flip."""
-
-    def decode(record, seed):
-        jpeg, label = _decode_fields(record)
-        crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
-        begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
-            tf.io.extract_jpeg_shape(jpeg), bounding_boxes=tf.constant([[[0.0, 0.0, 1.0, 1.0]]]),
-            seed=crop_seed, min_object_covered=0.1, aspect_ratio_range=(3 / 4, 4 / 3),
-            area_range=(0.08, 1.0), max_attempts=10, use_image_if_no_bounding_boxes=True)
-        window = tf.stack([begin[0], begin[1], size[0], size[1]])
-        image = tf.io.decode_and_crop_jpeg(jpeg, window, channels=3)
-        image = tf.image.stateless_random_flip_left_right(image, flip_seed)
-        return image, label
-
-    return decode
-
-
-def _eval_decoder(height, width, crop_fraction):
-    """Center crop of `crop_fraction` of the shorter side, decoded straight from the JPEG."""
-
-    def decode(record):
-        jpeg, label = _decode_fields(record)
-        shape = tf.io.extract_jpeg_shape(jpeg)
-        side = tf.cast(crop_fraction * tf.cast(tf.minimum(shape[0], shape[1]), tf.float32),
-                       tf.int32)
-        side = tf.maximum(side, 1)
-        window = tf.stack([(shape[0] - side + 1) // 2, (shape[1] - side + 1) // 2, side, side])
-        return tf.io.decode_and_crop_jpeg(jpeg, window, channels=3), label
-
-    return decode
+def _log_plan(ds_info, split, plan, training):
+    hosts = plan.hosts
+    share = (f"host {hosts.index} of {hosts.count} ({hosts.source}): records "
+             f"{plan.records} of {plan.split_records}, {plan.per_epoch} an epoch"
+             if hosts.count > 1 else f"{plan.records} records")
+    log.info("readers: %s version %s, split %s, %s (%s)", ds_info.version_dir,
+             ds_info.version, split, share, "training" if training else "evaluation")

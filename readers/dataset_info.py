@@ -37,6 +37,9 @@ class DatasetInfo:
     label_offset: int
     splits: Dict[str, SplitInfo]
     manifest: dict = dataclasses.field(repr=False, compare=False)
+    # True when the version came from ROOT/LATEST (what `info(root)` without `version=` does):
+    # fine on one host; several hosts each following LATEST may land on different versions.
+    followed_latest: bool = False
 
     @property
     def num_classes(self):
@@ -58,7 +61,7 @@ class DatasetInfo:
                            f"this version has {sorted(self.splits)}") from None
 
 
-def from_manifest(vdir, manifest):
+def from_manifest(vdir, manifest, followed_latest=False):
     splits = {}
     for name, s in manifest.get("splits", {}).items():
         shards = tuple(ShardInfo(path=layout.join(vdir, sh["path"]),
@@ -73,13 +76,16 @@ def from_manifest(vdir, manifest):
                        version_dir=vdir,
                        labels=tuple(manifest.get("labels", ())),
                        label_offset=int(manifest.get("label_offset", 0)),
-                       splits=splits, manifest=manifest)
+                       splits=splits, manifest=manifest, followed_latest=followed_latest)
 
 
-def info(path):
+def info(path, version=None):
     """Labels, splits (counts and shard files) and version of a dataset root or version dir.
 
-    A root is resolved through LATEST once, here: keep the returned `version_dir` if later
-    reads must see the same version while a new one is being published.
+    A root is resolved through LATEST once, here, unless `version` (an id under
+    ROOT/versions/, e.g. "20261201T101500Z") pins one. Pass the result to `make_dataset` so
+    later reads see this version while a new one is being published.
     """
-    return from_manifest(*layout.load_manifest(path))
+    vdir, manifest = layout.load_manifest(path, version)
+    followed = version is None and vdir.rstrip("/") != str(path).rstrip("/")
+    return from_manifest(vdir, manifest, followed_latest=followed)

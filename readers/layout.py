@@ -61,10 +61,21 @@ def _gfile():
     return tf.io.gfile
 
 
-def resolve(path):
-    """Return the version directory for a dataset root (via LATEST, read once) or a version dir."""
+def resolve(path, version=None):
+    """The version directory for a dataset root (via LATEST, read once; or `version`, an id
+    under ROOT/versions/) or a version directory itself."""
     gfile = _gfile()
     path = path.rstrip("/")
+    if version:
+        vdir = version_dir(path, version)
+        if gfile.exists(join(vdir, MANIFEST)):
+            return vdir
+        if gfile.exists(join(path, MANIFEST)) and posixpath.basename(path) == version:
+            return path  # already that version's directory
+        raise FileNotFoundError(
+            f"{vdir}: no {MANIFEST}: version {version!r} does not exist under {path} "
+            f"(pruned, or not published yet?); the versions are the directories in "
+            f"{join(path, VERSIONS)}/")
     if gfile.exists(join(path, MANIFEST)):
         return path
     latest = join(path, LATEST)
@@ -77,9 +88,9 @@ def resolve(path):
         "pass the --output root of a finished build or one of its versions/ directories")
 
 
-def load_manifest(path):
+def load_manifest(path, version=None):
     """(version_dir, manifest dict) for a dataset root or version directory."""
-    vdir = resolve(path)
+    vdir = resolve(path, version)
     with _gfile().GFile(join(vdir, MANIFEST), "r") as f:
         manifest = json.load(f)
     if manifest.get("format_version") not in READABLE_FORMAT_VERSIONS:

@@ -8,9 +8,12 @@ inputs are never fed: TFT supplies them, and no output depends on them):
     image  float32 [S, S, 3]  (resize(decode_jpeg(image/encoded), S×S) - mean) / std
     label  int64   []         image/class/label, unchanged
 
-`make_dataset(..., transform=True)` applies it to every record; a Keras model that embeds
-`tft_output.transform_features_layer()` applies the very same graph at serving time, so a
-saved model can take raw JPEG bytes (see `serving_signatures` and docs/transform.md).
+`make_dataset(..., transform=True)` normalizes with the graph's own statistics
+(`statistics_of`) after the reader's crops, flips and resize: the graph's values, at the
+reader's speed (the graph's exact decode and antialiased resize ran at a quarter of it). A
+Keras model that embeds `tft_output.transform_features_layer()` applies the very graph at
+serving time, so a saved model can take raw JPEG bytes (see `serving_signatures` and
+docs/transform.md); `record_fn` applies it in a tf.data map.
 
 TensorFlow and tensorflow_transform load when a function here runs, not at import. Note that
 importing tensorflow_transform sets TF_USE_LEGACY_KERAS=1 (its layer is a Keras 2 `tf_keras`
@@ -36,6 +39,29 @@ def load(path):
                          "(built with --no_transform, or before it existed); rebuild with "
                          "--transform to read it with transform=True")
     return tft.TFTransformOutput(ds_info.version_dir)
+
+
+def statistics_of(ds_info):
+    """(mean, std) per RGB channel, 0..255 scale: the train statistics the saved graph
+    normalizes with, read from its asset (float64) without loading tensorflow_transform."""
+    import json
+
+    import tensorflow as tf
+
+    from readers import layout
+
+    entry = ds_info.manifest.get("transform")
+    if not entry:
+        raise ValueError(f"{ds_info.version_dir}: this version has no tf.Transform output "
+                         "(built with --no_transform, or before it existed); rebuild with "
+                         "--transform to read it with transform=True")
+    asset = layout.join(ds_info.version_dir, entry.get("transform_fn", "transform_fn"),
+                        "assets", STATISTICS)
+    if tf.io.gfile.exists(asset):
+        with tf.io.gfile.GFile(asset, "r") as f:
+            statistics = json.load(f)
+        return list(statistics["mean"]), list(statistics["std"])
+    return list(entry["mean"]), list(entry["std"])  # rounded to 4 decimals
 
 
 def record_fn(tft_output, label_shift=0):
