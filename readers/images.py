@@ -109,7 +109,7 @@ def decode_batches(fn, skip_corrupt, element_spec, batch_size, drop_remainder):
 
     Each batch's records are decoded inside their own small dataset with `ignore_errors`, so
     it sees that batch's decoding only, never reading or the checks upstream; batches are
-    decoded in parallel by an interleave. A batch that comes out short is decoded again
+    decoded in parallel by the outer map. A batch that comes out short is decoded again
     record by record to find which record failed: that costs only when one did.
     """
     image_spec, label_spec = element_spec
@@ -119,21 +119,17 @@ def decode_batches(fn, skip_corrupt, element_spec, batch_size, drop_remainder):
     def per_batch(records, paths, positions, *rest):
         done = tf.data.Dataset.from_tensor_slices((records,) + rest).map(fn).ignore_errors(
             log_warning=True)  # TensorFlow's reason, in its log
-        done = done.batch(batch_size).concatenate(tf.data.Dataset.from_tensors(empty)).take(1)
-
-        def check(images, labels):
-            short = tf.shape(images)[0] < tf.shape(records)[0]
-            report = tf.cond(short, lambda: _report(fn, records, paths, positions, rest,
-                                                    skip_corrupt), tf.no_op)
-            with tf.control_dependencies([report]):
-                return tf.identity(images), tf.identity(labels)
-
-        return done.map(check)
+        images, labels = done.batch(batch_size).concatenate(
+            tf.data.Dataset.from_tensors(empty)).take(1).get_single_element()
+        short = tf.shape(images)[0] < tf.shape(records)[0]
+        report = tf.cond(short, lambda: _report(fn, records, paths, positions, rest,
+                                                skip_corrupt), tf.no_op)
+        with tf.control_dependencies([report]):
+            return tf.identity(images), tf.identity(labels)
 
     def apply(ds, deterministic=None):
-        ds = ds.batch(batch_size, drop_remainder=drop_remainder).interleave(
-            per_batch, cycle_length=tf.data.AUTOTUNE, block_length=1,
-            num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+        ds = ds.batch(batch_size, drop_remainder=drop_remainder).map(
+            per_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
         if skip_corrupt:  # batches that lost records: batch again
             return ds.unbatch().batch(batch_size, drop_remainder=drop_remainder)
         if drop_remainder:  # full or failed: the batch dimension is static
