@@ -3,7 +3,7 @@ scales.
 
     python benchmarks/bench_near_duplicates.py accuracy   # hashes compared, ROC per threshold
     python benchmarks/bench_near_duplicates.py cost       # per-image cost beside the decode
-    python benchmarks/bench_near_duplicates.py grouping [RADIUS]  # time, RSS at 50k/100k/200k
+    python benchmarks/bench_near_duplicates.py grouping [RADIUS [BANDS]]  # time, RSS, 50k-400k
     python benchmarks/bench_near_duplicates.py            # all three
 
 Needs the "bench" extra (imagehash as the yardstick; the photos scikit-image, scikit-learn
@@ -19,7 +19,6 @@ different photos; pairs of one photo's scenes overlapping more are left out.
 import io
 import os
 import random
-import resource
 import statistics
 import subprocess
 import sys
@@ -328,64 +327,77 @@ def cost():
 
 # --- grouping at scale ------------------------------------------------------------------------
 
-GROUP_SIZES = (50_000, 100_000, 200_000)
+GROUP_SIZES = (50_000, 100_000, 200_000, 400_000)
 
 
-def synthetic_rows(n, radius, real_path, seed=SEED):
+def synthetic_hashes(n, radius, real_path, seed=SEED):
     """n hashes that look like real ones: the benchmark's own (with their near-duplicate
     pairs), then independent bits with the per-bit frequencies measured on them (the top
     bit, pHash's DC term, is always 1, so buckets are fuller than uniform hashes make them);
-    1% of the rows get a planted near copy within `radius`."""
-    from beam_pipeline.store import near_duplicates
-
+    1% of the rows get a planted near copy within `radius`. Made 50,000 at a time, so the
+    process's peak RSS is the grouping's."""
     rng = np.random.default_rng(seed)
     real = np.load(real_path)
     p = ((real[:, None] >> np.arange(64, dtype=np.uint64)) & np.uint64(1)).mean(0)
-    bits = rng.random((n, 64)) < p
-    h = (bits.astype(np.uint64) << np.arange(64, dtype=np.uint64)).sum(1, dtype=np.uint64)
+    h = np.empty(n, np.uint64)
+    for lo in range(0, n, 50_000):
+        bits = rng.random((min(n - lo, 50_000), 64)) < p
+        h[lo:lo + len(bits)] = (bits.astype(np.uint64) << np.arange(64, dtype=np.uint64)).sum(
+            1, dtype=np.uint64)
     h[:len(real)] = real
     planted = n // 100
     for k in range(planted):
         flips = rng.choice(64, rng.integers(1, radius + 1), replace=False)
         h[n - planted + k] = h[len(real) + k] ^ np.uint64(sum(1 << int(f) for f in flips))
-    splits = ("train", "validation", "test")
-    return [near_duplicates.Row(f"img/{k:08d}.jpg", splits[k % 3], int(v))
-            for k, v in enumerate(h)], planted
+    return h, planted
 
 
-def grouping_one(n, radius, real_path):
-    """Runs in a child process so ru_maxrss is this size's own peak."""
+def _memory_kb(field):
+    """VmRSS (now) or VmHWM (peak) of this process: ru_maxrss would be the parent's peak,
+    which Linux keeps across exec."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
+def grouping_one(n, radius, bands, real_path):
+    """Runs in a child process so the peak RSS is this size's own. Rows are made as the
+    grouping reads them (as the commit step streams them from the catalog), timed with it."""
     from beam_pipeline.store import near_duplicates
 
-    rows, planted = synthetic_rows(n, radius, real_path)
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    h, planted = synthetic_hashes(n, radius, real_path)
+    splits = ("train", "validation", "test")
+    rows = (near_duplicates.Row(f"img/{k:08d}.jpg", splits[k % 3], v)
+            for k, v in enumerate(h.tolist()))
+    base = _memory_kb("VmRSS")
     t = time.perf_counter()
-    found = near_duplicates.find_groups(iter(rows), radius,
-                                        near_duplicates.default_bands(radius))
+    found = near_duplicates.find_groups(rows, radius, bands or None)
     pairs = sum(len(g.pairs) for g in found)
     took = time.perf_counter() - t
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = _memory_kb("VmHWM")
     print(f"{n} {took:.2f} {peak / 1024:.1f} {(peak - base) / 1024:.1f} {pairs} {planted}")
 
 
-def grouping(radius=None):
-    """The build's grouping at the default radius on hashes that look like real ones. Exact
-    multi-index search is linear only while buckets stay small: radius + 1 bands of 64 bits
-    put ~n / 2**(64 / (radius + 1)) rows in a bucket (more for real, biased bits)."""
+def grouping(radius=None, bands=None):
+    """The build's grouping (default radius and bands unless given) on hashes that look like
+    real ones. Exact multi-index search is linear only while buckets stay small: b bands put
+    ~n / 2**(64 / b) rows in a bucket (more for real, biased bits), so the comparisons grow
+    as n**2 once n passes 2**(64 / b) times the values probed per band."""
     from beam_pipeline.store import near_duplicates
 
     radius = near_duplicates.DEFAULT_RADIUS if radius is None else radius
+    bands = bands or near_duplicates.default_bands(radius)
     real = np.array([perceptual.phash(small_grey(d)) for d, *_ in corpus(random.Random(SEED))],
                     dtype=np.uint64)
     real_path = os.path.join(tempfile.mkdtemp(), "real.npy")
     np.save(real_path, real)
     print(f"grouping {len(real)} benchmark hashes plus hashes with their bit frequencies, "
-          f"radius {radius}; each size in its own process ('grouping MB' is peak RSS minus "
-          f"the RSS before grouping)")
+          f"radius {radius}, {len(near_duplicates.plan(radius, bands).widths)} bands; each size "
+          f"in its own process ('grouping MB' is peak RSS minus the RSS just before grouping)")
     print("       n   seconds  us/image  peak MB  grouping MB  pairs found  planted")
     out = []
     for n in GROUP_SIZES:
-        r = subprocess.run([sys.executable, __file__, "_group", str(n), str(radius), real_path],
+        r = subprocess.run([sys.executable, __file__, "_group", str(n), str(radius),
+                            str(bands or 0), real_path],
                            capture_output=True, text=True, check=True)
         n_, took, peak, grew, pairs, planted = r.stdout.split()
         out.append((int(n_), float(took), float(grew)))
@@ -401,7 +413,7 @@ if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     what = sys.argv[1] if len(sys.argv) > 1 else "all"
     if what == "_group":
-        grouping_one(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+        grouping_one(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
     else:
         for name, fn in (("accuracy", accuracy), ("cost", cost), ("grouping", grouping)):
             if what in (name, "all"):

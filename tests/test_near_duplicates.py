@@ -1,5 +1,6 @@
 """beam_pipeline.store.near_duplicates against brute force on seeded random hashes."""
 
+import hashlib
 import io
 import json
 import random
@@ -39,8 +40,8 @@ def found(rows, radius, bands=None, tmp_path=None):
     return {tuple(sorted((a, b))) + (d,) for a, b, d in pairs}
 
 
-@pytest.mark.parametrize("radius, bands", [(0, None), (3, None), (6, None), (6, 3), (10, 4),
-                                           (10, None)])
+@pytest.mark.parametrize("radius, bands", [(0, None), (3, None), (6, None), (6, 3), (6, 7),
+                                           (10, 11), (10, None)])
 def test_pairs_equal_brute_force(radius, bands, tmp_path):
     rows = seeded_rows(300, radius, seed=radius * 10 + (bands or 0))
     expected = brute(rows, radius)
@@ -48,14 +49,35 @@ def test_pairs_equal_brute_force(radius, bands, tmp_path):
     assert found(rows, radius, bands, tmp_path) == expected
 
 
-def test_spilled_to_disk_in_small_chunks_gives_the_same_pairs(tmp_path, monkeypatch):
-    monkeypatch.setattr("beam_pipeline.store.spill.CHUNK_LINES", 97)
-    rows = seeded_rows(200, 4, seed=7)
-    original = nd.SortedSpill.__init__
-    monkeypatch.setattr(nd.SortedSpill, "__init__",
-                        lambda self, d=None: original(self, d, chunk_lines=97))
-    assert found(rows, 4, None, tmp_path) == brute(rows, 4)
-    assert not list(tmp_path.iterdir()), "spill files left behind"
+@pytest.mark.parametrize("radius, bands, old_every", [(4, None, 0), (10, 4, 0), (6, 3, 2),
+                                                      (10, None, 3)])
+def test_tiny_memory_limits_give_the_same_pairs(radius, bands, old_every, tmp_path,
+                                                monkeypatch):
+    """Hashes read 37 rows at a time, band tables of ~40 rows (value-range pieces), 5
+    candidate pairs compared at a time, buckets of over 3 rows as blocks, buckets found by
+    search rather than by offset table."""
+    for name, value in (("SCAN_ROWS", 37), ("TABLE_ROWS", 40), ("PAIR_CHUNK", 5),
+                        ("BLOCK_ROWS", 3), ("DIRECT_BITS", 3)):
+        monkeypatch.setattr(nd, name, value)
+    rows = seeded_rows(100, radius, seed=7, old_every=old_every)
+    assert found(rows, radius, bands, tmp_path) == brute(rows, radius)
+    assert not list(tmp_path.iterdir()), "scratch files left behind"
+
+
+# sha256 (first 16 hex digits) of near_duplicates.jsonl as the previous engine (a text
+# spill sorted on disk, compared row by row in Python) wrote it for seeded_rows(3000, radius,
+# seed=99, old_every)
+PREVIOUS_ENGINE = {(10, 11, 0): (459, "e65533c03a5fa24a"), (10, 4, 3): (423, "1ca80cf33cdf7a5a"),
+                   (4, None, 0): (444, "448b88181fbbcaa4"), (6, 3, 2): (361, "3a74227dcb293415")}
+
+
+@pytest.mark.parametrize("radius, bands, old_every", sorted(PREVIOUS_ENGINE, key=str))
+def test_jsonl_equals_the_previous_engines(radius, bands, old_every, tmp_path):
+    rows = seeded_rows(3000, radius, seed=99, old_every=old_every)
+    buf = io.StringIO()
+    lines = nd.write_jsonl(nd.find_groups(rows, radius, bands, tmp_path), buf)
+    digest = hashlib.sha256(buf.getvalue().encode()).hexdigest()[:16]
+    assert (lines, digest) == PREVIOUS_ENGINE[(radius, bands, old_every)]
 
 
 @pytest.mark.parametrize("bands", [None, 3])
@@ -122,5 +144,11 @@ def test_rejects_impossible_plans(radius, bands):
 def test_plan_pigeonhole():
     p = nd.plan(10)
     assert len(p.widths) == 11 and sum(p.widths) == 64 and p.sub_radius == 0
-    p = nd.plan(10, bands=4)
+    p = nd.plan(10, bands=nd.default_bands(10))
     assert p.widths == (16, 16, 16, 16) and p.sub_radius == 2  # 4 bands x 3 bits > 10
+
+
+def test_no_rows_and_no_pairs(tmp_path):
+    assert nd.find_groups([], 10, directory=tmp_path) == []
+    assert nd.find_groups([Row("a", "train", 0), Row("b", "test", 2**64 - 1)], 10) == []
+    assert not list(tmp_path.iterdir())

@@ -5,7 +5,8 @@ Byte hashes (job/duplicates.py) miss the copies that inflate test scores most: t
 photo resized, re-compressed, lightly cropped or re-exported. The writer stored a 64-bit
 pHash per image in the catalog (--near_duplicates); this step streams (key, split, phash)
 from the shards' catalog fragments into the multi-index grouping (store/near_duplicates.py),
-which sorts on disk, so memory stays flat.
+which keeps the hashes in a local file and sorts them a band and value range at a time, so
+memory stays flat.
 
 Incremental: rows of reused and copied shards are old; only pairs with a new row are
 searched, and the previous version's pairs between rows still unchanged are carried over,
