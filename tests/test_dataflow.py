@@ -133,8 +133,10 @@ def test_dataflow_job_with_setup_file(gcs, gcs_bucket, tmp_path, make_images,
 
 
 def _assert_graph_scales(proto):
-    """No step gathers images, records or even per-image refs: exactly two groupings, one that
-    spreads the (split, shard, listing file) triples over workers, one over shard stats."""
+    """No step gathers images, records or even per-image refs. The groupings: one spreads
+    the shard tasks over workers; commit's list of every shard is fed slim results (no
+    label counts, no error records); the label counts are combined, and the error records
+    written, by their own steps."""
     transforms = proto.components.transforms
     producer = {}
     for t in transforms.values():
@@ -147,14 +149,21 @@ def _assert_graph_scales(proto):
     assert groupings == [
         ("ImagesToTFRecords/Commit/AllShards/AllShards/CombinePerKey/GroupByKey",
          "ImagesToTFRecords/Commit/AllShards/AllShards/KeyWithVoid"),
+        ("ImagesToTFRecords/Commit/LabelCounts/CombinePerKey/GroupByKey",
+         "ImagesToTFRecords/Commit/LabelCounts/KeyWithVoid"),
+        ("ImagesToTFRecords/Commit/WriteErrors/Write/WriteImpl/GroupByKey",
+         "ImagesToTFRecords/Commit/WriteErrors/Write/WriteImpl/WindowInto(WindowIntoFn)"),
         ("ImagesToTFRecords/ToWorkers/ReshufflePerKey/GroupByKey",
          "ImagesToTFRecords/ToWorkers/ReshufflePerKey/Map(reify_metadata_default_window)"),
     ]
-    # ... and the commit's combine is fed by the shard writer, i.e. one small dict per shard.
-    key_with_void = next(t for t in transforms.values()
-                         if t.unique_name.endswith("AllShards/KeyWithVoid"))
-    assert producer[next(iter(key_with_void.inputs.values()))].unique_name == \
-        "ImagesToTFRecords/WriteShards"
+    # ... the list is fed slim results, the combine and the error lines the writers' own.
+    def fed_by(suffix):
+        t = next(t for t in transforms.values() if t.unique_name.endswith(suffix))
+        return producer[next(iter(t.inputs.values()))].unique_name
+
+    assert fed_by("AllShards/KeyWithVoid") == "ImagesToTFRecords/Commit/Slim"
+    for step in ("Commit/Slim", "LabelCounts/KeyWithVoid", "Commit/ErrorLines"):
+        assert fed_by(step) == "ImagesToTFRecords/WriteShards", step
 
 
 @pytest.mark.slow

@@ -1,5 +1,10 @@
 """The job's last stage: finalize the shards -> build the manifest -> publish.
 
+The writers already put every shard under its final name, the label counts arrive summed
+across workers (SumLabelCounts) and the error records as one JSONL file (WriteErrors), so
+the one process that commits holds one small entry per shard and makes no request per
+shard but its catalog fragment's read.
+
 Runs once, inside the Beam job, after every shard is written (a launcher line after
 run() is not guaranteed to execute on Dataflow). Idempotent, so a retry is safe.
 """
@@ -15,6 +20,7 @@ from apache_beam.io.filesystems import FileSystems
 from beam_pipeline.store import catalog, files, lock, versions
 from beam_pipeline.store.near_duplicates import DEFAULT_RADIUS
 from beam_pipeline.job import duplicates, leaks, rewrite
+from beam_pipeline.job.contracts import ShardResult
 from beam_pipeline.job.manifest import Finalized, build_manifest
 from readers import layout
 
@@ -66,48 +72,120 @@ class CommitSpec:
         return layout.join(self.vdir, ".tmp")
 
 
-def commit(results, spec, extra_files=(), manifest_parts=()):
+def commit(results, spec, extra_files=(), manifest_parts=(), label_counts=None,
+           error_files=()):
     """All ShardResults -> the published manifest (a dict). Raises to fail the job.
 
     `extra_files` are callables (version_dir, manifest) that write files beside the
     manifest and may add keys to it; `manifest_parts` are dicts produced by other branches
     of the job (e.g. the transform analysis) merged into the manifest.
-    """
-    from beam_pipeline.store import lock
 
+    In the job, `results` are slim (ShardResult.slim): `label_counts` ({split: {class: n}})
+    and `error_files` (JSONL of the shards' error records) carry what they left out.
+    Called with full results (tests, benchmarks) it sums them itself.
+    """
     lock.keep_alive(spec.root, spec.version)  # the job's lock stays alive while this runs
     done_path = layout.join(spec.vdir, layout.MANIFEST)
     if files.exists(done_path):  # run again after it wrote the manifest (a runner's retry):
         return _publish(spec, files.read_json(done_path))  # publish only, rewrite nothing
     lock.check_token(spec.root, spec.lock_token)  # a lost build completes nothing either
-    done = finalize(results, spec)
+    done = finalize(results, spec, label_counts, error_files)
     manifest = build_manifest(spec, done, datetime.datetime.now(datetime.timezone.utc),
                               manifest_parts)
     _write_manifest(spec, manifest, extra_files)
     return _publish(spec, manifest)
 
 
-def finalize(results, spec):
+def finalize(results, spec, label_counts=None, error_files=()):
     """Everything but the manifest: dedupe, errors.jsonl and the error budget, the shards
-    renamed to their final names, the catalog merged. -> Finalized."""
+    a writer left under a temp name renamed, the catalog merged. -> Finalized.
+
+    Per shard this costs only what the merged catalog needs (its fragment, read 8 at a
+    time): shards are already under their final names, and the counts and errors arrive
+    combined."""
     # Shards with a catalog fragment (not --sink beam), in split and shard order.
     cataloged = sorted((r for r in results if r.catalog_temp),
                        key=lambda r: (r.split, r.shard))
+    original = cataloged
     cataloged, content_duplicates, dropped = _content_duplicates(cataloged, spec)
     cataloged, near_duplicates, leaked = _near_duplicates(cataloged, spec)
     rewritten = {(r.split, r.shard): r for r in cataloged}
     results = tuple(rewritten.get((r.split, r.shard), r) if r.catalog_temp else r
                     for r in results)
-    errors = _write_errors(results, spec)
-    _check_error_budget(len(errors), spec)
+    if label_counts is None:
+        label_counts = sum_label_counts(results)
+    else:  # combined before commit: take the rewritten shards' dropped rows off
+        label_counts = _minus_dropped(label_counts, original, cataloged)
+    reasons = _write_errors(results, spec, error_files)
+    _check_error_budget(sum(reasons.values()), spec)
     by_shard = {(r.split, r.shard): r for r in results}
-    shards = {split: [_commit_shard(spec, split, i, by_shard.get((split, i))) for i in range(n)]
-              for split, n in sorted(spec.num_shards.items())}
+    shards = _commit_shards(spec, by_shard)
     catalog_rows, sides = _merge_catalog(cataloged, spec)
-    _warn_empty_classes(spec.labels, results)
-    return Finalized(results=results, shards=shards, errors=errors, catalog_rows=catalog_rows,
+    _warn_empty_classes(spec.labels, label_counts)
+    return Finalized(results=results, shards=shards, catalog_rows=catalog_rows,
                      longer_sides=sides, content_duplicates=content_duplicates, dropped=dropped,
-                     near_duplicates=near_duplicates, leaks=leaked)
+                     near_duplicates=near_duplicates, leaks=leaked, label_counts=label_counts,
+                     error_reasons=reasons)
+
+
+def _commit_shards(spec, by_shard):
+    """split -> manifest entries in shard order; the renames and empty shards (rare) 16 at
+    a time."""
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        return {split: list(pool.map(lambda i, split=split: _commit_shard(
+                    spec, split, i, by_shard.get((split, i))), range(n)))
+                for split, n in sorted(spec.num_shards.items())}
+
+
+def sum_label_counts(results, into=None):
+    """ShardResults -> {split: {class: images}} (adding to `into`)."""
+    counts = {} if into is None else into
+    for r in results:
+        if r.split is not None:
+            split = counts.setdefault(r.split, {})
+            for label, n in r.label_counts.items():
+                split[label] = split.get(label, 0) + n
+    return counts
+
+
+def _minus_dropped(label_counts, before, after):
+    """Combined counts, less the rows that rewritten shards dropped (read from the original
+    fragment of each rewritten shard: only with --drop_content_duplicates and the like)."""
+    counts = {split: dict(c) for split, c in label_counts.items()}
+    for old, new in zip(before, after):
+        if old is new:
+            continue
+        split = counts.setdefault(old.split, {})
+        for row in catalog.iter_rows(old.catalog_temp):
+            split[row["label"]] = split.get(row["label"], 0) - 1
+        for label, n in new.label_counts.items():
+            split[label] = split.get(label, 0) + n
+    return counts
+
+
+class SumLabelCounts(beam.CombineFn):
+    """ShardResults -> {split: {class: images}}, combined across workers, so no process ever
+    holds every shard's counts (with 20k classes, thousands per shard)."""
+
+    def create_accumulator(self):
+        return {}
+
+    def add_input(self, accumulator, result):
+        return sum_label_counts((result,), accumulator)
+
+    def merge_accumulators(self, accumulators):
+        merged = {}
+        for accumulator in accumulators:
+            for split, counts in accumulator.items():
+                into = merged.setdefault(split, {})
+                for label, n in counts.items():
+                    into[label] = into.get(label, 0) + n
+        return merged
+
+    def extract_output(self, accumulator):
+        return accumulator
 
 
 def _write_manifest(spec, manifest, extra_files):
@@ -115,9 +193,8 @@ def _write_manifest(spec, manifest, extra_files):
     for extra in extra_files:  # hooks that add files next to the manifest (TFDS, TFT, …)
         extra(spec.vdir, manifest)
     files.write_json(layout.join(spec.vdir, layout.MANIFEST), manifest)  # now it is complete
-    # Only now: a retried commit (say the manifest write failed) must still find the
-    # listing errors in .tmp/, or its errors.jsonl and accounting would silently lose them.
-    files.delete_tree(spec.tmp_dir)
+    # .tmp/ stays until published (_publish): a retried commit (say the manifest write
+    # failed) must still find the listing errors there, or errors.jsonl would lose them.
 
 
 def _publish(spec, manifest):
@@ -136,6 +213,7 @@ def _publish(spec, manifest):
                              f"being built; {spec.version} is complete but not published")
     versions.prune(spec.root, spec.version, spec.keep_versions, spec.keep_superseded_hours)
     _release_lock(spec)
+    files.delete_tree(spec.tmp_dir)  # after LATEST moved: readers need not wait for it
     return manifest
 
 
@@ -145,13 +223,28 @@ def _release_lock(spec):
     lock.release_submitted(spec.root, spec.version)
 
 
-def _write_errors(results, spec):
-    """The listing's errors and the shards' -> VDIR/errors.jsonl; returns them."""
-    errors = tuple([json.loads(l) for l in _read_lines(spec.listing_errors_path)]
-                   + [e for r in results for e in r.errors])
-    files.write_bytes(layout.join(spec.vdir, layout.ERRORS),
-                      "".join(json.dumps(e, sort_keys=True) + "\n" for e in errors).encode())
-    return errors
+def _write_errors(results, spec, error_files=()):
+    """The listing's errors, the shards' (from `error_files`, or the results) ->
+    VDIR/errors.jsonl, streamed; returns {reason: count}."""
+    reasons = {}
+
+    def lines():
+        for path in (spec.listing_errors_path, *error_files):
+            for line in _iter_lines(path):
+                yield json.loads(line)
+        for r in results:
+            yield from r.errors
+
+    with files.create_final(layout.join(spec.vdir, layout.ERRORS)) as out:
+        batch = []
+        for error in lines():
+            reasons[error["reason"]] = reasons.get(error["reason"], 0) + 1
+            batch.append(json.dumps(error, sort_keys=True) + "\n")
+            if len(batch) >= 4096:
+                out.write("".join(batch).encode())
+                batch = []
+        out.write("".join(batch).encode())
+    return reasons
 
 
 def _check_error_budget(failed, spec):
@@ -165,8 +258,8 @@ def _check_error_budget(failed, spec):
             f"see {layout.join(spec.vdir, layout.ERRORS)}")
 
 
-def _warn_empty_classes(labels, results):
-    seen = {label for r in results for label, n in r.label_counts.items() if n}
+def _warn_empty_classes(labels, label_counts):
+    seen = {label for counts in label_counts.values() for label, n in counts.items() if n}
     for label in labels:
         if label not in seen:
             logging.warning("class %r has no images in this version; its id is kept", label)
@@ -176,7 +269,8 @@ EMPTY_SHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855
 
 
 def _commit_shard(spec, split, shard, result):
-    """Rename one shard (and its index) to its final name -> its manifest entry."""
+    """One shard's manifest entry; a shard written to a temp name is renamed first (the
+    writers put theirs under the final name already: no request at all)."""
     final_name = layout.shard_name(spec.name, split, shard, spec.num_shards[split])
     final = layout.join(spec.vdir, final_name)
     if result is None:  # no image hashed into this shard: an empty, valid TFRecord file
@@ -185,8 +279,9 @@ def _commit_shard(spec, split, shard, result):
             files.write_bytes(layout.index_name(final), b"")
         return {"path": final_name, "num_examples": 0, "num_bytes": 0,
                 "sha256": EMPTY_SHA256, "origin": "hash"}
-    _rename(result.temp, final)
-    if spec.write_index and result.index_temp:
+    if result.temp != final:  # written to a temp name (--sink beam, dropped duplicates)
+        _rename(result.temp, final)
+    if spec.write_index and result.index_temp and result.index_temp != layout.index_name(final):
         _rename(result.index_temp, layout.index_name(final))
     return {"path": final_name, "num_examples": result.num_examples,
             "num_bytes": result.num_bytes, "sha256": result.sha256, "origin": result.origin}
@@ -239,11 +334,14 @@ def _rename(temp, final):
         raise FileNotFoundError(f"shard temp file {temp} is missing")
 
 
-def _read_lines(path):
+def _iter_lines(path):
+    """A JSONL file's non-empty lines, streamed (none when there is no such file)."""
     if not path or not FileSystems.exists(path):
-        return []
+        return
     with FileSystems.open(path) as f:
-        return [l for l in f.read().decode().splitlines() if l.strip()]
+        for line in f:
+            if line.strip():
+                yield line.decode()
 
 
 class Commit(beam.PTransform):
@@ -256,11 +354,21 @@ class Commit(beam.PTransform):
 
     def expand(self, results):
         parts = [beam.pvalue.AsList(p) for p in self.manifest_parts]
+        counts = results | "LabelCounts" >> beam.CombineGlobally(SumLabelCounts())
+        error_files = (results
+                       | "ErrorLines" >> beam.FlatMap(
+                           lambda r: [json.dumps(e, sort_keys=True) for e in r.errors])
+                       | "WriteErrors" >> beam.io.WriteToText(
+                           layout.join(self.spec.tmp_dir, "shard_errors"),
+                           file_name_suffix=".jsonl", shard_name_template="", num_shards=1))
         return (results
-                | "AllShards" >> beam.combiners.ToList()        # -> [ShardResult], one per shard
-                | "WriteManifest" >> beam.Map(_commit_with_parts, self.spec,
-                                              self.extra_files, *parts))
+                | "Slim" >> beam.Map(lambda r: r.slim()).with_output_types(ShardResult)
+                | "AllShards" >> beam.combiners.ToList()   # -> [slim ShardResult], one per shard
+                | "WriteManifest" >> beam.Map(_commit_with_parts, self.spec, self.extra_files,
+                                              beam.pvalue.AsSingleton(counts),
+                                              beam.pvalue.AsList(error_files), *parts))
 
 
-def _commit_with_parts(results, spec, extra_files, *part_lists):
-    return commit(results, spec, extra_files, [d for part in part_lists for d in part])
+def _commit_with_parts(results, spec, extra_files, label_counts, error_files, *part_lists):
+    return commit(results, spec, extra_files, [d for part in part_lists for d in part],
+                  label_counts, tuple(error_files))

@@ -53,10 +53,12 @@ class PixelMoments:
 
 @dataclasses.dataclass(frozen=True)
 class ShardResult:
-    """One shard written to its temp name (or, split and shard None, errors alone: --sink beam).
+    """One shard written (or, split and shard None, errors alone: --sink beam).
 
-    Commit renames `temp` (and `index_temp`) to `path` in the version directory, merges
-    `catalog_temp` into the catalog and sums the counts into the manifest.
+    `temp` is where this attempt wrote the shard: its final place in the version directory
+    (job/shards.py writes there directly), or a temp name commit renames to `path`, as
+    `index_temp` to its index. Commit merges `catalog_temp` into the catalog and sums the
+    counts into the manifest.
     """
 
     split: Optional[str]
@@ -77,6 +79,12 @@ class ShardResult:
     catalog_temp: Optional[str] = None  # this shard's catalog fragment (None: --sink beam)
     index_temp: Optional[str] = None
     pixel_moments: Optional[PixelMoments] = None  # --transform shards written from images
+
+    def slim(self):
+        """This result without its variable-size parts (label counts, error records, pixel
+        moments): what commit's one list of every shard carries. The counts reach commit
+        summed across workers and the errors as a file (job/commit.py, Commit)."""
+        return dataclasses.replace(self, label_counts={}, errors=(), pixel_moments=None)
 
     def to_json(self):
         return json.dumps(dataclasses.asdict(self))

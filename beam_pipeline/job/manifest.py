@@ -21,6 +21,25 @@ class Finalized:
     dropped: int = 0                     # content duplicates dropped
     near_duplicates: Optional[dict] = None  # near_duplicates.jsonl's manifest entry
     leaks: int = 0                       # evaluation images dropped as near-copies of train
+    # Commit in a job: the sums the workers combined, instead of summing the results' own
+    # (which commit's list of every shard no longer carries: ShardResult.slim).
+    label_counts: Optional[dict] = None  # split -> {class: images}
+    error_reasons: Optional[dict] = None  # reason -> errors, for errors.jsonl's records
+
+    def counts_of(self, split):
+        """{class: images} in `split`."""
+        if self.label_counts is not None:
+            return self.label_counts.get(split, {})
+        counts = {}
+        for r in self.results:
+            if r.split == split:
+                for label, c in r.label_counts.items():
+                    counts[label] = counts.get(label, 0) + c
+        return counts
+
+    def reasons(self):
+        """{reason: errors} over errors.jsonl."""
+        return self.error_reasons if self.error_reasons is not None else by_reason(self.errors)
 
 
 def build_manifest(spec, done, created_at, parts=()):
@@ -39,8 +58,8 @@ def build_manifest(spec, done, created_at, parts=()):
         "key_scheme": layout.KEY_SCHEME,
         "splits": split_summaries(spec, done),
         "accounting": accounting(spec, done),
-        "errors": {"path": layout.ERRORS, "count": len(done.errors),
-                   "by_reason": by_reason(done.errors)},
+        "errors": {"path": layout.ERRORS, "count": sum(done.reasons().values()),
+                   "by_reason": done.reasons()},
     }
     if done.catalog_rows is not None:
         manifest["catalog"] = {"path": layout.CATALOG, "rows": done.catalog_rows}
@@ -65,14 +84,9 @@ def build_manifest(spec, done, created_at, parts=()):
 
 def split_summaries(spec, done):
     """{split: examples, bytes, label counts (every class, in label order), shard entries}."""
-    by_shard = {(r.split, r.shard): r for r in done.results}
     splits = {}
     for split, shards in done.shards.items():
-        counts = {}
-        for i in range(len(shards)):
-            result = by_shard.get((split, i))
-            for label, c in (result.label_counts if result else {}).items():
-                counts[label] = counts.get(label, 0) + c
+        counts = done.counts_of(split)
         splits[split] = {
             "num_examples": sum(s["num_examples"] for s in shards),
             "num_bytes": sum(s["num_bytes"] for s in shards),
@@ -86,7 +100,8 @@ def accounting(spec, done):
     """Every listed input: written, a duplicate (by path, or by content when dropped), failed,
     or a leak (an evaluation image near a train image, when dropped)."""
     return {"listed": spec.listed, "duplicates": spec.duplicates + done.dropped,
-            "failed": len(done.errors), "written": sum(r.num_examples for r in done.results),
+            "failed": sum(done.reasons().values()),
+            "written": sum(r.num_examples for r in done.results),
             "leaks": done.leaks,
             "passed_through": sum(r.passed_through for r in done.results)}
 

@@ -52,7 +52,11 @@ class ImagesToTFRecords(beam.PTransform):
                            self.encode_options, spec.write_index, self.progress_dir,
                            moments=bool(self.transform_image_size),
                            previous_vdir=spec.previous_vdir,
-                           phash=spec.near_duplicates)).with_output_types(ShardResult))
+                           phash=spec.near_duplicates,
+                           # commit may rewrite shards: each attempt writes a temp name
+                           direct=not (spec.drop_content_duplicates
+                                       or spec.drop_near_duplicate_leaks)))
+                       .with_output_types(ShardResult))
             # -> ShardResult, one per shard (with --transform, + pixel_moments)
         parts = ()
         if self.transform_image_size:

@@ -9,6 +9,7 @@ Both write the new shard's catalog fragment and return a ShardResult, as WriteSh
 import dataclasses
 import json
 import os
+import uuid
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
@@ -30,12 +31,14 @@ def link_or_copy(source, target):
     """Share `source`'s bytes at `target`: hard link locally, server-side copy on GCS."""
     if "://" not in source and "://" not in target:
         os.makedirs(os.path.dirname(target), exist_ok=True)
+        tmp = f"{target}.{uuid.uuid4().hex[:12]}.part"
         try:
-            os.link(source, target)
+            os.link(source, tmp)
+            os.replace(tmp, target)  # a retried task replaces its earlier link at once
             return
         except OSError:  # another filesystem, or no hard links there
             pass
-    FileSystems.copy([source], [target])
+    FileSystems.copy([source], [target])  # on GCS a server-side copy, complete or absent
 
 
 def run(kind, result, listing, previous_vdir, write_index):
@@ -49,7 +52,7 @@ def run(kind, result, listing, previous_vdir, write_index):
                          rows, write_index, index)
     link_or_copy(source, temp)
     if write_index and FileSystems.exists(layout.index_name(source)):
-        result = dataclasses.replace(result, index_temp=temp + layout.INDEX_SUFFIX)
+        result = dataclasses.replace(result, index_temp=layout.index_name(temp))
         link_or_copy(layout.index_name(source), result.index_temp)
     result = dataclasses.replace(result, sha256=header["sha256"],
                                  num_bytes=sum(r["length"] for r in rows))

@@ -7,7 +7,7 @@ import hashlib
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from beam_pipeline.store import catalog
+from beam_pipeline.store import catalog, files
 from readers import frames, layout
 
 RAW = CompressionTypes.UNCOMPRESSED
@@ -20,7 +20,7 @@ def copy_frames(source, target, rows, split, shard, final):
     """
     offset, digest, index, new_rows = 0, hashlib.sha256(), [], []
     with (FileSystems.open(source, compression_type=RAW) as src,
-          FileSystems.create(target) as out):
+          files.create_final(target) as out):
         for position, row in enumerate(rows):
             src.seek(row["offset"])
             frame = src.read(row["length"])
@@ -38,14 +38,14 @@ def copy_frames(source, target, rows, split, shard, final):
 
 def with_rows(result, rows, write_index, index=None):
     """`result` with the catalog fragment (and index) of its `rows` written, and counted."""
-    catalog_temp = result.temp + ".catalog.parquet"
+    catalog_temp = result.catalog_temp or result.temp + ".catalog.parquet"
     with catalog.FragmentWriter(catalog_temp) as fragment:
         for row in rows:
             fragment.append(row)
     index_temp = result.index_temp
     if write_index and index is not None:
-        index_temp = result.temp + layout.INDEX_SUFFIX
-        with FileSystems.create(index_temp) as f:
+        index_temp = layout.index_name(result.temp)
+        with files.create_final(index_temp) as f:
             f.write("".join(index).encode())
     counts = {}
     for row in rows:
@@ -61,5 +61,6 @@ def keep_rows(result, drop_positions, write_index):
     temp = result.temp + ".dedup"
     rows, sha256, num_bytes, index = copy_frames(
         result.temp, temp, rows, result.split, result.shard, result.path)
-    return with_rows(dataclasses.replace(result, temp=temp, sha256=sha256, num_bytes=num_bytes),
+    return with_rows(dataclasses.replace(result, temp=temp, sha256=sha256, num_bytes=num_bytes,
+                                         catalog_temp=None),  # the original stays, for a retry
                      rows, write_index, index)

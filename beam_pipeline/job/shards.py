@@ -21,7 +21,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from beam_pipeline.store import catalog
+from beam_pipeline.store import catalog, files, gcs
 from beam_pipeline.job import images, perceptual, records, reframe, reuse
 from beam_pipeline.errors import error_record
 from beam_pipeline.job.contracts import PixelMoments, ShardResult
@@ -35,12 +35,14 @@ READ_AHEAD_BYTES = 256 << 20    # ... and at most this many listed bytes in flig
 
 def read_bytes(uri, max_bytes=0):
     """The file's bytes; None when it holds more than `max_bytes` (0: no limit), found
-    without reading more than max_bytes + 1 of them."""
-    with FileSystems.open(uri, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-        if not max_bytes:
-            return f.read()
-        data = f.read(max_bytes + 1)
-    return None if len(data) > max_bytes else data
+    without reading more than max_bytes + 1 of them. gs:// objects in one request through
+    the worker's one storage client (store/gcs.py), not a new client per read."""
+    if uri.startswith("gs://"):
+        data = gcs.read_bytes(uri, max_bytes)
+    else:
+        with FileSystems.open(uri, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            data = f.read(max_bytes + 1) if max_bytes else f.read()
+    return None if max_bytes and len(data) > max_bytes else data
 
 
 def _fetch(uri, max_bytes=0):
@@ -82,13 +84,20 @@ def _disk_errors_name_the_dir(process):
 class WriteShardFn(beam.DoFn):
     """ShardTask -> ShardResult.
 
-    The shard goes to a unique temp name; commit renames the temp files of the attempts
-    that succeeded, so a retried bundle never leaves a duplicate or partial shard.
+    The shard (and its index) goes straight to its final name in the version directory,
+    which no reader looks at before commit writes manifest.json and LATEST. Its bytes are
+    a function of the listing, so a retried or duplicate (zombie) attempt writes the same
+    object, and an attempt that fails leaves nothing (files.create_final): commit renames
+    nothing. Only with `direct=False` (options that let commit rewrite any shard: dropping
+    content duplicates or near-duplicate leaks) does each attempt write a unique temp name
+    for commit to rename. The catalog fragment always goes to a temp name in `tmp_dir`.
     """
 
     def __init__(self, tmp_dir, name, num_shards, label_ids, encode_options, write_index,
-                 progress_dir=None, moments=False, previous_vdir=None, phash=False):
+                 progress_dir=None, moments=False, previous_vdir=None, phash=False,
+                 direct=True):
         self.tmp_dir, self.name, self.num_shards = tmp_dir, name, num_shards
+        self.vdir, self.direct = tmp_dir.rstrip("/").rsplit("/", 1)[0], direct
         self.phash = phash  # --near_duplicates: a perceptual hash per stored image
         self.previous_vdir = previous_vdir  # incremental: where reuse/copy tasks read from
         self.moments = moments  # --transform: per-shard pixel sums for the analysis
@@ -109,8 +118,10 @@ class WriteShardFn(beam.DoFn):
     def process(self, task):
         final = layout.shard_name(self.name, task.split, task.shard, self.num_shards[task.split])
         attempt = uuid.uuid4().hex[:12]
+        temp = layout.join(self.tmp_dir, f"{final}.{attempt}")
         result = ShardResult(split=task.split, shard=task.shard, path=final,
-                             temp=layout.join(self.tmp_dir, f"{final}.{attempt}"),
+                             temp=layout.join(self.vdir, final) if self.direct else temp,
+                             catalog_temp=temp + ".catalog.parquet",
                              kind=task.kind, origin=task.origin,
                              writer=f"{socket.gethostname()}:{os.getpid()}")  # counted by commit
         if task.kind != "images":  # incremental: a previous shard reused or its records copied
@@ -126,12 +137,12 @@ class WriteShardFn(beam.DoFn):
         """Convert `refs` in listing order (which is shard order: the output is deterministic)
         into the temp shard, its catalog fragment and index -> the finished ShardResult."""
         split, shard, final, temp = result.split, result.shard, result.path, result.temp
-        catalog_temp = temp + ".catalog.parquet"
-        index_temp = temp + layout.INDEX_SUFFIX if self.write_index else None
+        catalog_temp = result.catalog_temp
+        index_temp = layout.index_name(temp) if self.write_index else None
         digest, counts, errors = hashlib.sha256(), {}, []
         num_examples = num_bytes = passed_through = converted = reframed = 0
         moments = PixelMoments() if self.moments else None  # exact over the stored pixels
-        with (FileSystems.create(temp) as out,
+        with (files.create_final(temp) as out,
               catalog.FragmentWriter(catalog_temp) as catalog_rows,
               _IndexWriter(index_temp) as index):
             for ref, data, read_error in _read_ahead(self.pool, refs,
@@ -259,7 +270,8 @@ class _IndexWriter:
         self.path, self.lines = path, []
 
     def __enter__(self):
-        self.out = FileSystems.create(self.path) if self.path else None
+        self.opened = files.create_final(self.path) if self.path else None
+        self.out = self.opened.__enter__() if self.opened else None
         return self
 
     def add(self, offset, length):
@@ -271,8 +283,9 @@ class _IndexWriter:
 
     def __exit__(self, *exc):
         if self.out:
-            self.out.write("".join(self.lines).encode())
-            self.out.close()
+            if not exc[0]:
+                self.out.write("".join(self.lines).encode())
+            self.opened.__exit__(*exc)  # an exception: no index appears
 
 
 class _Progress:

@@ -46,8 +46,10 @@ class FragmentWriter:
         self.path, self.rows = path, []
 
     def __enter__(self):
-        self.raw = FileSystems.create(self.path)
-        self.writer = pq.ParquetWriter(self.raw, SCHEMA)
+        from beam_pipeline.store import files
+
+        self.opened = files.create_final(self.path)  # complete or absent
+        self.writer = pq.ParquetWriter(self.opened.__enter__(), SCHEMA)
         return self
 
     def append(self, row):
@@ -60,10 +62,10 @@ class FragmentWriter:
         self.rows = []
 
     def __exit__(self, *exc):
-        if self.rows or not exc[0]:
+        if not exc[0]:
             self._flush()
         self.writer.close()
-        self.raw.close()
+        self.opened.__exit__(*exc)
 
 
 def merge(fragments, path):
@@ -75,8 +77,9 @@ def merge(fragments, path):
 
     rows, sides = 0, {}
     with FileSystems.create(path) as raw, pq.ParquetWriter(raw, SCHEMA) as writer:
-        for fragment in fragments:
-            for table in iter_tables(fragment):
+        for fragment in iter_fragments(fragments):
+            for batch in fragment.to_batches():  # the fragment's own row groups
+                table = pa.Table.from_batches([batch], SCHEMA)
                 writer.write_table(table)
                 rows += table.num_rows
                 longer = pc.max_element_wise(table["height"], table["width"])
@@ -94,6 +97,42 @@ def median(counts):
         if 2 * seen >= total:
             return value
     return None
+
+
+FRAGMENTS_AHEAD = 8  # catalog fragments read concurrently by commit (gs:// latency)
+
+
+def iter_fragments(paths, columns=None, ahead=None):
+    """Each fragment as one table, in order, with the next `ahead` being read in threads:
+    commit's passes over every shard's fragment cost bandwidth, not one round trip after
+    another. Memory: at most `ahead` + 1 fragments (one shard's rows each)."""
+    import collections
+    import concurrent.futures
+
+    ahead = ahead or FRAGMENTS_AHEAD
+    with concurrent.futures.ThreadPoolExecutor(ahead) as pool:
+        pending = collections.deque()
+        for path in paths:
+            pending.append(pool.submit(read_fragment, path, columns))
+            if len(pending) > ahead:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+
+def read_fragment(path, columns=None):
+    """One fragment (a small Parquet file) as a table: gs:// in one request through the
+    process's storage client."""
+    from apache_beam.io.filesystem import CompressionTypes
+
+    if path.startswith("gs://"):
+        from beam_pipeline.store import gcs
+
+        data = gcs.read_bytes(path)
+    else:
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            data = f.read()
+    return pq.read_table(pa.BufferReader(data), columns=columns)
 
 
 def iter_tables(path, columns=None, row_groups=None):

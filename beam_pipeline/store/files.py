@@ -4,6 +4,7 @@ Every module that writes or reads a whole small file (manifest, errors, listings
 metadata) goes through here, so a full disk or a torn write is handled in one place.
 """
 
+import contextlib
 import json
 import os
 import uuid
@@ -84,6 +85,34 @@ def delete_tree(directory):
         if FileSystems.exists(directory):
             FileSystems.delete([directory])  # LocalFileSystem removes the whole tree
         return
-    paths = objects(directory + "/**")
-    if paths:
-        FileSystems.delete(paths)
+    from beam_pipeline.store import gcs
+
+    gcs.delete_prefix(directory)  # batched: not Beam's three round trips per object
+
+
+@contextlib.contextmanager
+def create_final(path):
+    """Write `path` whole or not at all, under its final name: a writer that raises (or a
+    worker that dies) leaves nothing there, and one that finishes replaces any earlier copy
+    at once. gs://: one upload through this process's client (store/gcs.py), which is
+    completed only on success; locally: a temp file beside it, renamed over it.
+
+    Shards are written this way straight into the unpublished version directory: the
+    bytes are deterministic, so a retried or duplicate attempt writes the same object."""
+    if path.startswith("gs://"):
+        from beam_pipeline.store import gcs
+
+        with gcs.open_write(path) as f:  # BlobWriter: an exception cancels the upload
+            yield f
+        return
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex[:12]}.part")
+    try:
+        with open(tmp, "wb") as f:
+            yield f
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

@@ -87,11 +87,14 @@ def list_versions(root):
     prefix = layout.join(root, layout.VERSIONS)
     if "://" not in root:
         return _list_local_versions(prefix)
+    # One listing page of version "directories", then one metadata read per version: not
+    # a listing of every object of every version (a million at 100k shards x 10 versions).
+    bucket, name = gcs.gcs_blob(prefix + "/")
+    pages = gcs.client().list_blobs(bucket.name, prefix=name, delimiter="/")
+    list(pages)  # raises on failure; fills .prefixes
     found = {}
-    for m in FileSystems.match([prefix + "/*/**"])[0].metadata_list:  # raises on failure
-        if m.path.startswith(prefix + "/"):
-            version, _, rest = m.path[len(prefix) + 1:].partition("/")
-            found[version] = found.get(version, False) or rest == layout.MANIFEST
+    for sub in sorted(pages.prefixes):
+        found[sub[len(name):].rstrip("/")] = bucket.blob(sub + layout.MANIFEST).exists()
     return found
 
 

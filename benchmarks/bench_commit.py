@@ -1,0 +1,181 @@
+"""The commit step at 1k, 10k and 100k shards against the storage emulator: seconds and peak
+RSS, in total and per shard.
+
+    python benchmarks/bench_commit.py [--shards 1000 10000 100000]
+    python benchmarks/bench_commit.py --shards 1000 --code DIR   # another checkout's commit
+
+For each size: a fresh bucket holding what the writers leave for commit (per shard: its
+one-row catalog fragment and, for a commit that renames shards, a tiny temp shard, one
+TFRecord frame; the listing's errors), and
+synthetic typed ShardResults (1,000 classes, a label per shard, an error record every tenth
+shard). Then `commit.commit` runs in a fresh process (so its peak RSS is its own), timed
+from the call to the published LATEST.
+
+This checkout's commit gets what the job hands it: slim results (ShardResult.slim), the
+label counts combined (SumLabelCounts) and the error records as one file (WriteErrors), and
+shards already under their final names. A checkout from before (`--code DIR`, whose
+commit takes full results and renames temp shards) gets full results and shards under
+temp names; the script notices which by whether ShardResult has `slim`.
+
+The emulator is one Python process on loopback (a request costs ~1-5 ms, not GCS's tens
+of ms) and the machine is shared: compare per-shard figures across sizes and versions,
+not absolute ones.
+"""
+
+import argparse
+import concurrent.futures
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+LABELS = 1000
+NAME = "bench"
+
+
+def shard_name(shard, n):
+    return f"{NAME}-train.tfrecord-{shard:05d}-of-{n:05d}"
+
+
+def child(args):
+    """Runs in a fresh process: rebuild the results, commit, print seconds and RSS."""
+    import dataclasses
+    import resource
+
+    sys.path.insert(0, args.code)
+    from beam_pipeline.job import commit as commit_module
+    from beam_pipeline.store import catalog, gcs
+
+    # The emulator queues at most 5 connections it has not accepted yet, and answers a batch
+    # request slowly: fewer in flight (GCS takes the defaults, 8 batches and 8 reads).
+    gcs.DELETE_PARALLEL, catalog.FRAGMENTS_AHEAD = 1, 4
+    from beam_pipeline.job.contracts import ShardResult
+    from readers import frames, layout
+
+    new = hasattr(ShardResult, "slim")
+    root, n = args.root, args.n
+    vdir = layout.version_dir(root, "20260101T000000Z")
+    frame = frames.tfrecord_frame(b"x" * 8)
+    results = []
+    for i in range(n):
+        final = shard_name(i, n)
+        temp = f"{vdir}/{final}" if new else f"{vdir}/.tmp/{final}.attempt"
+        results.append(ShardResult(
+            "train", i, path=final, temp=temp, num_examples=1, num_bytes=len(frame),
+            sha256=f"{i:064x}", label_counts={f"c{i % LABELS}": 1},
+            errors=({"uri": f"gs://in/{i}.jpg", "stage": "read", "reason": "truncated",
+                     "detail": "x"},) if i % 10 == 0 else (),
+            kind="images", writer=f"w{i % 32}:1",
+            catalog_temp=f"{vdir}/.tmp/{final}.attempt.catalog.parquet"))
+    spec = commit_module.CommitSpec(
+        root=root, version="20260101T000000Z", name=NAME,
+        labels=tuple(f"c{i}" for i in range(LABELS)), num_shards={"train": n}, listed=n,
+        duplicates=0, listing_errors_path=f"{vdir}/.tmp/listing_errors.jsonl",
+        input_fingerprint="sha256:b", config={}, generator={}, max_error_rate=1.0,
+        keep_versions=0, write_index=False)
+    kwargs = {}
+    if new:  # what the job's other commit steps would hand over
+        counts = commit_module.SumLabelCounts()
+        kwargs = {"label_counts": counts.extract_output(
+                      counts.merge_accumulators([counts.add_input(counts.create_accumulator(),
+                                                                  r) for r in results])),
+                  "error_files": (f"{vdir}/.tmp/shard_errors.jsonl",)}
+        results = [r.slim() for r in results]
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.perf_counter()
+    manifest = commit_module.commit(results, spec, **kwargs)
+    seconds = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    assert manifest["accounting"]["written"] == n and manifest["catalog"]["rows"] == n
+    assert manifest["errors"]["count"] == (n + 9) // 10 + 1
+    print(json.dumps({"seconds": seconds, "rss_before_mib": before / 1024,
+                      "peak_rss_mib": peak / 1024, "new": new}))
+
+
+def prepare(emulator, n, new):
+    """The objects the writers leave for commit -> the dataset root."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    sys.path.insert(0, REPO)
+    from beam_pipeline.store import catalog
+    from readers import frames
+
+    bucket = emulator.client.bucket(emulator.create_bucket())
+    root = f"gs://{bucket.name}/ds"
+    vdir = "ds/versions/20260101T000000Z"
+    frame = frames.tfrecord_frame(b"x" * 8)
+
+    def one(i):
+        final = shard_name(i, n)
+        row = {"key": f"{i}.jpg", "uri": f"gs://in/{i}.jpg", "label": f"c{i % LABELS}",
+               "label_id": i % LABELS, "split": "train", "shard": i, "file": final,
+               "position": 0, "offset": 0, "length": len(frame), "sha256": f"{i:064x}",
+               "height": 8, "width": 8, "input_size": 1, "input_mtime": 0.0}
+        out = io.BytesIO()
+        pq.write_table(pa.Table.from_pylist([row], schema=catalog.SCHEMA), out)
+        bucket.blob(f"{vdir}/.tmp/{final}.attempt.catalog.parquet").upload_from_string(
+            out.getvalue())
+        if not new:  # the old commit renames each temp shard; the new one never reads them
+            bucket.blob(f"{vdir}/.tmp/{final}.attempt").upload_from_string(frame)
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:  # the emulator's accept queue is 5
+        list(pool.map(one, range(n)))
+    error = {"uri": "gs://in/x.jpg", "stage": "list", "reason": "not_found", "detail": "x"}
+    bucket.blob(f"{vdir}/.tmp/listing_errors.jsonl").upload_from_string(
+        json.dumps(error) + "\n")
+    if new:  # what WriteErrors leaves: the shards' error records, one file
+        lines = "".join(json.dumps({"uri": f"gs://in/{i}.jpg", "stage": "read",
+                                    "reason": "truncated", "detail": "x"}, sort_keys=True)
+                        + "\n" for i in range(0, n, 10))
+        bucket.blob(f"{vdir}/.tmp/shard_errors.jsonl").upload_from_string(lines)
+    return root
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shards", type=int, nargs="+", default=[1000, 10000, 100000])
+    parser.add_argument("--code", default=REPO, help="checkout whose commit is measured")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--root", help=argparse.SUPPRESS)
+    parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        return child(args)
+    sys.path.insert(0, REPO)
+    from tests.gcs_emulator import run_emulator
+
+    new = subprocess.run(
+        [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
+         "from beam_pipeline.job.contracts import ShardResult; "
+         "print(hasattr(ShardResult, 'slim'))", args.code],
+        capture_output=True, text=True, check=True).stdout.strip() == "True"
+    print(f"commit of {args.code} ({'slim results, shards final' if new else 'full results, temp shards renamed'}); "
+          "storage emulator on loopback, loaded 2-core machine")
+    print(f"{'shards':>8} {'setup s':>8} {'commit s':>9} {'ms/shard':>9} "
+          f"{'RSS before':>11} {'peak RSS':>9} {'KiB/shard':>10}")
+    with tempfile.TemporaryDirectory() as work, run_emulator(work) as emulator:
+        for n in args.shards:
+            start = time.perf_counter()
+            root = prepare(emulator, n, new)
+            setup = time.perf_counter() - start
+            out = subprocess.run(
+                [sys.executable, __file__, "--child", "--code", args.code, "--root", root,
+                 "--n", str(n)], capture_output=True, text=True, env=dict(os.environ))
+            if out.returncode:
+                sys.exit(out.stderr[-3000:])
+            got = json.loads(out.stdout.strip().splitlines()[-1])
+            growth = got["peak_rss_mib"] - got["rss_before_mib"]
+            print(f"{n:>8} {setup:>8.1f} {got['seconds']:>9.1f} "
+                  f"{1000 * got['seconds'] / n:>9.2f} {got['rss_before_mib']:>9.0f}Mi "
+                  f"{got['peak_rss_mib']:>7.0f}Mi {1024 * growth / n:>10.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
