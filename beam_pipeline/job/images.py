@@ -51,7 +51,7 @@ class ImageError(ValueError):
 class EncodeOptions:
     max_side: int = 0            # resize when the longer side exceeds this; 0 = never
     reencode: str = "auto"       # auto: keep good JPEGs byte for byte; always: re-encode
-    validate: str = "decode"     # decode: full strict decode of every input; header: trust it
+    validate: str = "decode"     # decode: strict decode of every input; header: trust it
     jpeg_quality: int = 90
     max_pixels: int = Image.MAX_IMAGE_PIXELS  # decompression-bomb limit
     max_bytes: int = 0           # inputs larger than this are never read whole; 0 = no limit

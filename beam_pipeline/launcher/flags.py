@@ -34,8 +34,10 @@ def add_build_args(parser):
     add("--max_side", type=int, default=0,
         help="Resize images whose longer side exceeds this; 0 = never.")
     add("--validate", choices=("decode", "header"), default="decode",
-        help="decode: fully decode every image and reject JPEG data that loses pixels "
-             "(default); header: only check headers, for inputs you trust.")
+        help="decode: strictly decode every image (a JPEG stored as it came at DCT scale "
+             "1/8: every coefficient is still entropy-decoded, where corruption shows) and "
+             "reject data that loses pixels (default); header: only check headers, for "
+             "inputs you trust.")
     add("--reencode", choices=("auto", "always"), default="auto",
         help="auto: store baseline RGB JPEGs byte for byte; always: re-encode every image.")
     add("--jpeg_quality", type=int, default=90, help="JPEG quality when encoding (1-100).")

@@ -201,6 +201,7 @@ def _walk_local(root):
     if not os.path.isdir(root):
         raise UserError(f"--input {root}: no such directory")
     base = os.path.abspath(root)
+    cut = len(os.path.join(base, ""))  # every path listed is base/rel: sliced, not relpath'd
     seen, stack, linked = set(), [base], []
     while stack or linked:
         directory = stack.pop() if stack else linked.pop(0)
@@ -213,7 +214,8 @@ def _walk_local(root):
         seen.add((st.st_dev, st.st_ino))
         subdirs = []
         for entry in _scan(directory):
-            path, rel = entry.path, os.path.relpath(entry.path, base).replace(os.sep, "/")
+            path = entry.path
+            rel = path[cut:] if os.sep == "/" else path[cut:].replace(os.sep, "/")
             try:
                 st = entry.stat()  # follows links
             except FileNotFoundError:  # a broken link, or deleted while listing

@@ -155,8 +155,8 @@ def by_shard_position(ref_lines, spill_dir):
     """ImageRef JSON lines (with splits) -> a SortedSpill in (split, shard hash) order."""
     spill = SortedSpill(spill_dir)
     for line in ref_lines:
-        ref = ImageRef.from_json(line)
-        spill.add(shard_sort_key(ref.split, ref.key), line)
+        fields = json.loads(line)  # the key and split are all it needs: no ImageRef built
+        spill.add(shard_sort_key(fields[3], fields[0]), line)
     return spill
 
 
