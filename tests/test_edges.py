@@ -294,15 +294,22 @@ class CountingPool:
 
 
 def test_read_ahead_is_bounded_in_bytes(tmp_path):
+    """Reads that go to the thread pool (gs:// objects, stored records: the latter here,
+    each record in its own shard file) hold at most the budget."""
     from beam_pipeline.job import shards
+    from beam_pipeline.refs import StoredFrame
+    from readers import frames
 
     sizes = {}
     refs = []
     for i, mib in enumerate([3, 3, 3, 9, 1, 1, 1, 1, 3]):
-        path = tmp_path / f"{i}.jpg"
-        path.write_bytes(bytes([i]) * (mib << 20))
-        sizes[str(path)] = mib << 20
-        refs.append(ImageRef(f"cat/{i}.jpg", str(path), "cat", None, mib << 20))
+        path = tmp_path / f"{i}.tfrecord"
+        frame = frames.tfrecord_frame(bytes([i]) * (mib << 20))
+        path.write_bytes(frame)
+        uri = f"gs://bucket/cat/{i}.jpg"
+        sizes[uri] = mib << 20
+        refs.append(ImageRef(f"cat/{i}.jpg", uri, "cat", None, mib << 20,
+                             source=StoredFrame(str(path), 0, len(frame))))
     pool, consumed, most = CountingPool(sizes), 0, 0
     for ref, data, error in shards._read_ahead(pool, iter(refs), budget=8 << 20):
         assert error is None and data == bytes([int(ref.key[4])]) * ref.size
@@ -310,6 +317,39 @@ def test_read_ahead_is_bounded_in_bytes(tmp_path):
         consumed += ref.size
     assert consumed == sum(sizes.values())
     assert most == 9 << 20  # the 9 MiB image alone; otherwise never over the 8 MiB budget
+
+
+def test_local_reads_ahead_give_what_fetch_gives_in_listing_order(tmp_path):
+    """Local inputs are read in the writer's loop, not by the pool: same bytes and errors
+    as _fetch (missing, a folder, over the limit), in order, mixed with pooled reads."""
+    import concurrent.futures
+
+    from beam_pipeline.job import shards
+    from beam_pipeline.refs import StoredFrame
+    from readers import frames
+
+    (tmp_path / "a.jpg").write_bytes(b"a" * 10)
+    (tmp_path / "big.jpg").write_bytes(b"b" * 5000)
+    (tmp_path / "folder.jpg").mkdir()
+    (tmp_path / "s.tfrecord").write_bytes(frames.tfrecord_frame(b"stored"))
+    frame_length = (tmp_path / "s.tfrecord").stat().st_size
+    names = ["a.jpg", "missing.jpg", "big.jpg", "folder.jpg", "a.jpg"]
+    refs = [ImageRef(f"cat/{i}", str(tmp_path / n), "cat", None, 10) for i, n in enumerate(names)]
+    refs.insert(2, ImageRef("cat/s", "gs://bucket/s.jpg", "cat", None, 6,
+                            source=StoredFrame(str(tmp_path / "s.tfrecord"), 0, frame_length)))
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        got = list(shards._read_ahead(pool, iter(refs), max_bytes=1000))
+    assert [r.key for r, _, _ in got] == [r.key for r in refs]
+    for ref, data, error in got:
+        if ref.source:
+            assert (data, error) == (b"stored", None)
+            continue
+        want, want_error = shards._fetch(ref.uri, 1000)
+        assert data == want
+        assert type(error) is type(want_error) and str(error) == str(want_error)
+    assert [type(e).__name__ for _, _, e in got] == [
+        "NoneType", "FileNotFoundError", "NoneType", "ImageError", "IsADirectoryError",
+        "NoneType"]
 
 
 def test_a_file_that_grew_past_the_limit_after_listing_is_too_large_unread(tmp_path):
