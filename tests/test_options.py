@@ -127,7 +127,7 @@ def test_shipped_local_config_parses():
         ["--config", str(REPO / "configs" / "local.yaml")] + IO)
     all_options = pipeline_options.get_all_options()
     assert all_options["runner"] == "FnApiRunner"
-    assert all_options["direct_running_mode"] == "multi_processing"
+    assert all_options["direct_running_mode"] == "multi_threading"
     assert all_options["direct_num_workers"] == 0
     assert build.splits == "train=0.8,validation=0.1,test=0.1"
 

@@ -124,19 +124,25 @@ def test_index_files_match_records(built_dataset):
 
 @pytest.mark.slow
 def test_deterministic_rebuild_by_worker_processes(built_dataset, tmp_path):
-    """The same inputs built again, by two worker processes this time (configs/local.yaml):
-    byte-identical shards and the same rejects; and the shards really were written by more
-    than one process (the manifest counts the distinct writers)."""
+    """The same inputs built again, by two worker processes this time (configs/local.yaml
+    with multi_processing): byte-identical shards and the same rejects; and the shards
+    really were written by more than one process (the manifest counts the distinct writers).
+    """
     again = build(built_dataset["input"], tmp_path / "mp", "--config",
-                  REPO / "configs" / "local.yaml", "--direct_num_workers", "2", *BUILT_ARGS)
+                  REPO / "configs" / "local.yaml", "--direct_num_workers", "2",
+                  "--direct_running_mode", "multi_processing", *BUILT_ARGS)
     check_invariants(again)
     first = [(s, sh["path"], sh["sha256"]) for s, sh in shard_files(built_dataset)]
     assert [(s, sh["path"], sh["sha256"]) for s, sh in shard_files(again)] == first
     assert (sorted(errors_of(again), key=json.dumps)
             == sorted(errors_of(built_dataset), key=json.dumps))
     assert len(first) >= 2
-    assert built_dataset["manifest"]["build"] == {"writer_processes": 1}  # in-process
+    assert built_dataset["manifest"]["build"]["writer_processes"] == 1  # in-process
     assert again["manifest"]["build"]["writer_processes"] >= 2
+    threads = build(built_dataset["input"], tmp_path / "mt", "--config",
+                    REPO / "configs" / "local.yaml", "--direct_num_workers", "2", *BUILT_ARGS)
+    assert [(s, sh["path"], sh["sha256"]) for s, sh in shard_files(threads)] == first
+    assert threads["manifest"]["build"]["writer_processes"] == 1  # two threads, one process
 
 
 # --- small dedicated builds --------------------------------------------------------------------

@@ -51,9 +51,10 @@ def choose(pipeline_options, to_convert):
     direct = pipeline_options.view_as(DirectOptions)
     if (name in ("FnApiRunner", "DirectRunner") and direct.direct_num_workers == 0
             and to_convert < SMALL_JOB):
-        # "One worker per core" (configs/local.yaml), but starting and stopping worker
-        # processes (~5 s) costs more than converting this few images on one core: a small
-        # (typically incremental) job runs in process. An explicit worker count is kept.
+        # "One worker per core" (configs/local.yaml), but starting and stopping workers
+        # (processes: ~5 s; threads: Beam's in-process gRPC harness) costs more than
+        # converting this few images on one core: a small (typically incremental) job runs
+        # in process, on one thread. An explicit worker count is kept.
         direct.direct_running_mode, direct.direct_num_workers = "in_memory", 1
     return runner, waits
 
