@@ -44,12 +44,27 @@ def _make(args):
         f.write(out.getvalue())
 
 
-def jpeg_tree(n, classes=10):
-    """DATA/jpegs-N/<class>/<i>.jpg, generated once (deterministic) and reused."""
-    root = os.path.join(DATA, f"jpegs-{n}")
+def cached_tree(name, n, make, classes=10, initializer=None):
+    """DATA/NAME-N/<class>/<i>.jpg with make((path, i)) in a process pool, generated once
+    (deterministic: file i is made from seed i) and reused."""
+    root = os.path.join(DATA, f"{name}-{n}")
     done = os.path.join(root, ".complete")
     if os.path.exists(done):
         return root
+    jobs = []
+    for i in range(n):
+        d = os.path.join(root, f"class{i % classes:02d}")
+        os.makedirs(d, exist_ok=True)
+        jobs.append((os.path.join(d, f"{i:06d}.jpg"), i))
+    with multiprocessing.Pool(initializer=initializer) as pool:
+        pool.map(make, jobs, chunksize=64)
+    open(done, "w").close()
+    return root
+
+
+def jpeg_tree(n, classes=10):
+    """DATA/jpegs-N: synthetic gradient + noise + shape JPEGs (launcher and incremental runs)."""
+    return cached_tree("jpegs", n, _make, classes)
     jobs = []
     for i in range(n):
         d = os.path.join(root, f"class{i % classes:02d}")

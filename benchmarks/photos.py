@@ -10,12 +10,11 @@ longer side and saved as a baseline 4:2:0 JPEG at a random quality in 75..95.
 
 import importlib.util
 import io
-import multiprocessing
 import os
 import random
 import sys
 
-from common import DATA
+from common import cached_tree
 
 # scikit-image's colour photographs (the greyscale ones and the synthetic ones are left out).
 SOURCES = ("astronaut.png", "chelsea.png", "coffee.png", "motorcycle_left.png",
@@ -70,19 +69,7 @@ def _make(args):
 
 def photo_tree(n, classes=10):
     """DATA/photos-N/<class>/<i>.jpg, generated once (deterministic) and reused."""
-    root = os.path.join(DATA, f"photos-{n}")
-    done = os.path.join(root, ".complete")
-    if os.path.exists(done):
-        return root
-    jobs = []
-    for i in range(n):
-        d = os.path.join(root, f"class{i % classes:02d}")
-        os.makedirs(d, exist_ok=True)
-        jobs.append((os.path.join(d, f"{i:06d}.jpg"), i))
-    with multiprocessing.Pool(initializer=_load_sources) as pool:
-        pool.map(_make, jobs, chunksize=64)
-    open(done, "w").close()
-    return root
+    return cached_tree("photos", n, _make, classes, initializer=_load_sources)
 
 
 if __name__ == "__main__":
