@@ -57,13 +57,14 @@ def prepare(build, root):
                 and not build.force and not build.resplit)
         if same and not build.verify_inputs:
             return UpToDate(previous_version)
-        resolved = _resolve(build, root, planned, (previous_version, previous), scratch)
+        reuse = can_reuse(build, previous)
+        resolved = _resolve(build, root, planned, (previous_version, previous), reuse, scratch)
         if same and not resolved.changed():
             return UpToDate(previous_version, "every input's bytes verified")
         labels = plan.label_ids(planned.labels_present, previous["labels"] if previous else (),
                                 label_file)
         increment, num_shards, tasks, to_convert = _shard_tasks(
-            build, root, resolved, labels, (previous_version, previous), scratch)
+            build, root, resolved, labels, (previous_version, previous), reuse, scratch)
         spec = _commit_spec(build, root, planned, labels, num_shards, increment)
         files.copy_local_file(errors_path, spec.listing_errors_path)
         shards_index = write_shard_listings(spec.tmp_dir, tasks)
@@ -87,7 +88,7 @@ def _plan_listing(build, label_file, scratch, errors_path):
             lambda e: errors_file.write(json.dumps(e) + "\n"))
 
 
-def _resolve(build, root, planned, latest, scratch):
+def _resolve(build, root, planned, latest, reuse, scratch):
     """Splits and reuse from the previous version's catalog: its split map (unless
     --resplit) and, when it was built the same way, its records. -> identity.Resolved"""
     from beam_pipeline.launcher import identity, plan
@@ -100,10 +101,10 @@ def _resolve(build, root, planned, latest, scratch):
         rows = catalog.iter_rows(layout.join(layout.version_dir(root, previous_version),
                                              layout.CATALOG))
     return identity.resolve(planned.by_key, rows, plan.parse_splits(build.splits), scratch,
-                            reuse=can_reuse(build, previous), verify=build.verify_inputs)
+                            reuse=reuse, verify=build.verify_inputs)
 
 
-def _shard_tasks(build, root, resolved, labels, latest, scratch):
+def _shard_tasks(build, root, resolved, labels, latest, reuse, scratch):
     """-> (incremental plan or None, split -> shard count, stream of shard tasks, images
     the job will decode)."""
     from beam_pipeline.launcher import incremental, plan
@@ -111,7 +112,6 @@ def _shard_tasks(build, root, resolved, labels, latest, scratch):
 
     previous_version, previous = latest
     previous_vdir = previous and layout.version_dir(root, previous_version)
-    reuse = can_reuse(build, previous)
     increment = None
     if reuse and can_increment(build, previous, labels):
         increment = incremental.plan_increment(
@@ -181,10 +181,10 @@ def can_reuse(build, previous):
 
 
 def can_increment(build, previous, labels):
-    """Build on the previous version's shards (when its records can be reused) unless a
-    full build is asked for, or its label ids no longer hold (a changed --label_file may
-    renumber them)."""
-    if not can_reuse(build, previous) or build.full_rebuild or build.transform:
+    """Build on the previous version's shards (when can_reuse says its records can be
+    reused) unless a full build is asked for, or its label ids no longer hold (a changed
+    --label_file may renumber them)."""
+    if build.full_rebuild or build.transform:
         return False  # (--transform needs every train image's pixels: a full build)
     return list(labels[:len(previous["labels"])]) == list(previous["labels"])
 
