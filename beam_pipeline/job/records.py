@@ -39,18 +39,38 @@ def serialize_example(features):
     parts, total = [], 0
     for key in sorted(features):
         value = features[key]
-        if isinstance(value, bytes):
-            values = _field_header(1, len(value))                        # BytesList.value
-            inner = _field_header(1, len(values) + len(value)) + values  # Feature.bytes_list
-        else:
-            packed = _field(1, _varint(value & _U64))                    # Int64List.value
-            inner, value = _field(3, packed), b""                       # Feature.int64_list
-        feature_len = len(inner) + len(value)
-        head = _key_field(key) + _field_header(2, feature_len)          # map entry: key, value
-        entry = _field_header(1, len(head) + feature_len) + head + inner  # Features.feature
-        parts += (entry, value)
-        total += len(entry) + len(value)
+        if isinstance(value, bytes) and len(value) > _CACHED_BYTES:
+            entry = _entry_head(key, value)
+            parts += (entry, value)
+            total += len(entry) + len(value)
+        else:  # labels, sizes, format: the same few entries in every record
+            entry = _small_entry(key, value)
+            parts.append(entry)
+            total += len(entry)
     return b"".join((_field_header(1, total), *parts))                  # Example.features
+
+
+_CACHED_BYTES = 16  # bytes values up to this long are encoded once (hashes and images are not)
+
+
+def _entry_head(key, value):
+    """A Features.feature map entry for a bytes value, up to where the value's bytes go."""
+    values = _field_header(1, len(value))                               # BytesList.value
+    inner = _field_header(1, len(values) + len(value)) + values         # Feature.bytes_list
+    feature_len = len(inner) + len(value)
+    head = _key_field(key) + _field_header(2, feature_len)              # map entry: key, value
+    return _field_header(1, len(head) + feature_len) + head + inner     # Features.feature
+
+
+@functools.lru_cache(maxsize=1024)
+def _small_entry(key, value):
+    """A whole map entry for an int or a short bytes value."""
+    if isinstance(value, bytes):
+        return _entry_head(key, value) + value
+    packed = _field(1, _varint(value & _U64))                           # Int64List.value
+    inner = _field(3, packed)                                           # Feature.int64_list
+    head = _key_field(key) + _field_header(2, len(inner))               # map entry: key, value
+    return _field_header(1, len(head) + len(inner)) + head + inner      # Features.feature
 
 
 _U64 = (1 << 64) - 1
