@@ -206,9 +206,10 @@ class WriteShardFn(beam.DoFn):
         encoded = self._convert(data, read_error)
         sha256 = hashlib.sha256(encoded.data).hexdigest()
         record = records.make_example(encoded, label_id, ref.label, ref.key, sha256)
-        return _Made(record, sha256, encoded.height, encoded.width,
-                     hashlib.sha256(data).hexdigest(), encoded.passed_through, encoded.moments,
-                     _signed(encoded.phash))
+        # Stored as it came: the input's hash is the stored image's (one pass, not two).
+        input_sha256 = sha256 if encoded.data == data else hashlib.sha256(data).hexdigest()
+        return _Made(record, sha256, encoded.height, encoded.width, input_sha256,
+                     encoded.passed_through, encoded.moments, _signed(encoded.phash))
 
     def _convert(self, data, read_error):
         """Image bytes -> images.Encoded; ImageError for an unreadable or unusable input."""
