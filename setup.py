@@ -35,9 +35,10 @@ setuptools.setup(
     extras_require={
         "reader": TENSORFLOW,
         "transform": TRANSFORM,
-        # tensorflow-datasets only to prove TFDS reads our metadata (the writer doesn't need it)
+        # tensorflow-datasets only to prove TFDS reads our metadata (the writer doesn't need it);
+        # imagehash only to prove the job's own pHash gives the library's bits
         "test": TRANSFORM + ["pytest", "gcp-storage-emulator", "tfrecord", "psutil",
-                             "tensorflow-datasets", "hypothesis"],
+                             "tensorflow-datasets", "hypothesis", "imagehash"],
         # benchmarks/bench_near_duplicates.py: imagehash only as the yardstick the job's own
         # hash was measured against; the photos that scikit-image, scikit-learn and matplotlib
         # ship are its test images. (TensorFlow: the reader and transform benchmarks.)
