@@ -118,3 +118,16 @@ def test_commit_transform_drops_content_duplicates_and_publishes(tmp_path):
         assert [json.loads(line)["reason"] for line in f] == ["truncated"]
     assert files.read_json(layout.join(spec.root, layout.LATEST))["version"] == VERSION
     assert not os.path.exists(spec.tmp_dir)
+
+
+def test_catalog_tables_use_the_system_allocator():
+    """Arrow's mimalloc pool held tens of MB per thread for a few MB of catalog tables: a
+    process that imports the package first allocates them with the system's."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    out = subprocess.run([sys.executable, "-c", "import beam_pipeline, pyarrow as pa; "
+                          "print(pa.default_memory_pool().backend_name)"],
+                         env=env, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "system"

@@ -77,16 +77,28 @@ def merge(fragments, path):
 
     rows, sides = 0, {}
     with FileSystems.create(path) as raw, pq.ParquetWriter(raw, SCHEMA) as writer:
-        for fragment in iter_fragments(fragments):
-            for batch in fragment.to_batches():  # the fragment's own row groups
-                table = pa.Table.from_batches([batch], SCHEMA)
-                writer.write_table(table)
-                rows += table.num_rows
-                longer = pc.max_element_wise(table["height"], table["width"])
-                for item in pc.value_counts(longer).to_pylist():
-                    if item["values"] is not None:
-                        sides[item["values"]] = sides.get(item["values"], 0) + item["counts"]
+        for table in _row_groups(fragments):  # the fragments' own row groups, in order
+            writer.write_table(table)
+            rows += table.num_rows
+            longer = pc.max_element_wise(table["height"], table["width"])
+            for item in pc.value_counts(longer).to_pylist():
+                if item["values"] is not None:
+                    sides[item["values"]] = sides.get(item["values"], 0) + item["counts"]
     return rows, sides
+
+
+def _row_groups(paths):
+    """Each fragment's row groups as tables, in order. Local fragments are read one row
+    group at a time: reading ahead saves nothing on a local disk and held up to
+    FRAGMENTS_AHEAD whole fragments (a 20,000-photo build's whole catalog); on gs:// the
+    round trips cost more, so fragments are read ahead in threads."""
+    if any(p.startswith("gs://") for p in paths):
+        for fragment in iter_fragments(paths):
+            for batch in fragment.to_batches():
+                yield pa.Table.from_batches([batch], SCHEMA)
+    else:
+        for path in paths:
+            yield from iter_tables(path)
 
 
 def median(counts):
