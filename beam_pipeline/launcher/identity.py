@@ -19,6 +19,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
+from json.encoder import encode_basestring_ascii as json_string  # = json.dumps(a str)
 
 from beam_pipeline.launcher import plan
 from beam_pipeline.refs import ImageRef, StoredFrame
@@ -55,14 +56,31 @@ class Resolved:
             fields, row = json.loads(line)
             yield ImageRef.from_fields(fields), row
 
+    def ref_lines(self):
+        """(ImageRef JSON, previous catalog row dict or None), in key order: an image with no
+        row is passed on as the text it was spilled as, never parsed."""
+        for _, line in self.by_key:
+            if line.endswith(NO_ROW):  # a row is a JSON object: its line ends with "}]"
+                yield line[1:-len(NO_ROW)], None
+            else:
+                fields, row = json.loads(line)
+                yield ImageRef.from_fields(fields).to_json(), row
+
     def add(self, ref, row, kind):
         """One resolved image; `row`: the previous catalog row's JSON text, or None."""
-        counts = self.per_split.setdefault(ref.split, [0, 0])
+        self.add_line(ref.key, ref.split, ref.size, ref.to_json(), row, kind)
+
+    def add_line(self, key, split, size, ref_json, row, kind):
+        """add() for an ImageRef already in JSON (with its split)."""
+        counts = self.per_split.setdefault(split, [0, 0])
         counts[0] += 1
-        counts[1] += ref.size
+        counts[1] += size
         self.counts[kind] += 1
         self.counts["stored"] += row is not None  # a record to reuse or re-frame
-        self.by_key.add(json.dumps(ref.key), f"[{ref.to_json()},{row or 'null'}]")
+        self.by_key.add(json_string(key), f"[{ref_json},{row or 'null'}]")
+
+
+NO_ROW = ",null]"  # the end of a Resolved line without a previous row
 
 
 SUFFIX_DEPTHS = (2, 1)  # same bytes: prefer the row with the same class/name, then name
@@ -76,6 +94,8 @@ def resolve(by_key, rows, splits, spill_dir, reuse=True, verify=False):
     rows still give splits but no record is offered. `verify`: hash every input.
     """
     out = Resolved(by_key=SortedSpill(spill_dir))
+    if rows is None:
+        return _all_added(out, by_key, splits)
     previous = _Previous(spill_dir, rows)
     with previous, SortedSpill(spill_dir) as orphans, SortedSpill(spill_dir) as rehash:
         for _, line, old in join_by_key(by_key, previous.by_key):
@@ -84,12 +104,12 @@ def resolve(by_key, rows, splits, spill_dir, reuse=True, verify=False):
                 continue
             ref = ImageRef.from_json(line)
             if old is None:
-                orphans.add(json.dumps(ref.uri), line)
+                orphans.add(json_string(ref.uri), line)
                 continue
             row = json.loads(old)
             split = ref.split or row["split"]
             if reuse and _must_hash(ref, row, verify):
-                rehash.add(json.dumps(ref.key), f"[{ref.to_json()},{old}]")
+                rehash.add(json_string(ref.key), f"[{ref.to_json()},{old}]")
             elif _same_stamp(ref, row):
                 ref = dataclasses.replace(ref, split=split, sha256=row.get("input_sha256"))
                 out.add(ref, old if reuse else None, _same_bytes(ref, row))
@@ -103,6 +123,19 @@ def resolve(by_key, rows, splits, spill_dir, reuse=True, verify=False):
     return out
 
 
+def _all_added(out, by_key, splits):
+    """No split map (a new root, --resplit): every image is new content, split by its key
+    hash unless fixed. What the join below finds without previous rows, with one JSON
+    parse per image instead of a dozen JSON round trips and three spills."""
+    for _, line in by_key:
+        fields = json.loads(line)  # ImageRef.to_json's list: key, uri, label, split, size, …
+        if fields[3] is None:
+            fields[3] = plan.assign_split(fields[0], splits)
+            line = json.dumps(fields)
+        out.add_line(fields[0], fields[3], fields[4], line, None, "added")
+    return out
+
+
 class _Previous:
     """The previous catalog's rows, spilled by key; by uri, size and content only when
     some listed key is new (`others`)."""
@@ -111,7 +144,7 @@ class _Previous:
         self.spill_dir, self.spills = spill_dir, []
         self.by_key = self._spill()
         for row in rows or ():
-            self.by_key.add(json.dumps(row["key"]), json.dumps(row))
+            self.by_key.add(json_string(row["key"]), json.dumps(row))
 
     def _spill(self):
         self.spills.append(SortedSpill(self.spill_dir))
@@ -123,7 +156,7 @@ class _Previous:
             self.by_uri, self.sizes, self.by_sha = self._spill(), self._spill(), self._spill()
             for _, line in self.by_key:
                 row = json.loads(line)
-                self.by_uri.add(json.dumps(row["uri"]), line)
+                self.by_uri.add(json_string(row["uri"]), line)
                 self.sizes.add(f"{row['input_size']:020d}", "")
                 if row.get("input_sha256"):
                     self.by_sha.add(row["input_sha256"], line)  # ties: by row text ~ key
@@ -185,7 +218,7 @@ def _new_keys(out, orphans, previous, splits, spill_dir, reuse, verify):
         for line, old in first_match(orphans, by_uri):  # 1. the same file
             ref, row = ImageRef.from_json(line), old and json.loads(old)
             if row and _must_hash(ref, row, verify):
-                rehash.add(json.dumps(ref.uri), f"[{ref.to_json()},{old}]")
+                rehash.add(json_string(ref.uri), f"[{ref.to_json()},{old}]")
             elif row and _same_stamp(ref, row):
                 moved(dataclasses.replace(ref, sha256=row.get("input_sha256")), row, old)
             else:

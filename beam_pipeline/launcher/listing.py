@@ -98,7 +98,7 @@ def _list_spec(spec):
 # --- directories and globs ---------------------------------------------------------------
 
 def _list_directory(root):
-    found = 0
+    found, labels = 0, {}  # class folder -> its label, checked once
     for rel, uri, size, stamp in _walk(root):
         if not _is_image_name(rel):
             continue
@@ -115,7 +115,9 @@ def _list_directory(root):
             raise UserError(f"--input {root}: {rel} is not in a class folder; use "
                             f"{root}/<class>/<image> or a CSV manifest")
         found += 1
-        yield ImageRef(rel, uri, _folder_label(parts[0], root, rel), split, size, stamp)
+        label = labels.get(parts[0]) or labels.setdefault(
+            parts[0], _folder_label(parts[0], root, rel))
+        yield ImageRef(rel, uri, label, split, size, stamp)
     if not found:
         raise UserError(f"--input {root}: no image files found (expected {root}/<class>/<image>, "
                         f"extensions {', '.join(sorted(IMAGE_EXTENSIONS))})")

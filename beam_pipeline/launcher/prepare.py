@@ -123,8 +123,7 @@ def _shard_tasks(build, root, resolved, labels, latest, reuse, scratch):
     # a full build: shards cut by hash; stored records re-framed unless --full_rebuild
     sources = reuse and not build.full_rebuild and not build.transform
     num_shards = shard_counts(resolved.per_split, build)
-    lines = (_full_build_line(ref, row if sources else None, previous_vdir)
-             for ref, row in resolved.refs())
+    lines = _full_build_lines(resolved, sources, previous_vdir)
     by_position = plan.by_shard_position(lines, scratch)
     tasks = ((split, shard, "images", incremental.HASH, lines)
              for split, shard, lines in plan.iter_shards(by_position, num_shards))
@@ -132,13 +131,18 @@ def _shard_tasks(build, root, resolved, labels, latest, reuse, scratch):
     return None, num_shards, tasks, to_convert
 
 
-def _full_build_line(ref, row, previous_vdir):
-    """A full build's listing line: the stored record to re-frame when there is one."""
+def _full_build_lines(resolved, sources, previous_vdir):
+    """A full build's listing lines: with the stored record to re-frame when there is one
+    (and `sources`); the others as they were spilled."""
     from beam_pipeline.launcher import identity
+    from beam_pipeline.refs import ImageRef
 
-    if row is not None:
-        ref = dataclasses.replace(ref, source=identity.stored_frame(previous_vdir, row))
-    return ref.to_json()
+    for line, row in resolved.ref_lines():
+        if row is not None and sources:
+            ref = ImageRef.from_json(line)
+            line = dataclasses.replace(
+                ref, source=identity.stored_frame(previous_vdir, row)).to_json()
+        yield line
 
 
 def _commit_spec(build, root, planned, labels, num_shards, increment):
