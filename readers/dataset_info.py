@@ -12,7 +12,8 @@ class ShardInfo:
     path: str  # absolute (version dir joined with the manifest's relative path)
     num_examples: int
     num_bytes: Optional[int] = None
-    sha256: Optional[str] = None
+    sha256: Optional[str] = None  # hex, shards written before format 2 carried crc32c
+    crc32c: Optional[str] = None  # the file's CRC-32C, base64 as Cloud Storage reports it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +67,8 @@ def from_manifest(vdir, manifest, followed_latest=False):
     for name, s in manifest.get("splits", {}).items():
         shards = tuple(ShardInfo(path=layout.join(vdir, sh["path"]),
                                  num_examples=int(sh["num_examples"]),
-                                 num_bytes=sh.get("num_bytes"), sha256=sh.get("sha256"))
+                                 num_bytes=sh.get("num_bytes"), sha256=sh.get("sha256"),
+                                 crc32c=sh.get("crc32c"))
                        for sh in s.get("shards", []))
         splits[name] = SplitInfo(name=name, num_examples=int(s["num_examples"]),
                                  num_bytes=s.get("num_bytes"),

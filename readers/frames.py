@@ -4,7 +4,10 @@ Pure Python (no TensorFlow, no Beam), so the writer's workers, the reuse/copy ta
 verify and inspect_dataset all take the format from here.
 """
 
+import base64
 import struct
+
+import google_crc32c
 
 
 def tfrecord_frame(record):
@@ -18,12 +21,35 @@ def tfrecord_frame(record):
                      record, struct.pack("<I", masked_crc(record))))
 
 
+def frame_ends(parts, length):
+    """The (head, tail) a record given as byte pieces (`length` bytes in all) is framed
+    between: the record's CRC is taken over the pieces, so it is never joined (a copy of
+    the image bytes) just to be framed."""
+    head = struct.pack("<Q", length)
+    crc = 0
+    for part in parts:
+        crc = google_crc32c.extend(crc, part)
+    return head + struct.pack("<I", masked_crc(head)), struct.pack("<I", _mask(crc))
+
+
 def masked_crc(data):
     """TFRecord's masked CRC-32C of `data`."""
-    import google_crc32c
+    return _mask(google_crc32c.value(data))
 
-    crc = google_crc32c.value(data)
+
+def _mask(crc):
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def crc32c_text(crc):
+    """A whole file's CRC-32C (an int) as the manifest and Cloud Storage write it: the four
+    big-endian bytes in base64 (`gsutil hash -c`, an object's `crc32c` metadata)."""
+    return base64.b64encode(crc.to_bytes(4, "big")).decode()
+
+
+def file_crc32c(data):
+    """crc32c_text of `data`: a shard's checksum in the manifest."""
+    return crc32c_text(google_crc32c.value(data))
 
 
 class FrameError(ValueError):

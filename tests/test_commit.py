@@ -84,7 +84,7 @@ def _temp_shard(tmp, split, shard, payloads):
         for row in rows:
             fragment.append(row)
     return ShardResult(split, shard, path=final, temp=temp, num_examples=len(payloads),
-                       num_bytes=len(data), sha256=hashlib.sha256(data).hexdigest(),
+                       num_bytes=len(data), crc32c=frames.file_crc32c(data),
                        label_counts={"cat": len(payloads)}, kind="images", writer="h:1",
                        catalog_temp=temp + ".catalog.parquet")
 
@@ -131,3 +131,10 @@ def test_catalog_tables_use_the_system_allocator():
                           "print(pa.default_memory_pool().backend_name)"],
                          env=env, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "system"
+
+
+def test_a_shard_entry_has_the_crc32c_or_else_the_sha256_of_a_reused_older_shard():
+    from beam_pipeline.job.commit import checksum
+
+    assert checksum(ShardResult("train", 0, crc32c="AAAAAA==")) == {"crc32c": "AAAAAA=="}
+    assert checksum(ShardResult("train", 0, sha256="ab" * 32)) == {"sha256": "ab" * 32}

@@ -118,7 +118,7 @@ def test_same_images_under_another_path_and_on_gcs_build_identical_shards(
     remote = build([f"gs://{gcs_bucket}/deep/prefix/imgs"], f"gs://{gcs_bucket}/ds", *args)
 
     def shards(result):
-        return [(s, sh["path"], sh["sha256"]) for s, info in result["manifest"]["splits"].items()
+        return [(s, sh["path"], sh["crc32c"]) for s, info in result["manifest"]["splits"].items()
                 for sh in info["shards"]]
 
     assert len(shards(local)) >= 4  # train: 2, validation and test: one image each

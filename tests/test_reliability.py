@@ -450,7 +450,7 @@ def test_concurrent_publishers_leave_latest_on_the_newest(where, request, tmp_pa
 def commit_inputs(root, version):
     """What the job hands its commit stage: temp shards and listing errors in .tmp/."""
     from beam_pipeline.job.contracts import ShardResult
-    from readers.frames import tfrecord_frame
+    from readers.frames import file_crc32c, tfrecord_frame
 
     vdir = layout.version_dir(root, version)
     tmp = layout.join(vdir, ".tmp")
@@ -465,7 +465,7 @@ def commit_inputs(root, version):
         files.write_bytes(temp + layout.INDEX_SUFFIX, b"0 %d\n" % len(frame))
         stats.append(ShardResult(split="train", shard=shard, temp=temp,
                                  index_temp=temp + layout.INDEX_SUFFIX, num_examples=1,
-                                 num_bytes=len(frame), sha256=hashlib.sha256(frame).hexdigest(),
+                                 num_bytes=len(frame), crc32c=file_crc32c(frame),
                                  label_counts={"cat": 1}, passed_through=1))
     spec = commit.CommitSpec(
         root=root, version=version, name="rel", labels=("cat",), num_shards={"train": 2},
@@ -585,7 +585,7 @@ def test_shard_deleted_or_truncated_on_gcs_is_named_by_verify_and_reader(
 
     problems = verify.verify(root)
     assert any(p.startswith(f"{train['path']}: missing") for p in problems), problems
-    assert any(p.startswith(f"{val['path']}: ") and "sha256" in p for p in problems), problems
+    assert any(p.startswith(f"{val['path']}: ") and "crc32c" in p for p in problems), problems
     for split, shard in (("train", train), ("validation", val)):
         # The reader checks each shard against the manifest before reading (missing, or
         # the wrong size): the error names the file, at make_dataset or while reading.

@@ -50,10 +50,10 @@ def _check(expected_keys, moments):
             index = frames.parse_index(f.read())
         rows = list(catalog.iter_rows(r.catalog_temp))
         got = (r.split, r.shard, r.path, r.kind, r.origin, r.num_examples, r.num_bytes,
-               r.sha256, r.label_counts, [e["reason"] for e in r.errors], index,
+               r.crc32c, r.sha256, r.label_counts, [e["reason"] for e in r.errors], index,
                [(row["key"], row["position"], row["offset"], row["length"]) for row in rows])
         want = ("train", 0, layout.shard_name("t", "train", 0, 1), "images", "hash",
-                len(expected_keys), len(data), hashlib.sha256(data).hexdigest(),
+                len(expected_keys), len(data), frames.file_crc32c(data), None,
                 {"cat": 2, "dog": 1}, ["not_an_image"], offsets,
                 [(k, i, o, n) for i, (k, (o, n)) in enumerate(zip(expected_keys, offsets))])
         if got != want:
@@ -96,10 +96,31 @@ def test_shard_task_keeps_the_index_line_format():
 
 def test_shard_result_round_trips_through_json():
     result = ShardResult("train", 2, path="p", temp="t", num_examples=2, num_bytes=10,
-                         sha256="ab", label_counts={"cat": 2}, passed_through=1,
+                         crc32c="AAAAAA==", label_counts={"cat": 2}, passed_through=1,
                          errors=({"uri": "x", "reason": "truncated"},), kind="images",
                          writer="h:1", catalog_temp="c", index_temp="i",
                          pixel_moments=PixelMoments(4, (1.0, 2.5, 3.0), (9.0, 0.25, 1e20)))
     assert ShardResult.from_json(result.to_json()) == result
     errors_only = ShardResult(None, None, errors=({"reason": "unreadable"},))
     assert ShardResult.from_json(errors_only.to_json()) == errors_only
+
+
+def test_shard_out_writes_the_frames_of_records_given_in_pieces(monkeypatch):
+    """The writer's buffered output: the same bytes as framing each joined record, in any
+    buffer size (a piece larger than the buffer goes straight to the file), and the CRC-32C
+    of exactly those bytes."""
+    from beam_pipeline.job import records, shards
+    from beam_pipeline.job.images import Encoded
+
+    encoded = [Encoded(bytes(range(256)) * n, 7, 9, True) for n in (1, 40, 3)]
+    made = [records.example_parts(e, 2, "cat", f"cat/{i}.jpg") for i, e in enumerate(encoded)]
+    want = b"".join(frames.tfrecord_frame(records.make_example(e, 2, "cat", f"cat/{i}.jpg"))
+                    for i, e in enumerate(encoded))
+    for size in (64, 4096, 1 << 20):
+        monkeypatch.setattr(shards._ShardOut, "SIZE", size)
+        out = io.BytesIO()
+        with shards._ShardOut(out) as shard:
+            lengths = [shard.write_frame(parts, length) for parts, length in made]
+        assert out.getvalue() == want, size
+        assert sum(lengths) == len(want)
+        assert frames.crc32c_text(shard.crc) == frames.file_crc32c(want)

@@ -1,5 +1,6 @@
 """`python -m beam_pipeline.tools.verify`: a clean build passes; damage is caught and named."""
 
+import hashlib
 import json
 import os
 import shutil
@@ -58,12 +59,52 @@ def test_flipped_byte_is_caught(dataset, capsys):
         f.seek(-1, os.SEEK_CUR)
         f.write(bytes([byte[0] ^ 0x01]))
     problems = verify.verify(root)
-    assert any(shard["path"] in p and "sha256" in p for p in problems), problems
+    assert any(shard["path"] in p and "crc32c" in p for p in problems), problems
     assert any(shard["path"] in p and "record 1" in p and "data CRC mismatch" in p
                for p in problems), problems
     code, text = _run_main(root, capsys)
     assert code == 1
     assert "FAILED" in text and "data CRC mismatch" in text
+
+
+def test_a_manifest_with_sha256_checksums_is_checked_by_them(dataset):
+    """Versions written before shards had a CRC-32C name each shard's sha256 instead."""
+    root, vdir, manifest = dataset
+    shard = _biggest_shard(manifest)
+    path = os.path.join(vdir, shard["path"])
+
+    def to_sha256(m):
+        for s in m["splits"].values():
+            for sh in s["shards"]:
+                with open(os.path.join(vdir, sh["path"]), "rb") as f:
+                    sh["sha256"] = hashlib.sha256(f.read()).hexdigest()
+                del sh["crc32c"]
+
+    _rewrite_manifest(vdir, to_sha256)
+    assert verify.verify(root) == []
+    with open(path, "r+b") as f:  # the last byte of the file (the last frame's data CRC)
+        f.seek(-1, os.SEEK_END)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([byte[0] ^ 0x01]))
+    problems = verify.verify(root)
+    assert any(p.startswith(f"{shard['path']}: sha256 ") for p in problems), problems
+
+
+def test_a_changed_checksum_in_the_manifest_is_caught(dataset):
+    root, vdir, manifest = dataset
+    shard = _biggest_shard(manifest)
+
+    def change(m):
+        for s in m["splits"].values():
+            for sh in s["shards"]:
+                if sh["path"] == shard["path"]:
+                    sh["crc32c"] = "AAAAAA=="
+
+    _rewrite_manifest(vdir, change)
+    assert verify.verify(root) == [
+        f"{shard['path']}: crc32c {shard['crc32c']} does not match the manifest's AAAAAA== "
+        "(file changed or corrupt)"]
 
 
 def test_missing_shard_is_caught(dataset, capsys):

@@ -22,7 +22,7 @@ from beam_pipeline.store.near_duplicates import DEFAULT_RADIUS
 from beam_pipeline.job import duplicates, leaks, rewrite
 from beam_pipeline.job.contracts import ShardResult
 from beam_pipeline.job.manifest import Finalized, build_manifest
-from readers import layout
+from readers import frames, layout
 
 
 class PublishRefused(RuntimeError):
@@ -265,9 +265,6 @@ def _warn_empty_classes(labels, label_counts):
             logging.warning("class %r has no images in this version; its id is kept", label)
 
 
-EMPTY_SHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
-
-
 def _commit_shard(spec, split, shard, result):
     """One shard's manifest entry; a shard written to a temp name is renamed first (the
     writers put theirs under the final name already: no request at all)."""
@@ -278,13 +275,19 @@ def _commit_shard(spec, split, shard, result):
         if spec.write_index:
             files.write_bytes(layout.index_name(final), b"")
         return {"path": final_name, "num_examples": 0, "num_bytes": 0,
-                "sha256": EMPTY_SHA256, "origin": "hash"}
+                "crc32c": frames.file_crc32c(b""), "origin": "hash"}
     if result.temp != final:  # written to a temp name (--sink beam, dropped duplicates)
         _rename(result.temp, final)
     if spec.write_index and result.index_temp and result.index_temp != layout.index_name(final):
         _rename(result.index_temp, layout.index_name(final))
     return {"path": final_name, "num_examples": result.num_examples,
-            "num_bytes": result.num_bytes, "sha256": result.sha256, "origin": result.origin}
+            "num_bytes": result.num_bytes, **checksum(result), "origin": result.origin}
+
+
+def checksum(result):
+    """The shard entry's checksum field: crc32c, or sha256 for a shard reused from a version
+    written before shards had a CRC-32C."""
+    return {"crc32c": result.crc32c} if result.crc32c else {"sha256": result.sha256}
 
 
 def _content_duplicates(ordered, spec):

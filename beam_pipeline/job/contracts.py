@@ -67,6 +67,10 @@ class ShardResult:
     temp: Optional[str] = None          # where this attempt wrote it
     num_examples: int = 0
     num_bytes: int = 0
+    # The file's checksum for the manifest: CRC-32C (readers/frames.crc32c_text) for every
+    # shard written since format 2 carried it; sha256 (hex) only for a shard reused as is
+    # from a version written before.
+    crc32c: Optional[str] = None
     sha256: Optional[str] = None
     label_counts: dict = dataclasses.field(default_factory=dict)  # class name -> records
     errors: tuple = ()                  # error records for errors.jsonl

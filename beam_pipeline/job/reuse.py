@@ -47,14 +47,17 @@ def run(kind, result, listing, previous_vdir, write_index):
     source = layout.join(previous_vdir, header["source"])
     split, shard, final, temp = result.split, result.shard, result.path, result.temp
     if kind == "copy":
-        rows, sha256, num_bytes, index = copy_frames(source, temp, rows, split, shard, final)
-        return with_rows(dataclasses.replace(result, sha256=sha256, num_bytes=num_bytes),
+        rows, crc32c, num_bytes, index = copy_frames(source, temp, rows, split, shard, final)
+        return with_rows(dataclasses.replace(result, crc32c=crc32c, num_bytes=num_bytes),
                          rows, write_index, index)
     link_or_copy(source, temp)
     if write_index and FileSystems.exists(layout.index_name(source)):
         result = dataclasses.replace(result, index_temp=layout.index_name(temp))
         link_or_copy(layout.index_name(source), result.index_temp)
-    result = dataclasses.replace(result, sha256=header["sha256"],
+    # The file as it is: its checksum as the previous manifest gave it (crc32c, or sha256
+    # from a version written before shards had a CRC-32C).
+    result = dataclasses.replace(result, crc32c=header.get("crc32c"),
+                                 sha256=header.get("sha256"),
                                  num_bytes=sum(r["length"] for r in rows))
     return with_rows(result, [dict(r, split=split, shard=shard, file=final) for r in rows],
                      write_index=False)

@@ -2,7 +2,8 @@
 decoded. Incremental "copy" tasks and --drop_content_duplicates both end here."""
 
 import dataclasses
-import hashlib
+
+import google_crc32c
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
@@ -16,9 +17,10 @@ RAW = CompressionTypes.UNCOMPRESSED
 def copy_frames(source, target, rows, split, shard, final):
     """Copy the TFRecord frames of `rows` (catalog rows, in order) from `source` to `target`.
 
-    Returns (their new catalog rows, sha256 of the new file, its size, index lines).
+    Returns (their new catalog rows, CRC-32C of the new file (frames.crc32c_text), its size,
+    index lines).
     """
-    offset, digest, index, new_rows = 0, hashlib.sha256(), [], []
+    offset, crc, index, new_rows = 0, 0, [], []
     with (FileSystems.open(source, compression_type=RAW) as src,
           files.create_final(target) as out):
         for position, row in enumerate(rows):
@@ -28,12 +30,12 @@ def copy_frames(source, target, rows, split, shard, final):
                 raise IOError(f"{source}: record {row['position']} is cut short "
                               f"({len(frame)} of {row['length']} bytes)")
             out.write(frame)
-            digest.update(frame)
+            crc = google_crc32c.extend(crc, frame)
             index.append(frames.index_line(offset, len(frame)))
             new_rows.append(dict(row, split=split, shard=shard, file=final,
                                  position=position, offset=offset))
             offset += len(frame)
-    return new_rows, digest.hexdigest(), offset, index
+    return new_rows, frames.crc32c_text(crc), offset, index
 
 
 def with_rows(result, rows, write_index, index=None):
@@ -59,8 +61,8 @@ def keep_rows(result, drop_positions, write_index):
     rows = [r for r in catalog.iter_rows(result.catalog_temp)
             if r["position"] not in drop_positions]
     temp = result.temp + ".dedup"
-    rows, sha256, num_bytes, index = copy_frames(
+    rows, crc32c, num_bytes, index = copy_frames(
         result.temp, temp, rows, result.split, result.shard, result.path)
-    return with_rows(dataclasses.replace(result, temp=temp, sha256=sha256, num_bytes=num_bytes,
+    return with_rows(dataclasses.replace(result, temp=temp, crc32c=crc32c, num_bytes=num_bytes,
                                          catalog_temp=None),  # the original stays, for a retry
                      rows, write_index, index)

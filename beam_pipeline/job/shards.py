@@ -17,6 +17,7 @@ import uuid
 from typing import Optional
 
 import apache_beam as beam
+import google_crc32c
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
@@ -143,10 +144,10 @@ class WriteShardFn(beam.DoFn):
         split, shard, final, temp = result.split, result.shard, result.path, result.temp
         catalog_temp = result.catalog_temp
         index_temp = layout.index_name(temp) if self.write_index else None
-        digest, counts, errors = hashlib.sha256(), {}, []
+        counts, errors = {}, []
         num_examples = num_bytes = passed_through = converted = reframed = 0
         moments = PixelMoments() if self.moments else None  # exact over the stored pixels
-        with (files.create_final(temp) as out,
+        with (files.create_final(temp) as raw_out, _ShardOut(raw_out) as out,
               catalog.FragmentWriter(catalog_temp) as catalog_rows,
               _IndexWriter(index_temp) as index):
             for ref, data, read_error in _read_ahead(self.pool, refs,
@@ -158,19 +159,17 @@ class WriteShardFn(beam.DoFn):
                     Metrics.counter("errors", e.reason).inc()
                     progress.tick()
                     continue
-                frame = frames.tfrecord_frame(made.record)
+                length = out.write_frame(made.parts, made.length)
                 catalog_rows.append({
                     "key": ref.key, "uri": ref.uri, "label": ref.label,
                     "label_id": self.label_ids[ref.label], "split": split, "shard": shard,
                     "file": final, "position": num_examples,
-                    "offset": num_bytes, "length": len(frame), "sha256": made.sha256,
+                    "offset": num_bytes, "length": length, "sha256": made.sha256,
                     "height": made.height, "width": made.width, "input_size": ref.size,
                     "input_stamp": ref.stamp, "input_sha256": made.input_sha256,
                     "phash": made.phash})
-                out.write(frame)
-                digest.update(frame)
-                index.add(num_bytes, len(frame))
-                num_bytes += len(frame)
+                index.add(num_bytes, length)
+                num_bytes += length
                 num_examples += 1
                 passed_through += made.passed_through
                 reframed += made.reframed
@@ -185,7 +184,7 @@ class WriteShardFn(beam.DoFn):
         return dataclasses.replace(
             result, num_examples=num_examples, num_bytes=num_bytes, label_counts=counts,
             errors=tuple(errors), passed_through=passed_through, converted=converted,
-            reframed=reframed, sha256=digest.hexdigest(),
+            reframed=reframed, crc32c=frames.crc32c_text(out.crc),
             catalog_temp=catalog_temp, index_temp=index_temp, pixel_moments=moments)
 
     def _make(self, ref, data, read_error):
@@ -197,7 +196,7 @@ class WriteShardFn(beam.DoFn):
                 if read_error is not None:
                     raise read_error
                 record, f = reframe.reframe(data, ref.key, label_id, ref.label)
-                return _Made(record, f[schema.SHA256].decode(), f[schema.HEIGHT],
+                return _Made((record,), len(record), f[schema.SHA256].decode(), f[schema.HEIGHT],
                              f[schema.WIDTH], ref.sha256, 0, None, ref.source.phash,
                              reframed=True)
             except Exception as e:  # the earlier version's shard unreadable: convert instead
@@ -205,10 +204,11 @@ class WriteShardFn(beam.DoFn):
                 data, read_error = _fetch(ref.uri, self.encode_options.max_bytes)
         encoded = self._convert(data, read_error)
         sha256 = hashlib.sha256(encoded.data).hexdigest()
-        record = records.make_example(encoded, label_id, ref.label, ref.key, sha256)
+        parts, length = records.example_parts(encoded, label_id, ref.label, ref.key, sha256)
         # Stored as it came: the input's hash is the stored image's (one pass, not two).
-        input_sha256 = sha256 if encoded.data == data else hashlib.sha256(data).hexdigest()
-        return _Made(record, sha256, encoded.height, encoded.width, input_sha256,
+        input_sha256 = (sha256 if encoded.data is data or encoded.data == data
+                        else hashlib.sha256(data).hexdigest())
+        return _Made(parts, length, sha256, encoded.height, encoded.width, input_sha256,
                      encoded.passed_through, encoded.moments, _signed(encoded.phash))
 
     def _convert(self, data, read_error):
@@ -230,7 +230,8 @@ def _signed(phash):
 class _Made:
     """One record ready to frame, and what its catalog row and the shard result need."""
 
-    record: bytes
+    parts: tuple                  # the serialized Example, in pieces (records.example_parts)
+    length: int                   # ... and its length
     sha256: str                   # of the stored image bytes
     height: int
     width: int
@@ -301,6 +302,50 @@ class _LocalRead:
         if self.max_bytes and len(data) > self.max_bytes:  # it grew past the limit
             return None, _too_large(self.max_bytes)
         return data, None
+
+
+class _ShardOut:
+    """TFRecord frames into the shard file through one fixed buffer, and the file's CRC-32C
+    (the manifest's checksum) kept as they go.
+
+    A record arrives in pieces (records.example_parts) and is copied once, into the buffer:
+    not joined into a record, then into a frame, then handed to the file (which wrote each
+    photo with its own system call). CRC-32C instead of SHA-256 over the file: 3-5 µs per
+    40 KB photo against ~30 µs, and what Cloud Storage reports for every object.
+    """
+
+    SIZE = 1 << 20
+
+    def __init__(self, out):
+        self.out, self.crc, self.used = out, 0, 0
+        self.view = memoryview(bytearray(self.SIZE))
+
+    def __enter__(self):
+        return self
+
+    def write_frame(self, parts, length):
+        """Frame a record given as pieces of `length` bytes in all -> the frame's length."""
+        head, tail = frames.frame_ends(parts, length)
+        for piece in (head, *parts, tail):
+            self.crc = google_crc32c.extend(self.crc, piece)
+            n = len(piece)
+            if self.used + n > self.SIZE:
+                self.flush()
+            if n > self.SIZE:
+                self.out.write(piece)
+            else:
+                self.view[self.used:self.used + n] = piece
+                self.used += n
+        return len(head) + length + len(tail)
+
+    def flush(self):
+        if self.used:
+            self.out.write(self.view[:self.used])
+            self.used = 0
+
+    def __exit__(self, *exc):
+        if not exc[0]:
+            self.flush()
 
 
 class _IndexWriter:

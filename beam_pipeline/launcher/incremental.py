@@ -108,14 +108,16 @@ def plan_increment(resolved, previous_vdir, previous, spill_dir, target_shard_mb
 def task_listings(increment):
     """Increment -> (split, shard, kind, origin, listing lines) per task, streamed.
 
-    reuse / copy: a header line {"source": previous shard file, "sha256": its hash} then
+    reuse / copy: a header line {"source": previous shard file, "crc32c" (or, from a version
+    written before shards had one, "sha256"): its checksum} then
     the kept catalog rows in shard order; images: ImageRef lines, like a full build's.
     """
-    by_source = {entry["path"]: (split, shard, kind, origin, entry["sha256"])
+    by_source = {entry["path"]: (split, shard, kind, origin,
+                                 {k: entry[k] for k in ("crc32c", "sha256") if k in entry})
                  for split, shard, kind, origin, entry in increment.tasks if entry}
     for source, rows in itertools.groupby(increment.kept, key=lambda item: item[0].split()[0]):
-        split, shard, kind, origin, sha256 = by_source[source]
-        header = json.dumps({"source": source, "sha256": sha256})
+        split, shard, kind, origin, checksum = by_source[source]
+        header = json.dumps({"source": source, **checksum})
         yield split, shard, kind, origin, itertools.chain(
             [header], (line for _, line in rows))
     deltas = {split: n for split, (_, n) in increment.fresh_shards.items() if n}

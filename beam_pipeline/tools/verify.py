@@ -4,7 +4,8 @@ PATH is a dataset root (LATEST is followed once) or a version directory, local o
 Checked, file by file and record by record, with no trust in anything but manifest.json:
 
   * every file the manifest names is there: shards, their .index files, errors.jsonl, TFDS files
-  * each shard's size and sha256 equal the manifest's
+  * each shard's size and checksum (crc32c; sha256 in versions written before) equal the
+    manifest's
   * each TFRecord frame is whole and both its CRCs (length and data) are valid
   * each record parses as a tf.train.Example whose label id and class name agree
   * records per shard, per split and per class equal the manifest's counts, and the
@@ -21,7 +22,9 @@ import hashlib
 import json
 import sys
 
-from readers.frames import FrameError, parse_index, read_frame
+import google_crc32c
+
+from readers.frames import FrameError, crc32c_text, parse_index, read_frame
 from readers import _quiet, layout, schema
 
 MAX_PROBLEMS_PER_FILE = 10   # a corrupt shard can fail every record; say so, not 10,000 times
@@ -33,16 +36,30 @@ class NotADataset(Exception):
 
 
 class _HashingReader:
-    """A file wrapper that sha256-hashes and counts every byte read through it."""
+    """A file wrapper that checksums (CRC-32C, and sha256 when `sha256`: a shard of a version
+    written before shards had a CRC-32C) and counts every byte read through it."""
 
-    def __init__(self, f):
-        self.f, self.sha256, self.size = f, hashlib.sha256(), 0
+    def __init__(self, f, sha256=False):
+        self.f, self.crc, self.size = f, 0, 0
+        self.sha256 = hashlib.sha256() if sha256 else None
 
     def read(self, n):
         data = self.f.read(n)
-        self.sha256.update(data)
+        self.crc = google_crc32c.extend(self.crc, data)
+        if self.sha256 is not None:
+            self.sha256.update(data)
         self.size += len(data)
         return data
+
+    def mismatch(self, shard):
+        """What differs from the shard entry's checksum, or None."""
+        if shard.get("crc32c") is not None and crc32c_text(self.crc) != shard["crc32c"]:
+            return (f"crc32c {crc32c_text(self.crc)} does not match the manifest's "
+                    f"{shard['crc32c']} (file changed or corrupt)")
+        if self.sha256 is not None and self.sha256.hexdigest() != shard["sha256"]:
+            return (f"sha256 {self.sha256.hexdigest()[:12]}… does not match the manifest's "
+                    f"{shard['sha256'][:12]}… (file changed or corrupt)")
+        return None
 
     def drain(self):
         while True:
@@ -88,7 +105,7 @@ def _check_shard(gfile, vdir, shard, labels, label_offset, write_index, problems
         return None
     counts, frames, shard_problems, complete = {}, [], [], True
     with gfile.GFile(path, "rb") as raw:
-        f = _HashingReader(raw)
+        f = _HashingReader(raw, sha256=bool(shard.get("sha256")))
         offset = 0
         while True:
             try:
@@ -125,9 +142,8 @@ def _check_shard(gfile, vdir, shard, labels, label_offset, write_index, problems
             counts[text] = counts.get(text, 0) + 1
     if f.size != shard.get("num_bytes", f.size):
         shard_problems.insert(0, f"size {f.size} bytes, manifest says {shard['num_bytes']}")
-    if shard.get("sha256") and f.sha256.hexdigest() != shard["sha256"]:
-        shard_problems.insert(0, f"sha256 {f.sha256.hexdigest()[:12]}… does not match the "
-                                 f"manifest's {shard['sha256'][:12]}… (file changed or corrupt)")
+    if (mismatch := f.mismatch(shard)) is not None:
+        shard_problems.insert(0, mismatch)
     if complete and len(frames) != shard["num_examples"]:
         shard_problems.append(f"{len(frames)} records, manifest says {shard['num_examples']}")
     for p in shard_problems[:MAX_PROBLEMS_PER_FILE]:
@@ -335,7 +351,7 @@ def main(argv=None):
         print(f"warning: {warning}", file=sys.stderr)
     if not result["problems"]:
         print(f"OK {where}: {result['shards']} shards, {result['records']} records; sizes, "
-              f"sha256, CRCs, counts and indexes match manifest.json")
+              f"checksums, CRCs, counts and indexes match manifest.json")
         return 0
     print(f"FAILED {where}: {len(result['problems'])} problem(s)", file=sys.stderr)
     for p in result["problems"]:
