@@ -9,7 +9,6 @@ reaches it through the fixture's TLS bridge, because its endpoints are compiled 
 """
 
 import gc
-import hashlib
 import json
 
 import pytest
@@ -167,7 +166,7 @@ def test_commit_retried_after_failed_manifest_write_keeps_listing_errors(
     temp = f"{vdir}/.tmp/p-train.tfrecord-00000-of-00001.abc"
     gcs.upload_bytes(temp, b"frame")
     stats = [ShardResult(split="train", shard=0, temp=temp, num_examples=1, num_bytes=5,
-                         sha256=hashlib.sha256(b"frame").hexdigest(), label_counts={"cat": 1},
+                         crc32c=frames.file_crc32c(b"frame"), label_counts={"cat": 1},
                          passed_through=1)]
     spec = commit.CommitSpec(
         root=root, version=version, name="p", labels=("cat",), num_shards={"train": 1},

@@ -5,7 +5,6 @@ WriteToTFRecord does to form shards; on the DirectRunner that group sits in memo
 is why `--sink shards` is the default (docs/architecture.md). The benchmark compares the two.
 """
 
-import hashlib
 import io
 
 import apache_beam as beam
@@ -62,7 +61,7 @@ def shard_result(path, split, write_index):
             f.write(frames.index_bytes(offsets))
     return ShardResult(split=split, shard=layout.parse_shard_name(path)[2], temp=path,
                        num_examples=len(offsets), num_bytes=len(data), label_counts=counts,
-                       sha256=hashlib.sha256(data).hexdigest(), index_temp=index_temp)
+                       crc32c=frames.file_crc32c(data), index_temp=index_temp)
 
 
 def _errors_as_result(errors):
