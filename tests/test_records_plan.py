@@ -271,7 +271,9 @@ def test_serialize_example_equals_tensorflow_deterministic_serialization():
 
     cases = [records.make_example(_encoded(), 7, "tulip", "tulip/ü 1.jpg"),
              records.make_example(_encoded((1, 2, 3)), 0, "", ""),
-             records.make_example(_encoded(), 2**40, "x" * 300, "y/" * 200)]
+             records.make_example(_encoded(), 2**40, "x" * 300, "y/" * 200),
+             # an image long enough to stay a piece of its own (records.example_parts)
+             records.make_example(Encoded(bytes(range(256)) * 40, 5, 6, True), 3, "c", "c/x")]
     for ours in cases:
         example = tf.train.Example.FromString(ours)
         assert example.SerializeToString(deterministic=True) == ours

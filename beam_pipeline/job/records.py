@@ -52,6 +52,9 @@ def serialize_parts(features):
     for key in sorted(features):
         value = features[key]
         if isinstance(value, bytes) and len(value) > _CACHED_BYTES:
+            if len(value) < _PIECE:  # a hash, a file name: joined with its neighbours
+                small += (_entry_head(key, value), value)
+                continue
             small.append(_entry_head(key, value))
             parts += (b"".join(small), value)
             small = []
@@ -70,6 +73,7 @@ def serialize_parts(features):
 
 
 _CACHED_BYTES = 16  # bytes values up to this long are encoded once (hashes and images are not)
+_PIECE = 4096  # bytes values from this long stay pieces of their own (images): not copied
 
 
 def _entry_head(key, value):
