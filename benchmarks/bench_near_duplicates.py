@@ -462,14 +462,15 @@ def build(sizes=(5000, 20000)):
 # --- grouping at scale ------------------------------------------------------------------------
 
 GROUP_SIZES = (50_000, 100_000, 200_000, 400_000)
+INCREMENTAL = (400_000, 0.01)  # old rows, new fraction: a nightly run against a big catalog
 
 
 def synthetic_hashes(n, radius, real_path, seed=SEED):
     """n hashes that look like real ones: the benchmark's own (with their near-duplicate
     pairs), then independent bits with the per-bit frequencies measured on them (the top
     bit, pHash's DC term, is always 1, so buckets are fuller than uniform hashes make them);
-    1% of the rows get a planted near copy within `radius`. Made 50,000 at a time, so the
-    process's peak RSS is the grouping's."""
+    1% of the rows get a planted near copy within `radius` (bits that vary only: pHash's
+    top bit never does). Made 50,000 at a time, so the process's peak RSS is the grouping's."""
     rng = np.random.default_rng(seed)
     real = np.load(real_path)
     p = ((real[:, None] >> np.arange(64, dtype=np.uint64)) & np.uint64(1)).mean(0)
@@ -479,9 +480,10 @@ def synthetic_hashes(n, radius, real_path, seed=SEED):
         h[lo:lo + len(bits)] = (bits.astype(np.uint64) << np.arange(64, dtype=np.uint64)).sum(
             1, dtype=np.uint64)
     h[:len(real)] = real
+    varying = np.flatnonzero((p > 0) & (p < 1))
     planted = n // 100
     for k in range(planted):
-        flips = rng.choice(64, rng.integers(1, radius + 1), replace=False)
+        flips = rng.choice(varying, rng.integers(1, radius + 1), replace=False)
         h[n - planted + k] = h[len(real) + k] ^ np.uint64(sum(1 << int(f) for f in flips))
     return h, planted
 
@@ -493,61 +495,79 @@ def _memory_kb(field):
         return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
 
 
-def grouping_one(n, radius, bands, real_path):
+def grouping_one(n, radius, bands, real_path, new_fraction=1.0):
     """Runs in a child process so the peak RSS is this size's own. Rows are made as the
-    grouping reads them (as the commit step streams them from the catalog), timed with it."""
-    from beam_pipeline.store import near_duplicates
+    grouping reads them (as the commit step streams them from the catalog), timed with it;
+    new_fraction < 1: the first rows are old (an incremental run against them)."""
+    from beam_pipeline.store import multi_index, near_duplicates
 
     h, planted = synthetic_hashes(n, radius, real_path)
     splits = ("train", "validation", "test")
-    rows = (near_duplicates.Row(f"img/{k:08d}.jpg", splits[k % 3], v)
+    first_new = n - int(n * new_fraction)
+    rows = (near_duplicates.Row(f"img/{k:08d}.jpg", splits[k % 3], v, k < first_new)
             for k, v in enumerate(h.tolist()))
+    chosen = []
+    choose = multi_index.choose_plan
+    multi_index.choose_plan = lambda *a: chosen.append(choose(*a)) or chosen[-1]
     base = _memory_kb("VmRSS")
     t = time.perf_counter()
     found = near_duplicates.find_groups(rows, radius, bands or None)
     pairs = sum(len(g.pairs) for g in found)
     took = time.perf_counter() - t
     peak = _memory_kb("VmHWM")
-    print(f"{n} {took:.2f} {peak / 1024:.1f} {(peak - base) / 1024:.1f} {pairs} {planted}")
+    plan = "x".join(map(str, chosen[0].widths)) + f"/{chosen[0].sub_radius}"
+    print(f"{n} {took:.2f} {peak / 1024:.1f} {(peak - base) / 1024:.1f} {pairs} {planted} "
+          f"{plan}")
+
+
+def _child(n, radius, bands, real_path, new_fraction=1.0):
+    r = subprocess.run([sys.executable, __file__, "_group", str(n), str(radius), str(bands or 0),
+                        real_path, str(new_fraction)], capture_output=True, text=True, check=True)
+    n_, took, peak, grew, pairs, planted, plan = r.stdout.split()
+    return int(n_), float(took), float(peak), float(grew), int(pairs), int(planted), plan
 
 
 def grouping(radius=None, bands=None):
-    """The build's grouping (default radius and bands unless given) on hashes that look like
-    real ones. Exact multi-index search is linear only while buckets stay small: b bands put
-    ~n / 2**(64 / b) rows in a bucket (more for real, biased bits), so the comparisons grow
-    as n**2 once n passes 2**(64 / b) times the values probed per band."""
+    """The build's grouping (the plan chosen for each n unless BANDS is given) on hashes that
+    look like real ones, at GROUP_SIZES, then an incremental run (1% new rows against the
+    rest). Exact search within `radius` compares the pairs whose values in some band are
+    within the sub-radius, ~n**2 * V / 2**width per band: per image, time is flat only while
+    the look-ups (~V per bucket) outweigh them (README, Measured)."""
     from beam_pipeline.store import near_duplicates
 
     radius = near_duplicates.DEFAULT_RADIUS if radius is None else radius
-    bands = bands or near_duplicates.default_bands(radius)
     real = np.array([perceptual.phash(small_grey(d)) for d, *_ in corpus(random.Random(SEED))],
                     dtype=np.uint64)
     real_path = os.path.join(tempfile.mkdtemp(), "real.npy")
     np.save(real_path, real)
     print(f"grouping {len(real)} benchmark hashes plus hashes with their bit frequencies, "
-          f"radius {radius}, {len(near_duplicates.plan(radius, bands).widths)} bands; each size "
-          f"in its own process ('grouping MB' is peak RSS minus the RSS just before grouping)")
-    print("       n   seconds  us/image  peak MB  grouping MB  pairs found  planted")
+          f"radius {radius}, bands {bands or 'chosen per n'}; each size in its own process "
+          f"('grouping MB' is peak RSS minus the RSS just before grouping)")
+    print("       n   seconds  us/image  peak MB  grouping MB  pairs found  planted  plan")
     out = []
     for n in GROUP_SIZES:
-        r = subprocess.run([sys.executable, __file__, "_group", str(n), str(radius),
-                            str(bands or 0), real_path],
-                           capture_output=True, text=True, check=True)
-        n_, took, peak, grew, pairs, planted = r.stdout.split()
-        out.append((int(n_), float(took), float(grew)))
-        print(f" {int(n_):7d}  {float(took):8.2f}  {float(took) / int(n_) * 1e6:8.1f}  "
-              f"{float(peak):7.0f}  {float(grew):11.1f}  {int(pairs):11d}  {int(planted):7d}")
+        n_, took, peak, grew, pairs, planted, plan = _child(n, radius, bands, real_path)
+        out.append((n_, took, grew))
+        print(f" {n_:7d}  {took:8.2f}  {took / n_ * 1e6:8.1f}  {peak:7.0f}  {grew:11.1f}  "
+              f"{pairs:11d}  {planted:7d}  {plan}")
     (n0, t0, m0), (n1, t1, m1) = out[0], out[-1]
     print(f"time per image {n1 // 1000}k vs {n0 // 1000}k: {(t1 / n1) / (t0 / n0):.2f}x "
           f"(linear = 1.00x); grouping memory {n1 // 1000}k vs {n0 // 1000}k: "
           f"{max(m1, 1) / max(m0, 1):.2f}x (target <= 1.15x)")
+    old, frac = INCREMENTAL
+    n = int(old / (1 - frac))
+    n_, took, peak, grew, pairs, planted, plan = _child(n, radius, bands, real_path, frac)
+    print(f"incremental: {n - old} new rows against {old} old: {took:.2f} s "
+          f"({took / (n - old) * 1e6:.0f} us per new image), grouping {grew:.1f} MB, "
+          f"{pairs} pairs with a new row, plan {plan}")
 
 
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     what = sys.argv[1] if len(sys.argv) > 1 else "all"
     if what == "_group":
-        grouping_one(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
+        grouping_one(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5],
+                     float(sys.argv[6]))
     else:
         for name, fn in (("accuracy", accuracy), ("cost", cost), ("build", build),
                          ("grouping", grouping)):

@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from beam_pipeline.store import multi_index as mi
 from beam_pipeline.store import near_duplicates as nd
 from beam_pipeline.store.near_duplicates import Row
 
@@ -29,7 +30,7 @@ def seeded_rows(n, radius, seed, old_every=0):
 
 
 def brute(rows, radius):
-    return {(a.key, b.key, (a.hash ^ b.hash).bit_count())
+    return {tuple(sorted((a.key, b.key))) + ((a.hash ^ b.hash).bit_count(),)
             for i, a in enumerate(rows) for b in rows[i + 1:]
             if (a.hash ^ b.hash).bit_count() <= radius and not (a.old and b.old)}
 
@@ -41,7 +42,8 @@ def found(rows, radius, bands=None, tmp_path=None):
 
 
 @pytest.mark.parametrize("radius, bands", [(0, None), (3, None), (6, None), (6, 3), (6, 7),
-                                           (10, 11), (10, None)])
+                                           (10, 11), (10, None), (10, 4), (12, None), (2, 1),
+                                           (4, 2)])
 def test_pairs_equal_brute_force(radius, bands, tmp_path):
     rows = seeded_rows(300, radius, seed=radius * 10 + (bands or 0))
     expected = brute(rows, radius)
@@ -49,17 +51,29 @@ def test_pairs_equal_brute_force(radius, bands, tmp_path):
     assert found(rows, radius, bands, tmp_path) == expected
 
 
+def biased_rows(n, radius, seed, old_every=0):
+    """pHash-like rows: the top bit always 1, two bits always 0, a big bucket of 12 rows
+    within 1 bit of one hash, and planted copies."""
+    rng = random.Random(seed)
+    rows = seeded_rows(n, radius, seed, old_every)
+    fixed = [Row(r.key, r.split, (r.hash | 1 << 63) & ~0b1001000, r.old) for r in rows]
+    base = fixed[0].hash
+    return fixed + [Row(f"same{i:02d}", SPLITS[i % 3], base ^ (1 << rng.randrange(8)),
+                        bool(old_every) and i % 2 == 0) for i in range(12)]
+
+
 @pytest.mark.parametrize("radius, bands, old_every", [(4, None, 0), (10, 4, 0), (6, 3, 2),
-                                                      (10, None, 3)])
+                                                      (10, None, 3), (0, None, 0),
+                                                      (12, None, 2), (5, 2, 0)])
 def test_tiny_memory_limits_give_the_same_pairs(radius, bands, old_every, tmp_path,
                                                 monkeypatch):
-    """Hashes read 37 rows at a time, band tables of ~40 rows (value-range pieces), 5
-    candidate pairs compared at a time, buckets of over 3 rows as blocks, buckets found by
-    search rather than by offset table."""
-    for name, value in (("SCAN_ROWS", 37), ("TABLE_ROWS", 40), ("PAIR_CHUNK", 5),
-                        ("BLOCK_ROWS", 3), ("DIRECT_BITS", 3)):
-        monkeypatch.setattr(nd, name, value)
-    rows = seeded_rows(100, radius, seed=7, old_every=old_every)
+    """Hashes read 37 rows at a time, band pieces of ~20 rows (so values are cut into up to
+    16 piece files per band and compared across pieces), 5 candidates at a time (big buckets
+    as tiles), buckets found by search rather than by offset table; constant bits dropped."""
+    for name, value in (("SCAN_ROWS", 37), ("TABLE_ROWS", 20), ("PAIR_CHUNK", 5),
+                        ("DIRECT_BITS", 3)):
+        monkeypatch.setattr(mi, name, value)
+    rows = biased_rows(150, radius, seed=7, old_every=old_every)
     assert found(rows, radius, bands, tmp_path) == brute(rows, radius)
     assert not list(tmp_path.iterdir()), "scratch files left behind"
 
@@ -129,26 +143,87 @@ def test_jsonl_lines():
                                           "distances": [[0, 1, 1]]}
 
 
-def test_keys_with_tabs_and_quotes_survive_the_spill():
-    rows = [Row('a\t"b"\n.jpg', "train", 9), Row("c.jpg", "test", 9)]
+def test_keys_with_tabs_quotes_and_escapes_survive_the_spill():
+    odd = ['a\t"b"\n.jpg', "c\\t.jpg", "d\\\\n\r.jpg", "e\u2028\udcff.jpg"]
+    rows = [Row(k, "train", 9) for k in odd] + [Row("z.jpg", "te\\st", 9)]
     (g,) = nd.find_groups(rows, radius=0)
-    assert g.keys == ('a\t"b"\n.jpg', "c.jpg")
+    assert g.keys == tuple(sorted(odd + ["z.jpg"])) and "te\\st" in g.splits
 
 
 @pytest.mark.parametrize("radius, bands", [(-1, None), (64, None), (3, 65)])
 def test_rejects_impossible_plans(radius, bands):
     with pytest.raises(ValueError):
-        nd.plan(radius, bands)
+        nd.find_groups([Row("a", "train", 1)], radius, bands)
 
 
-def test_plan_pigeonhole():
-    p = nd.plan(10)
-    assert len(p.widths) == 11 and sum(p.widths) == 64 and p.sub_radius == 0
-    p = nd.plan(10, bands=nd.default_bands(10))
-    assert p.widths == (16, 16, 16, 16) and p.sub_radius == 2  # 4 bands x 3 bits > 10
+def test_a_plan_too_wide_to_enumerate_is_refused():
+    with pytest.raises(ValueError, match="values within the sub-radius"):
+        nd.find_groups(seeded_rows(20, 10, seed=1), 10, bands=1)
+
+
+def stats(n, old=0, ones=None):
+    return mi.Stats(n - old, old, tuple(ones or [n // 2] * 63 + [n]))
+
+
+def test_plan_pigeonhole_over_the_informative_bits():
+    p = mi.make_plan(10, 4, stats(1000))  # top bit always 1: 63 bits, equal entropy
+    assert sum(p.widths) == 63 and sorted(p.widths) == [15, 16, 16, 16]
+    assert p.runs == ((0, 63),) and p.sub_radius == 2  # 4 bands x 3 bits > 10
+    assert mi.make_plan(10, 11, stats(1000)).sub_radius == 0
+
+
+def test_plan_grows_wider_bands_as_rows_grow():
+    """The cost model trades look-ups (values within the sub-radius) for compared pairs: more
+    rows, fewer and wider bands."""
+    bands = [len(mi.choose_plan(10, stats(n)).widths) for n in (1_000, 100_000, 10_000_000)]
+    assert bands == sorted(bands, reverse=True) and bands[0] > bands[-1]
+    assert len(mi.choose_plan(4, stats(10_000_000)).widths) <= 3
+
+
+def test_constant_bits_are_left_out_and_cut_runs_compress():
+    ones = [0] * 64
+    ones[5:20] = [50] * 15
+    ones[40:60] = [50] * 20
+    p = mi.make_plan(3, 2, mi.Stats(100, 0, tuple(ones)))
+    assert p.runs == ((5, 15), (40, 20)) and sum(p.widths) == 35
+    import numpy as np
+    h = np.array([(0b101 << 5) | (0b11 << 40)], np.uint64)
+    assert int(p.compress(h)[0]) == 0b101 | 0b11 << 15
+
+
+def test_identical_hashes_only(tmp_path):
+    rows = [Row(f"k{i}", "train", 42) for i in range(5)]
+    assert len(found(rows, 3, None, tmp_path)) == 10
 
 
 def test_no_rows_and_no_pairs(tmp_path):
     assert nd.find_groups([], 10, directory=tmp_path) == []
     assert nd.find_groups([Row("a", "train", 0), Row("b", "test", 2**64 - 1)], 10) == []
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("bands", [None, 4])
+def test_incremental_groups_equal_a_full_run(bands, tmp_path):
+    """Old rows grouped by an earlier run (its pairs carried over) plus new rows searched
+    against them give the groups a run over everything gives."""
+    rows = seeded_rows(400, 10, seed=11)
+    earlier = nd.find_groups(rows[:300], 10, bands, tmp_path)
+    known = list(nd.read_pairs(g.to_json() for g in earlier))
+    now = [Row(r.key, r.split, r.hash, old=i < 300) for i, r in enumerate(rows)]
+    assert nd.find_groups(now, 10, bands, tmp_path, known) == nd.find_groups(rows, 10, bands)
+
+
+def test_band_pieces_in_memory_stay_near_table_rows(tmp_path, monkeypatch):
+    """Memory is bounded by TABLE_ROWS, not by the rows: 3000 rows, pieces of ~64."""
+    monkeypatch.setattr(mi, "TABLE_ROWS", 64)
+    sizes = []
+    table = mi._Table
+
+    def recording(h, *args):
+        sizes.append(len(h))
+        return table(h, *args)
+
+    monkeypatch.setattr(mi, "_Table", recording)
+    rows = seeded_rows(3000, 6, seed=5)
+    assert found(rows, 6, 3, tmp_path) == brute(rows, 6)
+    assert max(sizes) <= 2 * 64 and len(sizes) > 3 * 3000 // 64

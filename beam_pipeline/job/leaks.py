@@ -42,7 +42,6 @@ def report(results, spec):
     incremental = known is not None
     with tempfile.TemporaryDirectory(prefix="near-duplicates-") as scratch:
         groups = grouping.find_groups(_rows(results, incremental), spec.near_duplicate_radius,
-                                      bands=grouping.default_bands(spec.near_duplicate_radius),
                                       directory=scratch, known_pairs=known or ())
     leaks = {k for g in groups for k in g.leaks(TRAIN)}
     excluded = leaks if spec.drop_near_duplicate_leaks else set()

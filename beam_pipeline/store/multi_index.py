@@ -1,0 +1,447 @@
+"""Exact Hamming-radius join of 64-bit hashes on local disk: every pair of rows within
+`radius` bits (except pairs of two old rows), in time near-linear in the rows while the plan
+can keep buckets small, and in memory bounded by chunk sizes, not by the rows.
+
+Multi-index hashing: the informative bits (bits constant over all rows are left out: pHash's
+top bit is always 1, a band holding it would have half the values) are cut into bands of
+about equal entropy. Two hashes within `radius` bits are within the sub-radius
+ceil((radius + 1) / bands) - 1 in some band (pigeonhole), so per band the pairs to compare
+are those of buckets (equal band values) whose values differ in at most sub-radius bits.
+A pair is kept only in the first band where its band values are that close: reported once.
+
+Cost per band, n rows: bucket look-ups ~ buckets * V(width, sub-radius) (values within the
+sub-radius, at most 2**width buckets) plus compared pairs ~ n**2 / 2 * P(band within the
+sub-radius) ~ n**2 * V / 2**(width + 1). Wide bands cost look-ups, narrow ones comparisons;
+`choose_plan` picks the band count whose estimate (the bits' measured frequencies, the
+constants below) is lowest for this n. No plan keeps both terms linear in n forever (the
+compared pairs are ~n**2 / 2**width per band), so the per-row cost grows slowly with n at
+large radii (README, Measured).
+
+Memory: per band, the rows are cut by the top `piece bits` of the band value into pieces of
+about TABLE_ROWS rows, each sorted once and kept on disk; a piece's buckets are compared
+with the buckets of the pieces its values can reach within the sub-radius (piece P ^ d for
+the top parts d of the masks), two pieces in memory at a time. Comparisons run a bucket pair
+at a time as blocks of XOR + popcount, bucket pairs of equal sizes batched together,
+PAIR_CHUNK hashes at a time.
+"""
+
+import dataclasses
+import itertools
+import math
+import os
+
+import numpy as np
+
+BITS = 64
+SCAN_ROWS = 1 << 16    # hashes read from the spill at a time (0.5 MB)
+TABLE_ROWS = 1 << 16   # rows of one band piece in memory (~1.5 MB with its indexes)
+PAIR_CHUNK = 1 << 18   # candidate pairs (or look-ups) computed at a time (~8 MB of temporaries)
+DIRECT_BITS = 20       # pieces with values this wide or narrower find buckets by offset table
+MAX_PIECE_BITS = 10    # at most 1024 piece files per band (open at once while cutting)
+MAX_VALUES = 1 << 20   # band values within the sub-radius a plan may enumerate per band
+# Seconds per unit on the loaded 2-core machine of README's figures: one bucket look-up, one
+# compared pair, one row per band (cut, sort, write, read back). Only their ratios matter.
+COST_LOOKUP = 26e-9
+COST_PAIR = 18e-9
+COST_ROW = 3e-7
+_REC = np.dtype([("h", "<u8"), ("i", "<u8")])  # compressed hash, row id << 1 | old
+
+
+def _ones(width):
+    return (1 << width) - 1
+
+
+def _shr(x, s):
+    return x >> np.uint64(s) if s < BITS else np.zeros_like(x)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Bands over the compressed hash (the informative bits, `runs` of (shift, width) of
+    the original, packed LSB first): band i is its bits [starts[i], starts[i] + widths[i])."""
+    radius: int
+    widths: tuple
+    runs: tuple = ((0, BITS),)
+
+    @property
+    def sub_radius(self):
+        return -(-(self.radius + 1) // len(self.widths)) - 1
+
+    @property
+    def starts(self):
+        return tuple(itertools.accumulate((0,) + self.widths[:-1]))
+
+    def masks(self):
+        return [_ones(w) << s for w, s in zip(self.widths, self.starts)]
+
+    def compress(self, h):
+        if self.runs == ((0, BITS),):
+            return h
+        out, dst = np.zeros_like(h), 0
+        for src, width in self.runs:
+            out |= (_shr(h, src) & np.uint64(_ones(width))) << np.uint64(dst)
+            dst += width
+        return out
+
+    def band_value(self, c, band):
+        return _shr(c, self.starts[band]) & np.uint64(_ones(self.widths[band]))
+
+
+@dataclasses.dataclass(frozen=True)
+class Stats:
+    """What the plan is chosen from: rows new and old, and how often each bit is 1."""
+    new: int
+    old: int
+    ones: tuple  # 64 counts, bit 0 = LSB
+
+    @property
+    def rows(self):
+        return self.new + self.old
+
+    def informative(self):
+        """Bit positions not constant over the rows, LSB first."""
+        return [b for b in range(BITS) if 0 < self.ones[b] < self.rows]
+
+
+def _runs(bits):
+    runs = []
+    for b in bits:
+        if runs and runs[-1][0] + runs[-1][1] == b:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((b, 1))
+    return tuple(runs)
+
+
+def _entropy(p):
+    p = min(max(p, 1e-12), 1 - 1e-12)
+    return -(p * math.log2(p) + (1 - p) * math.log2(1 - p))
+
+
+def make_plan(radius, bands, stats=None):
+    """`bands` bands over the informative bits (all 64 without stats), cut at equal entropy."""
+    if not 0 <= radius < BITS:
+        raise ValueError(f"radius must be in 0..{BITS - 1}, not {radius}")
+    if not 1 <= bands <= BITS:
+        raise ValueError(f"bands must be in 1..{BITS}, not {bands}")
+    bits = stats.informative() if stats else list(range(BITS))
+    if not bits:  # every row has the same hash: one bucket
+        return Plan(radius, (0,), ((0, 0),))
+    bands = min(bands, len(bits))
+    h = [_entropy(stats.ones[b] / stats.rows) if stats else 1.0 for b in bits]
+    total, cum = sum(h), list(itertools.accumulate(h))
+    cuts = [0]
+    for k in range(1, bands):
+        at = next(i + 1 for i, c in enumerate(cum) if c >= total * k / bands - 1e-9)
+        cuts.append(min(max(at, cuts[-1] + 1), len(bits) - (bands - k)))
+    cuts.append(len(bits))
+    return Plan(radius, tuple(b - a for a, b in zip(cuts, cuts[1:])), _runs(bits))
+
+
+def _within(pdiff, s):
+    """P(at most s of the bits differ), bit i differing with probability pdiff[i]."""
+    dist = [1.0] + [0.0] * s
+    for q in pdiff:
+        dist = [dist[k] * (1 - q) + (dist[k - 1] * q if k else 0.0) for k in range(s + 1)]
+    return sum(dist)
+
+
+def estimate(p, stats):
+    """Estimated seconds of the join with plan `p` (independent bits at measured rates)."""
+    if not stats.new:
+        return 0.0
+    bits = stats.informative()
+    prob = [stats.ones[b] / stats.rows for b in bits] or [0.0]
+    s, total = p.sub_radius, 0.0
+    for w, start in zip(p.widths, p.starts):
+        band = prob[start:start + w]
+        values = sum(math.comb(w, k) for k in range(min(s, w) + 1))
+        space = 2.0 ** sum(_entropy(q) for q in band)
+        buckets = space * -math.expm1(-stats.new / space)
+        pairs = (stats.new ** 2 / 2 + stats.new * stats.old) * _within(
+            [2 * q * (1 - q) for q in band], s)
+        total += COST_LOOKUP * buckets * values * (1.5 if stats.old else 0.5) \
+            + COST_PAIR * pairs + COST_ROW * stats.rows
+    return total
+
+
+def values_within(p):
+    """Band values within the sub-radius of one value, in the widest band."""
+    w = max(p.widths)
+    return sum(math.comb(w, k) for k in range(min(p.sub_radius, w) + 1))
+
+
+def choose_plan(radius, stats, bands=None):
+    """The plan with `bands` bands, or the band count of lowest estimated cost."""
+    if bands:
+        p = make_plan(radius, bands, stats)
+        if values_within(p) > MAX_VALUES:
+            raise ValueError(f"{bands} bands at radius {radius}: {values_within(p):,} values "
+                             f"within the sub-radius per band; use more bands")
+        return p
+    plans = {make_plan(radius, b, stats) for b in range(1, radius + 2)}
+    plans = [p for p in plans if values_within(p) <= MAX_VALUES]
+    return min(plans, key=lambda p: (estimate(p, stats), len(p.widths)))
+
+
+class Spill:
+    """Hashes (uint64) and old flags in row order on local disk, with per-bit counts."""
+
+    def __init__(self, scratch):
+        self.scratch = scratch
+        self.paths = [os.path.join(scratch, n) for n in ("hashes.u64", "old.u8")]
+        self._files = [open(p, "wb") for p in self.paths]
+        self.n = self.n_old = 0
+        self._ones = np.zeros(BITS, np.int64)
+
+    def add(self, hashes, olds):
+        h, old = np.asarray(hashes, np.uint64), np.asarray(olds, np.bool_)
+        h.tofile(self._files[0])
+        old.tofile(self._files[1])
+        self.n += len(h)
+        self.n_old += int(old.sum())
+        bits = np.unpackbits(h.view(np.uint8).reshape(-1, 8), axis=1, bitorder="little")
+        self._ones += bits.sum(0, dtype=np.int64)  # little-endian uint64: byte k = bits 8k..
+
+    def close(self):
+        for f in self._files:
+            f.close()
+        self.hashes = np.memmap(self.paths[0], np.uint64, "r") if self.n else \
+            np.zeros(0, np.uint64)
+        self.old = np.memmap(self.paths[1], np.bool_, "r") if self.n else np.zeros(0, np.bool_)
+
+    def stats(self):
+        return Stats(self.n - self.n_old, self.n_old, tuple(self._ones.tolist()))
+
+    def chunks(self):
+        """(first row id, hashes, old flags), SCAN_ROWS rows at a time."""
+        for lo in range(0, self.n, SCAN_ROWS):
+            yield lo, np.array(self.hashes[lo:lo + SCAN_ROWS]), \
+                np.array(self.old[lo:lo + SCAN_ROWS])
+
+
+def join(spill, p):
+    """Yields (ids a, ids b, distances) for every pair within p.radius but old-old pairs."""
+    if spill.n - spill.n_old == 0:
+        return
+    for band in range(len(p.widths)):
+        yield from _Band(spill, p, band).pairs()
+
+
+class _Band:
+    def __init__(self, spill, p, band):
+        self.p, self.band, self.spill = p, band, spill
+        self.width = p.widths[band]
+        fill = max(spill.n - spill.n_old, spill.n_old)
+        self.t = min(self.width, MAX_PIECE_BITS,
+                     max(0, math.ceil(math.log2(max(1, fill) / TABLE_ROWS))))
+        self.low = self.width - self.t
+        self.prefix = os.path.join(spill.scratch, f"band{band}")
+
+    def pairs(self):
+        try:
+            has_new = self._cut()
+            by_top = _masks_by_top(self.width, self.p.sub_radius, self.low)
+            for piece in np.flatnonzero(has_new).tolist():
+                new = self._load(piece, "new")
+                for d, masks in by_top:
+                    other = piece ^ d
+                    if d == 0:
+                        yield from _join(new, new, masks, self, same=True)
+                    elif other > piece:
+                        yield from _join(new, self._load(other, "new"), masks, self)
+                    if self.spill.n_old:
+                        yield from _join(new, self._load(other, "old"), masks, self)
+        finally:
+            for name in os.listdir(self.spill.scratch):
+                if name.startswith(f"band{self.band}-"):
+                    os.remove(os.path.join(self.spill.scratch, name))
+
+    def _cut(self):
+        """Rows -> one file per piece, then each piece sorted by band value and split into
+        new and old rows; returns which pieces hold new rows."""
+        pieces = 1 << self.t
+        files = {}
+        try:
+            for first, h, old in self.spill.chunks():
+                rec = np.empty(len(h), _REC)
+                rec["h"] = self.p.compress(h)
+                rec["i"] = (np.arange(first, first + len(h), dtype=np.uint64) << np.uint64(1)) \
+                    | old.astype(np.uint64)
+                piece = _shr(self.p.band_value(rec["h"], self.band), self.low).astype(np.int64)
+                order = np.argsort(piece, kind="stable")
+                bounds = np.concatenate([[0], np.cumsum(np.bincount(piece, minlength=pieces))])
+                for k in np.flatnonzero(np.diff(bounds)).tolist():
+                    if k not in files:
+                        files[k] = open(f"{self.prefix}-{k}.rec", "wb")
+                    rec[order[bounds[k]:bounds[k + 1]]].tofile(files[k])
+        finally:
+            for f in files.values():
+                f.close()
+        has_new = np.zeros(pieces, np.bool_)
+        for k in files:
+            path = f"{self.prefix}-{k}.rec"
+            rec = np.fromfile(path, _REC)
+            os.remove(path)
+            rec = rec[np.argsort(self._local(rec["h"]), kind="stable")]
+            old = (rec["i"] & np.uint64(1)).astype(np.bool_)
+            rec[~old].tofile(f"{self.prefix}-{k}.new")
+            rec[old].tofile(f"{self.prefix}-{k}.old")
+            has_new[k] = not old.all()
+        return has_new
+
+    def _local(self, c):
+        return self.p.band_value(c, self.band) & np.uint64(_ones(self.low))
+
+    def _load(self, piece, kind):
+        path = f"{self.prefix}-{piece}.{kind}"
+        rec = np.fromfile(path, _REC) if os.path.exists(path) else np.zeros(0, _REC)
+        return _Table(np.ascontiguousarray(rec["h"]), rec["i"] >> np.uint64(1),
+                      self._local(rec["h"]), self.low)
+
+
+class _Table:
+    """Rows of one piece sorted by local band value: their buckets (value, start, count)."""
+
+    def __init__(self, h, ids, v, low):
+        self.h, self.ids = h, ids
+        edge = np.flatnonzero(v[1:] != v[:-1]) + 1 if len(v) else np.zeros(0, np.int64)
+        self.starts = np.concatenate([[0], edge]).astype(np.int64) if len(v) else edge
+        self.counts = np.diff(np.concatenate([self.starts, [len(v)]])).astype(np.int64)
+        self.values = v[self.starts]
+        self.direct = None
+        if low <= DIRECT_BITS and len(v):
+            self.direct = np.full(1 << low, -1, np.int32)
+            self.direct[self.values.astype(np.int64)] = np.arange(len(self.values))
+
+    def bucket(self, values):
+        """Bucket index of each value, -1 where there is none."""
+        if self.direct is not None:
+            return self.direct[values.astype(np.int64)]
+        at = np.searchsorted(self.values, values)
+        found = at < len(self.values)
+        found[found] = self.values[at[found]] == values[found]
+        return np.where(found, at, -1)
+
+
+def _masks_by_top(width, sub_radius, low):
+    """[(top part d, low parts)] of the XOR masks of at most sub_radius bits in a band."""
+    masks = [sum(1 << b for b in bits) for k in range(min(sub_radius, width) + 1)
+             for bits in itertools.combinations(range(width), k)]
+    groups = {}
+    for m in masks:
+        groups.setdefault(m >> low, []).append(m & _ones(low))
+    return [(d, np.array(v, np.uint64)) for d, v in sorted(groups.items())]
+
+
+def _join(a, b, masks, band, same=False):
+    """Pairs between table a's buckets and b's buckets whose values differ by a mask; `same`
+    (a is b): each unordered bucket pair once (the lower value looks up the higher: the
+    mask's top bit is 0 in it), and the pairs within a bucket."""
+    if not len(a.values) or not len(b.values):
+        return
+    if same:
+        yield from _compare_within(a, band)
+        masks = masks[masks != 0]
+    top = np.zeros(len(masks), np.int64) if not same else \
+        np.floor(np.log2(masks.astype(np.float64))).astype(np.int64)
+    pa, pb, held, rows = [], [], 0, 0
+    for bit in np.unique(top).tolist():
+        group = masks[top == bit]
+        src = np.flatnonzero((a.values >> np.uint64(bit)) & np.uint64(1) == 0) if same \
+            else np.arange(len(a.values))
+        step = max(1, PAIR_CHUNK // max(1, len(src)))
+        for lo in range(0, len(group), step):
+            target = (a.values[src][None, :] ^ group[lo:lo + step, None]).ravel()
+            hit = b.bucket(target)
+            keep = np.flatnonzero(hit >= 0)
+            pa.append(src[keep % len(src)])
+            pb.append(hit[keep])
+            rows += len(keep)
+            held += int((a.counts[pa[-1]] * b.counts[pb[-1]]).sum())
+            if held >= 4 * PAIR_CHUNK or rows >= PAIR_CHUNK:
+                yield from _compare(a, np.concatenate(pa), b, np.concatenate(pb), band)
+                pa, pb, held, rows = [], [], 0, 0
+    if held:
+        yield from _compare(a, np.concatenate(pa), b, np.concatenate(pb), band)
+
+
+def _compare(a, ka, b, kb, band):
+    """Bucket pairs (a's bucket ka[i], b's bucket kb[i]) compared as blocks, pairs of
+    buckets of equal sizes together: hashes laid out [row in a][row in b][pair]."""
+    if not len(ka):
+        return
+    ca, cb = a.counts[ka], b.counts[kb]
+    order = np.lexsort((cb, ca))
+    ka, kb, ca, cb = ka[order], kb[order], ca[order], cb[order]
+    edge = np.flatnonzero((ca[1:] != ca[:-1]) | (cb[1:] != cb[:-1])) + 1
+    for lo, hi in zip(np.concatenate([[0], edge]).tolist(),
+                      np.concatenate([edge, [len(ka)]]).tolist()):
+        na, nb = int(ca[lo]), int(cb[lo])
+        if na * nb > PAIR_CHUNK:
+            for k in range(lo, hi):
+                yield from _compare_big(a, int(a.starts[ka[k]]), na, b, int(b.starts[kb[k]]),
+                                        nb, band)
+            continue
+        step = max(1, PAIR_CHUNK // (na * nb))
+        for s in range(lo, hi, step):
+            ia = np.arange(na)[:, None] + a.starts[ka[s:min(s + step, hi)]]
+            ib = np.arange(nb)[:, None] + b.starts[kb[s:min(s + step, hi)]]
+            x = a.h[ia][:, None, :] ^ b.h[ib][None, :, :]
+            d = np.bitwise_count(x).ravel()
+            at = np.flatnonzero(d <= band.p.radius)
+            if len(at):
+                i, j, k = np.unravel_index(at, x.shape)
+                yield from _kept(a.ids[ia[i, k]], b.ids[ib[j, k]], x.ravel()[at], d[at], band)
+
+
+def _compare_within(t, band):
+    """The pairs within each bucket of table t (i < j)."""
+    big = np.flatnonzero(t.counts > 1)
+    if not len(big):
+        return
+    sizes = t.counts[big]
+    order = np.argsort(sizes, kind="stable")
+    big, sizes = big[order], sizes[order]
+    edge = np.flatnonzero(sizes[1:] != sizes[:-1]) + 1
+    for lo, hi in zip(np.concatenate([[0], edge]).tolist(),
+                      np.concatenate([edge, [len(big)]]).tolist()):
+        n = int(sizes[lo])
+        if n * n > PAIR_CHUNK:
+            for k in range(lo, hi):
+                s = int(t.starts[big[k]])
+                yield from _compare_big(t, s, n, t, s, n, band, same=True)
+            continue
+        upper = np.triu(np.ones((n, n), np.bool_), 1)
+        step = max(1, PAIR_CHUNK // (n * n))
+        for s in range(lo, hi, step):
+            ix = t.starts[big[s:min(s + step, hi)], None] + np.arange(n)
+            hx = t.h[ix]
+            x = hx[:, :, None] ^ hx[:, None, :]
+            d = np.bitwise_count(x)
+            k, i, j = np.nonzero((d <= band.p.radius) & upper)
+            yield from _kept(t.ids[ix[k, i]], t.ids[ix[k, j]], x[k, i, j], d[k, i, j], band)
+
+
+def _compare_big(a, sa, na, b, sb, nb, band, same=False):
+    """One large bucket pair as tiles of a distance matrix (same: one bucket, i < j)."""
+    side = max(1, math.isqrt(PAIR_CHUNK))
+    for i0 in range(0, na, side):
+        for j0 in range(i0 if same else 0, nb, side):
+            ha, hb = a.h[sa + i0:sa + min(na, i0 + side)], b.h[sb + j0:sb + min(nb, j0 + side)]
+            x = ha[:, None] ^ hb[None, :]
+            d = np.bitwise_count(x)
+            keep = d <= band.p.radius
+            if same:
+                keep &= (i0 + np.arange(len(ha)))[:, None] < (j0 + np.arange(len(hb)))[None, :]
+            i, j = np.nonzero(keep)
+            yield from _kept(a.ids[sa + i0 + i], b.ids[sb + j0 + j], x[i, j], d[i, j], band)
+
+
+def _kept(ids_a, ids_b, x, d, band):
+    """The pairs whose first band within the sub-radius is this one."""
+    if len(x):
+        counts = np.stack([np.bitwise_count(x & np.uint64(m)) for m in band.p.masks()])
+        mine = np.argmax(counts <= band.p.sub_radius, axis=0) == band.band
+        if mine.any():
+            yield ids_a[mine], ids_b[mine], d[mine]
