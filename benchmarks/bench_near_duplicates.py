@@ -368,7 +368,7 @@ def refused(fn, d):
     return False
 
 
-CPU_SLOPE_US = 940.0  # the default build's CPU per image, 5,000 -> 20,000 (README, Measured)
+CPU_SLOPE_US = 770.0  # the default build's CPU per image, 5,000 -> 20,000 (`build`, median)
 
 
 def cost():
@@ -407,7 +407,7 @@ def cost():
             lambda d: images.convert(d, opts, with_phash=True), datas)
     print(f"per image, median of {len(datas)} 500x375 JPEGs (the pipeline benchmark's), best "
           f"of 5 runs each, in one thread; % of the default build's CPU per image "
-          f"({CPU_SLOPE_US:.0f} us, README, Measured)")
+          f"({CPU_SLOPE_US:.0f} us, the `build` mode's median)")
     for name, us in figures.items():
         print(f"  {name:58s} {us:8.1f} us  {us / CPU_SLOPE_US:6.1%}")
     for label in ("", ", --reencode always"):
