@@ -67,15 +67,24 @@ def biased_rows(n, radius, seed, old_every=0):
                                                       (12, None, 2), (5, 2, 0)])
 def test_tiny_memory_limits_give_the_same_pairs(radius, bands, old_every, tmp_path,
                                                 monkeypatch):
-    """Hashes read 37 rows at a time, band pieces of ~20 rows (so values are cut into up to
-    16 piece files per band and compared across pieces), 5 candidates at a time (big buckets
-    as tiles), buckets found by search rather than by offset table; constant bits dropped."""
+    """Hashes read 37 rows at a time, band pieces of ~20 rows (so values are cut into piece
+    files per band and compared across pieces), 5 candidates at a time (big buckets
+    as tiles), buckets found by search rather than by offset table (at most 4 pieces, values
+    wider than 3 bits); constant bits dropped."""
     for name, value in (("SCAN_ROWS", 37), ("TABLE_ROWS", 20), ("PAIR_CHUNK", 5),
-                        ("DIRECT_BITS", 3)):
+                        ("DIRECT_BITS", 3), ("MAX_PIECE_BITS", 2)):
         monkeypatch.setattr(mi, name, value)
     rows = biased_rows(150, radius, seed=7, old_every=old_every)
     assert found(rows, radius, bands, tmp_path) == brute(rows, radius)
     assert not list(tmp_path.iterdir()), "scratch files left behind"
+
+
+def test_offset_tables_and_many_pieces(tmp_path, monkeypatch):
+    """Bands wider than DIRECT_BITS are cut into more pieces so buckets are found by offset
+    table: 2**6 pieces per band here."""
+    monkeypatch.setattr(mi, "DIRECT_BITS", 10)
+    rows = biased_rows(300, 6, seed=9, old_every=3)
+    assert found(rows, 6, 4, tmp_path) == brute(rows, 6)
 
 
 # sha256 (first 16 hex digits) of near_duplicates.jsonl as the previous engine (a text

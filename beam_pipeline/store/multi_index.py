@@ -39,11 +39,16 @@ PAIR_CHUNK = 1 << 18   # candidate pairs (or look-ups) computed at a time (~8 MB
 DIRECT_BITS = 20       # pieces with values this wide or narrower find buckets by offset table
 MAX_PIECE_BITS = 10    # at most 1024 piece files per band (open at once while cutting)
 MAX_VALUES = 1 << 20   # band values within the sub-radius a plan may enumerate per band
-# Seconds per unit on the loaded 2-core machine of README's figures: one bucket look-up, one
-# compared pair, one row per band (cut, sort, write, read back). Only their ratios matter.
-COST_LOOKUP = 26e-9
-COST_PAIR = 18e-9
-COST_ROW = 3e-7
+# Seconds per unit, fitted on runs of 50k-400k rows on the loaded 2-core machine of README's
+# figures (only their ratios choose the plan): one bucket look-up, one pair of non-empty
+# buckets compared, one compared pair of rows, one row per band (cut, sort, write, read).
+COST_LOOKUP = 11e-9
+COST_BUCKETS = 62e-9
+COST_PAIR = 13e-9
+COST_ROW = 540e-9
+COST_PIECE_JOIN = 300e-6  # one piece's buckets against one other piece (load, index, calls)
+COST_OFFSET = 1e-9        # one entry of a piece's offset table
+SEARCH_FACTOR = 10        # a look-up by binary search instead of offset table
 _REC = np.dtype([("h", "<u8"), ("i", "<u8")])  # compressed hash, row id << 1 | old
 
 
@@ -156,12 +161,19 @@ def estimate(p, stats):
     for w, start in zip(p.widths, p.starts):
         band = prob[start:start + w]
         values = sum(math.comb(w, k) for k in range(min(s, w) + 1))
+        t = piece_bits(w, max(stats.new, stats.old))
+        tops = sum(math.comb(t, k) for k in range(min(s, t) + 1))
+        joins = min(2 ** t, stats.new) * tops * (1 + bool(stats.old))
+        total += joins * (COST_PIECE_JOIN + COST_OFFSET * 2 ** min(w - t, DIRECT_BITS))
         space = 2.0 ** sum(_entropy(q) for q in band)
-        buckets = space * -math.expm1(-stats.new / space)
+        new, old = (space * -math.expm1(-n / space) for n in (stats.new, stats.old))
+        lookups = new * values * (0.5 + bool(stats.old))
+        buckets = new * values * (new / 2 + old) / space
         pairs = (stats.new ** 2 / 2 + stats.new * stats.old) * _within(
             [2 * q * (1 - q) for q in band], s)
-        total += COST_LOOKUP * buckets * values * (1.5 if stats.old else 0.5) \
-            + COST_PAIR * pairs + COST_ROW * stats.rows
+        search = SEARCH_FACTOR if w - t > DIRECT_BITS else 1
+        total += COST_LOOKUP * search * lookups + COST_BUCKETS * buckets + COST_PAIR * pairs \
+            + COST_ROW * stats.rows
     return total
 
 
@@ -228,13 +240,18 @@ def join(spill, p):
         yield from _Band(spill, p, band).pairs()
 
 
+def piece_bits(width, rows):
+    """Top bits of the band value that cut a band into pieces: pieces of at most ~TABLE_ROWS
+    rows, narrow enough for an offset table (a search per look-up costs ~10x more)."""
+    return min(width, MAX_PIECE_BITS, max(0, math.ceil(math.log2(max(1, rows) / TABLE_ROWS)),
+                                          width - DIRECT_BITS))
+
+
 class _Band:
     def __init__(self, spill, p, band):
         self.p, self.band, self.spill = p, band, spill
         self.width = p.widths[band]
-        fill = max(spill.n - spill.n_old, spill.n_old)
-        self.t = min(self.width, MAX_PIECE_BITS,
-                     max(0, math.ceil(math.log2(max(1, fill) / TABLE_ROWS))))
+        self.t = piece_bits(self.width, max(spill.n - spill.n_old, spill.n_old))
         self.low = self.width - self.t
         self.prefix = os.path.join(spill.scratch, f"band{band}")
 
@@ -372,7 +389,8 @@ def _compare(a, ka, b, kb, band):
     if not len(ka):
         return
     ca, cb = a.counts[ka], b.counts[kb]
-    order = np.lexsort((cb, ca))
+    key = ca * (int(cb.max()) + 1) + cb
+    order = np.argsort(key.astype(np.uint16) if key.max() < 1 << 16 else key, kind="stable")
     ka, kb, ca, cb = ka[order], kb[order], ca[order], cb[order]
     edge = np.flatnonzero((ca[1:] != ca[:-1]) | (cb[1:] != cb[:-1])) + 1
     for lo, hi in zip(np.concatenate([[0], edge]).tolist(),
