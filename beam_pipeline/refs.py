@@ -21,7 +21,8 @@ class StoredFrame:
     path: str                     # the shard file (absolute local path or gs:// uri)
     offset: int
     length: int
-    phash: Optional[int] = None   # its catalog row's perceptual hash (--near_duplicates)
+    phash: Optional[int] = None   # its catalog row's perceptual hashes (--near_duplicates):
+    phash_center: Optional[int] = None  # whole, central 90% (None: a catalog from before it)
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -39,7 +40,7 @@ class ImageRef:
 
     def to_json(self):  # a list, not dataclasses.astuple: that deep-copies (10x slower)
         source = self.source and [self.source.path, self.source.offset, self.source.length,
-                                  self.source.phash]
+                                  self.source.phash, self.source.phash_center]
         return json.dumps([self.key, self.uri, self.label, self.split, self.size, self.stamp,
                            self.sha256, source])
 

@@ -37,6 +37,7 @@ def test_writer_hashes_the_pass_through_jpeg_from_its_scaled_decode():
     assert out.passed_through and out.data == data
     small = simplejpeg.decode_jpeg(data, "GRAY", min_width=32, min_height=32, strict=True)
     assert small.shape[:2] == (30 * 2, 40 * 2)  # DCT-scaled 1/4: >= 32 px a side
+    assert (out.phash, out.phash_center) == perceptual.phash_pair(small)
     assert out.phash == perceptual.phash(small)
     full = np.asarray(photo_like(1))
     assert perceptual.hamming(out.phash, perceptual.phash(full)) <= 4
@@ -49,7 +50,7 @@ def test_writer_hashes_the_stored_pixels_of_a_reencoded_image():
                          with_phash=True)
     assert not out.passed_through and (out.width, out.height) == (160, 120)
     stored = images.decode(encoded(img, "PNG"), images.EncodeOptions(max_side=160))
-    assert out.phash == perceptual.phash(stored)
+    assert (out.phash, out.phash_center) == perceptual.phash_pair(stored)
 
 
 def test_scaled_hash_decode_still_rejects_damaged_jpegs():
@@ -113,12 +114,13 @@ def test_planted_cross_split_pair_is_reported_everywhere(reported):
     assert (i, j) == (0, 1) and d <= grouping.DEFAULT_RADIUS and "excluded" not in group
     m = reported["manifest"]
     assert m["near_duplicates"] == {
-        "path": "near_duplicates.jsonl", "hash": "phash64", "radius": 10, "groups": 1,
+        "path": "near_duplicates.jsonl", "hash": "phash64x2", "radius": 10, "groups": 1,
         "groups_across_splits": 1, "images": 2, "leaks": 1, "excluded": 0, "incremental": False}
     assert m["accounting"]["leaks"] == 0 and m["splits"]["test"]["num_examples"] == 4
     check_documented(m, {"always", "unless `--sink beam`", "with `--near_duplicates`"})
     table = pd.read_parquet(os.path.join(reported["version_dir"], layout.CATALOG))
     assert table["phash"].notna().all() and table["phash"].nunique() >= 9  # the copy may tie
+    assert table["phash_center"].notna().all() and (table["phash_center"] != table["phash"]).any()
     result = verify.check(reported["root"])
     assert result["problems"] == []
     (warning,) = result["warnings"]
@@ -142,6 +144,40 @@ def test_leaks_are_left_out_of_evaluation_and_counted(planted, tmp_path):
     check_invariants(result)
     checked = verify.check(result["root"])
     assert checked["problems"] == [] and checked["warnings"] == []
+
+
+@pytest.mark.slow
+def test_a_ten_percent_crop_is_found_through_the_central_hash_and_left_out(tmp_path):
+    """The test split holds train/cat/p31.jpg cropped to its central 90% (5% off each edge):
+    the whole images' hashes are 16 bits apart, beyond the radius; the original's central
+    hash is the crop's whole one."""
+    src = str(tmp_path / "src")
+    for k in (31, 32, 33):
+        write(f"{src}/train/cat/p{k}.jpg", encoded(photo_like(k), quality=90))
+    write(f"{src}/test/cat/q34.jpg", encoded(photo_like(34), quality=90))
+    crop = encoded(photo_like(31).crop((16, 12, 304, 228)), quality=85)
+    write(f"{src}/test/cat/crop.jpg", crop)
+    original = images.convert(encoded(photo_like(31), quality=90), images.EncodeOptions(),
+                              with_phash=True)
+    cropped = images.convert(crop, images.EncodeOptions(), with_phash=True)
+    assert perceptual.hamming(original.phash, cropped.phash) == 16
+    assert perceptual.hamming(original.phash_center, cropped.phash) == 0
+    result = build(src, tmp_path / "ds", "--near_duplicates", "--drop_near_duplicate_leaks")
+    (group,) = read_jsonl(result["version_dir"])
+    assert group == {"keys": ["test/cat/crop.jpg", "train/cat/p31.jpg"],
+                     "splits": ["test", "train"], "distances": [[0, 1, 0]],
+                     "excluded": ["test/cat/crop.jpg"]}
+    m = result["manifest"]
+    assert m["accounting"] == dict(m["accounting"], listed=5, written=4, duplicates=0,
+                                   failed=0, leaks=1)
+    assert m["near_duplicates"]["hash"] == "phash64x2" and m["near_duplicates"]["excluded"] == 1
+    assert m["splits"]["test"]["num_examples"] == 1
+    table = pd.read_parquet(os.path.join(result["version_dir"], layout.CATALOG))
+    row = table.set_index("key").loc["train/cat/p31.jpg"]
+    assert (perceptual.from_signed(int(row["phash"])),
+            perceptual.from_signed(int(row["phash_center"]))) == (original.phash,
+                                                                  original.phash_center)
+    check_invariants(result)
 
 
 @pytest.mark.slow

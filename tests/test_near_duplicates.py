@@ -236,3 +236,74 @@ def test_band_pieces_in_memory_stay_near_table_rows(tmp_path, monkeypatch):
     rows = seeded_rows(3000, 6, seed=5)
     assert found(rows, 6, 3, tmp_path) == brute(rows, 6)
     assert max(sizes) <= 2 * 64 and len(sizes) > 3 * 3000 // 64
+
+
+# --- two hashes per row (whole image and central 90%) -----------------------------------------
+
+def rows_with_centres(n, radius, seed, old_every=0):
+    """seeded_rows with a second hash per row: mostly a few bits from the row's own (so a
+    row's two hashes are often within the radius of each other), for some rows near another
+    row's hash, for one row in 7 none (a catalog row from before the second hash)."""
+    rng = random.Random(seed + 1)
+    rows = seeded_rows(n, radius, seed, old_every)
+    out = []
+    for k, r in enumerate(rows):
+        pick = rng.random()
+        if pick < 1 / 7:
+            center = None
+        elif pick < 0.4 and k:
+            other = rows[rng.randrange(k)]
+            flips = rng.sample(range(64), rng.randint(0, radius + 2))
+            center = other.hash ^ sum(1 << f for f in flips)
+        else:
+            center = r.hash ^ sum(1 << f for f in rng.sample(range(64), rng.randint(0, 12)))
+        out.append(Row(r.key, r.split, r.hash, r.old, center))
+    return out
+
+
+def least_brute(rows, radius):
+    """Every pair of distinct rows whose least distance over their hashes is within radius."""
+    def hashes(r):
+        return (r.hash,) if r.center is None else (r.hash, r.center)
+
+    out = set()
+    for i, a in enumerate(rows):
+        for b in rows[i + 1:]:
+            d = min((x ^ y).bit_count() for x in hashes(a) for y in hashes(b))
+            if d <= radius and not (a.old and b.old):
+                out.add(tuple(sorted((a.key, b.key))) + (d,))
+    return out
+
+
+@pytest.mark.parametrize("radius, bands, old_every", [(10, None, 0), (10, 4, 3), (6, None, 2),
+                                                      (12, None, 0), (0, None, 0)])
+def test_two_hashes_per_row_give_each_pair_once_at_its_least_distance(radius, bands, old_every,
+                                                                       tmp_path):
+    rows = rows_with_centres(300, radius, seed=radius + 5, old_every=old_every)
+    expected = least_brute(rows, radius)
+    whole_only = brute(rows, radius)
+    assert len(expected) > len(whole_only) > 20  # the centres add pairs, and shorten some
+    pairs = list(nd.find_pairs(rows, radius, bands, tmp_path))
+    assert all(a.key != b.key for a, b, _ in pairs)  # a row's own two hashes: no pair
+    assert all(r.center == {x.key: x for x in rows}[r.key].center for p in pairs for r in p[:2])
+    assert found(rows, radius, bands, tmp_path) == expected
+
+
+def test_two_hashes_with_tiny_memory_limits(tmp_path, monkeypatch):
+    for name, value in (("SCAN_ROWS", 37), ("TABLE_ROWS", 20), ("PAIR_CHUNK", 5),
+                        ("DIRECT_BITS", 3)):
+        monkeypatch.setattr(mi, name, value)
+    rows = rows_with_centres(150, 10, seed=8, old_every=3)
+    assert found(rows, 10, None, tmp_path) == least_brute(rows, 10)
+    assert not list(tmp_path.iterdir()), "scratch files left behind"
+
+
+def test_a_row_near_only_through_its_centre_joins_the_group():
+    h = 0x0123456789ABCDEF
+    rows = [Row("a.jpg", "train", h, center=h ^ 0xFFFF),
+            Row("crop.jpg", "test", h ^ 0xFFFF ^ 0b11, center=h ^ 0xFFFF ^ 0b111000),
+            Row("old.jpg", "test", h ^ 0b1)]  # no centre: a catalog row from before
+    (group,) = nd.find_groups(rows, radius=4)
+    assert group.keys == ("a.jpg", "crop.jpg", "old.jpg")
+    # a-crop: centre vs whole 2 bits (whole vs whole 18); a-old 1; crop-old 15+: no pair
+    assert [(p.a, p.b, p.distance) for p in group.pairs] == [(0, 1, 2), (0, 2, 1)]

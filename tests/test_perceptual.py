@@ -66,6 +66,42 @@ def test_golden_hashes_of_seeded_images():
     assert hex(perceptual.phash(gradient())) == "0xaa00000000000000"
 
 
+def test_golden_hash_pairs_of_seeded_images():
+    # Whole image first (the same bits as phash), then its central 90%: both are stored.
+    assert [tuple(map(hex, perceptual.phash_pair(photo_like(s)))) for s in range(4)] == [
+        ("0xfc9848e313c4ae3b", "0xfc1848f313e413bb"), ("0x8ce3d8b83acbc534", "0x8ce1d8b832ca3bbc"),
+        ("0xfc6c8d47db2420da", "0xec6c8d43db25db02"), ("0xdd79e29cd5ee0011", "0xcd79e09cd5ced500")]
+    flat = np.full((40, 50), 77, np.uint8)
+    assert perceptual.phash_pair(flat) == (1 << 63, 1 << 63)  # the DC bit only, both
+
+
+def test_central_cuts_five_percent_of_each_side_rounded_half_up():
+    assert perceptual.central(np.zeros((100, 200))).shape == (90, 180)
+    assert perceptual.central(np.zeros((48, 64))).shape == (44, 58)  # 2.4 -> 2, 3.2 -> 3
+    assert perceptual.central(np.zeros((30, 10))).shape == (26, 8)   # 1.5 -> 2, 0.5 -> 1
+    assert perceptual.central(np.zeros((9, 1))).shape == (9, 1)      # too small to cut
+    g = np.arange(20 * 40, dtype=np.uint8).reshape(20, 40)
+    assert np.array_equal(perceptual.central(g), g[1:19, 2:38])
+
+
+def least(x, y):
+    return min(perceptual.hamming(a, b) for a in x for b in y)
+
+
+def test_a_ten_percent_crop_moves_the_pairs_least_distance_less_than_the_whole_hash():
+    # 5% off every edge: the crop's whole image is the original's central 90%.
+    whole, pair = [], []
+    for s in range(1, 8):
+        rgb = photo_like(s, 384, 512)
+        crop = rgb[19:-19, 26:-26]
+        x, y = perceptual.phash_pair(rgb), perceptual.phash_pair(crop)
+        whole.append(perceptual.hamming(x[0], y[0]))
+        pair.append(least(x, y))
+    assert whole == [12, 8, 8, 12, 14, 14, 14]
+    assert pair == [4, 4, 2, 2, 4, 4, 2]
+    assert min(whole) > 4 >= max(pair)
+
+
 def test_thumbnail_is_pillows_lanczos_within_rounding():
     # Pillow rounds (and clips) to uint8 after each of its two passes; the matrices do not.
     for seed in range(20):

@@ -75,7 +75,8 @@ class Encoded:
     passed_through: bool
     # with_moments: (pixel_count, (r, g, b) sums, (r, g, b) sums of squares)
     moments: tuple | None = None
-    phash: int | None = None  # with_phash: perceptual.phash of the stored pixels
+    phash: int | None = None  # with_phash: perceptual.phash_pair of the stored pixels: whole,
+    phash_center: int | None = None  # ... and central 90%
 
 
 def pixel_moments(rgb):
@@ -260,13 +261,13 @@ def _convert_jpeg(data, opts, with_moments, with_phash):
         if with_moments:
             pixels = _decode_jpeg(header, colorspace, (w, h))
             return Encoded(data, h, w, True, pixel_moments(pixels),
-                           perceptual.phash(pixels) if with_phash else None)
+                           *_hashes(pixels, with_phash))
         if with_phash:
             # A strict decode DCT-scaled to >= MIN_SIDE px validates as the full one does
             # (entropy decoding is where corruption shows) and is all the hash needs.
             small = _decode_jpeg(header, colorspace,
                                  (perceptual.MIN_SIDE, perceptual.MIN_SIDE), "GRAY")
-            return Encoded(data, h, w, True, phash=perceptual.phash(small))
+            return Encoded(data, h, w, True, None, *perceptual.phash_pair(small))
         if opts.validate == "header":
             return Encoded(data, h, w, True)
         # Validation only needs the entropy decoding, where corruption shows, and
@@ -365,7 +366,11 @@ def _encoded(pixels, opts, with_moments, with_phash=False):
     h, w, _ = pixels.shape
     return Encoded(encode_jpeg(pixels, opts.jpeg_quality), h, w, False,
                    pixel_moments(pixels) if with_moments else None,
-                   perceptual.phash(pixels) if with_phash else None)
+                   *_hashes(pixels, with_phash))
+
+
+def _hashes(pixels, with_phash):
+    return perceptual.phash_pair(pixels) if with_phash else (None, None)
 
 
 def decode(data, opts=EncodeOptions()):

@@ -2,15 +2,19 @@
 radius -> near_duplicates.jsonl, and the evaluation images that leak a train image.
 
 Byte hashes (job/duplicates.py) miss the copies that inflate test scores most: the same
-photo resized, re-compressed, lightly cropped or re-exported. The writer stored a 64-bit
-pHash per image in the catalog (--near_duplicates); this step streams (key, split, phash)
-from the shards' catalog fragments into the multi-index grouping (store/near_duplicates.py),
-which keeps the hashes in a local file and sorts them a band and value range at a time, so
-memory stays flat.
+photo resized, re-compressed, lightly cropped or re-exported. The writer stored two 64-bit
+pHashes per image in the catalog (--near_duplicates): of the whole image and of its central
+90%, so a crop of up to 10% stays near one of them; this step streams (key, split, phash,
+phash_center) from the shards' catalog fragments into the multi-index grouping
+(store/near_duplicates.py), where a pair's distance is the least of its four hash pairs; it
+keeps the hashes in a local file and sorts them a band and value range at a time, so memory
+stays flat.
 
 Incremental: rows of reused and copied shards are old; only pairs with a new row are
 searched, and the previous version's pairs between rows still unchanged are carried over,
-so near_duplicates.jsonl always describes the whole version.
+so near_duplicates.jsonl always describes the whole version. A row from a catalog written
+before the central hash (phash_center null) is grouped by its whole hash alone: its pairs
+with new rows are the least over the hashes both have.
 
 A leak is an evaluation-split member of a group with a train member. With
 --drop_near_duplicate_leaks they leave their shards (frames copied, nothing decoded, as
@@ -27,7 +31,7 @@ from beam_pipeline.store import near_duplicates as grouping
 from readers import layout
 
 NEAR_DUPLICATES = "near_duplicates.jsonl"
-HASH = "phash64"  # job/perceptual.py: 64-bit pHash of the stored pixels
+HASH = "phash64x2"  # job/perceptual.phash_pair: 64-bit pHashes of the whole and central 90%
 TRAIN = "train"
 OLD_KINDS = ("reuse", "copy")  # incremental shards whose rows the previous version grouped
 
@@ -62,10 +66,11 @@ def _rows(results, incremental):
     for r in results:
         old = incremental and r.kind in OLD_KINDS
         for table in catalog.iter_tables(r.catalog_temp):
-            columns = table.select(["key", "split", "phash"]).to_pydict()
-            for key, split, phash in zip(columns["key"], columns["split"], columns["phash"]):
+            columns = table.select(["key", "split", "phash", "phash_center"]).to_pydict()
+            for key, split, phash, center in zip(columns["key"], columns["split"],
+                                                 columns["phash"], columns["phash_center"]):
                 if phash is not None:
-                    yield grouping.Row(key, split, phash, old)
+                    yield grouping.Row(key, split, phash, old, center)
 
 
 def _previous_pairs(spec):

@@ -120,7 +120,10 @@ def thumbnail(pixels):
 
 def low_frequencies(pixels):
     """The 8x8 lowest DCT-II frequencies of the thumbnail, row-major (64 floats)."""
-    g = _small_grey(pixels)
+    return _low(_small_grey(pixels))
+
+
+def _low(g):
     return (_side(g.shape[0]) @ g.astype(np.float64) @ _side(g.shape[1]).T).ravel()
 
 
@@ -140,7 +143,33 @@ def phash_bits(thumb):
 
 def phash(pixels):
     """The 64-bit perceptual hash (an int in [0, 2**64)) of uint8 pixels of any size."""
-    return int.from_bytes(np.packbits(bits_of(low_frequencies(pixels))).tobytes(), "big")
+    return _packed(bits_of(low_frequencies(pixels)))
+
+
+def phash_pair(pixels):
+    """(hash of the whole image, hash of its central 90%): a crop of up to 10% lies between
+    the two, so the least of a pair's four distances stays small where the whole images'
+    hashes drift apart (README, Measured: recall 92% -> 96-97% at radius 10, no false pair).
+    The centre is cut from the same box-averaged grey pixels, so it costs a second pair of
+    small matrix products (the matrices cached per side length, as the whole image's are)."""
+    g = _small_grey(pixels)
+    return _packed(bits_of(_low(g))), _packed(bits_of(_low(central(g))))
+
+
+def central(grey_pixels):
+    """The central 90% of an HxW array: 5% of each side's length (rounded half up) cut off
+    every edge; an image under 10 px a side keeps that side whole."""
+    h, w = grey_pixels.shape[:2]
+    dh, dw = _margin(h), _margin(w)
+    return grey_pixels[dh:h - dh, dw:w - dw]
+
+
+def _margin(n):
+    return (n + 10) // 20
+
+
+def _packed(bits):
+    return int.from_bytes(np.packbits(bits).tobytes(), "big")
 
 
 def hamming(a, b):

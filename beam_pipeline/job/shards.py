@@ -167,7 +167,7 @@ class WriteShardFn(beam.DoFn):
                     "offset": num_bytes, "length": length, "sha256": made.sha256,
                     "height": made.height, "width": made.width, "input_size": ref.size,
                     "input_stamp": ref.stamp, "input_sha256": made.input_sha256,
-                    "phash": made.phash})
+                    "phash": made.phash, "phash_center": made.phash_center})
                 index.add(num_bytes, length)
                 num_bytes += length
                 num_examples += 1
@@ -198,7 +198,7 @@ class WriteShardFn(beam.DoFn):
                 record, f = reframe.reframe(data, ref.key, label_id, ref.label)
                 return _Made((record,), len(record), f[schema.SHA256].decode(), f[schema.HEIGHT],
                              f[schema.WIDTH], ref.sha256, 0, None, ref.source.phash,
-                             reframed=True)
+                             ref.source.phash_center, reframed=True)
             except Exception as e:  # the earlier version's shard unreadable: convert instead
                 logging.warning("%s: converting %s again (%s)", ref.source.path, ref.uri, e)
                 data, read_error = _fetch(ref.uri, self.encode_options.max_bytes)
@@ -209,7 +209,8 @@ class WriteShardFn(beam.DoFn):
         input_sha256 = (sha256 if encoded.data is data or encoded.data == data
                         else hashlib.sha256(data).hexdigest())
         return _Made(parts, length, sha256, encoded.height, encoded.width, input_sha256,
-                     encoded.passed_through, encoded.moments, _signed(encoded.phash))
+                     encoded.passed_through, encoded.moments, _signed(encoded.phash),
+                     _signed(encoded.phash_center))
 
     def _convert(self, data, read_error):
         """Image bytes -> images.Encoded; ImageError for an unreadable or unusable input."""
@@ -238,7 +239,8 @@ class _Made:
     input_sha256: str             # of the input bytes it came from
     passed_through: int
     moments: object               # --transform: the stored pixels' moments, else None
-    phash: Optional[int]          # --near_duplicates: the catalog's signed perceptual hash
+    phash: Optional[int]          # --near_duplicates: the catalog's signed perceptual hashes:
+    phash_center: Optional[int]   # of the whole image and of its central 90%
     reframed: bool = False
 
 

@@ -5,6 +5,10 @@ The rows go to local disk once (hashes as uint64, keys as text lines); the exact
 hashes (store/multi_index.py: multi-index hashing, a band plan chosen for the number of rows,
 sorted band pieces on disk) yields row ids of pairs, and keys are read back only for those.
 
+Two hashes per image (whole and central 90%, job/perceptual.phash_pair): a row's `center`
+goes to the join as a second hash of the same row; a pair's distance is the least of its
+(up to four) hash pairs, a row never pairs with itself, and each pair of rows is yielded once.
+
 Incremental: rows are `old` (already in the previous catalog, grouped before) or new; only new
 rows look for partners, so a nightly run costs the new rows' buckets, not the catalog's.
 
@@ -37,6 +41,7 @@ class Row:
     split: str
     hash: int          # unsigned 64-bit (a signed int64 from a catalog column is accepted)
     old: bool = False  # in the previous catalog: never compared with another old row
+    center: int | None = None  # a second hash (the central 90%'s); None: the whole one only
 
 
 @dataclasses.dataclass(frozen=True, order=True, slots=True)
@@ -81,40 +86,71 @@ def find_pairs(rows, radius=DEFAULT_RADIUS, bands=None, directory=None):
     with tempfile.TemporaryDirectory(prefix="near-duplicates-", dir=directory) as scratch:
         data = _Spilled(rows, scratch)
         p = multi_index.choose_plan(radius, data.spill.stats(), bands)
-        found = list(multi_index.join(data.spill, p))
+        found = [data.of_rows(*f) for f in multi_index.join(data.spill, p)]
         if not found:
             return
-        a, b, d = (np.concatenate(col) for col in zip(*found))
+        a, b, d = _least((np.concatenate(col) for col in zip(*found)), data.two)
+        if not len(a):
+            return
         rows_by_id = data.rows(np.unique(np.concatenate([a, b])))
         for i, j, dist in zip(a.tolist(), b.tolist(), d.tolist()):
             yield rows_by_id[i], rows_by_id[j], dist
 
 
+def _least(columns, two):
+    """Pairs of rows (a < b) once each, at the least distance any of their hashes gave."""
+    a, b, d = columns
+    if not two:
+        return a, b, d
+    a, b = np.minimum(a, b), np.maximum(a, b)
+    order = np.lexsort((d, b, a))
+    a, b, d = a[order], b[order], d[order]
+    first = np.concatenate([[True], (a[1:] != a[:-1]) | (b[1:] != b[:-1])])
+    return a[first], b[first], d[first]
+
+
 class _Spilled:
     """The rows on local disk: hashes and old flags (multi_index.Spill), and one line per row
-    "key<TAB>split" (tab, newline and backslash escaped), read back only for found pairs."""
+    "key<TAB>split" (tab, newline and backslash escaped), read back only for found pairs.
+    With second hashes, `owner` maps each spilled hash to its row (hash ids ascending)."""
 
     def __init__(self, rows, scratch):
         self.spill = multi_index.Spill(scratch)
         self.keys_path = os.path.join(scratch, "keys.txt")
+        self.owner_path = os.path.join(scratch, "owner.u64")
+        self.two, self.n = False, 0
         with open(self.keys_path, "w", encoding="utf-8", errors="surrogatepass",
-                  newline="\n") as kf:
-            hashes, olds, lines = [], [], []
+                  newline="\n") as kf, open(self.owner_path, "wb") as of:
+            hashes, olds, owners, lines = [], [], [], []
             for row in rows:
-                hashes.append(row.hash & _U64)
-                olds.append(row.old)
+                for h in (row.hash,) if row.center is None else (row.hash, row.center):
+                    hashes.append(h & _U64)
+                    olds.append(row.old)
+                    owners.append(self.n)
+                self.n += 1
                 lines.append(f"{_escape(row.key)}\t{_escape(row.split)}\n")
                 if len(hashes) >= multi_index.SCAN_ROWS:
-                    self._flush(hashes, olds, lines, kf)
-            self._flush(hashes, olds, lines, kf)
+                    self._flush(hashes, olds, owners, lines, kf, of)
+            self._flush(hashes, olds, owners, lines, kf, of)
         self.spill.close()
+        self.two = self.spill.n > self.n
+        self.owner = np.memmap(self.owner_path, np.uint64, "r") if self.two else None
 
-    def _flush(self, hashes, olds, lines, kf):
+    def _flush(self, hashes, olds, owners, lines, kf, of):
         if hashes:
             self.spill.add(hashes, olds)
+            np.asarray(owners, np.uint64).tofile(of)
             kf.write("".join(lines))
-        for buf in (hashes, olds, lines):
+        for buf in (hashes, olds, owners, lines):
             buf.clear()
+
+    def of_rows(self, a, b, d):
+        """Hash ids of found pairs -> row ids, a row's pairs with itself dropped."""
+        if not self.two:
+            return a, b, d
+        a, b = self.owner[a.astype(np.int64)], self.owner[b.astype(np.int64)]
+        other = a != b
+        return a[other], b[other], d[other]
 
     def rows(self, ids):
         """{row id: Row} for the sorted unique `ids`, in one pass over the keys file."""
@@ -125,8 +161,12 @@ class _Spilled:
             for i, line in enumerate(f):
                 if i == nxt:
                     key, split = (_unescape(s) for s in line[:-1].split("\t"))
-                    h, old = int(self.spill.hashes[i]), bool(self.spill.old[i])
-                    out[i] = Row(key, split, h, old)
+                    first = int(np.searchsorted(self.owner, i)) if self.two else i
+                    h, old = int(self.spill.hashes[first]), bool(self.spill.old[first])
+                    center = (int(self.spill.hashes[first + 1]) if self.two
+                              and first + 1 < self.spill.n and self.owner[first + 1] == i
+                              else None)
+                    out[i] = Row(key, split, h, old, center)
                     nxt = next(wanted, None)
                     if nxt is None:
                         break
