@@ -102,19 +102,21 @@ def resolve(by_key, rows, splits, spill_dir, reuse=True, verify=False):
             if line is None:
                 out.counts["removed"] += 1
                 continue
-            ref = ImageRef.from_json(line)
+            ref = plan.Listed._make(json.loads(line))  # its fields; no ImageRef built
             if old is None:
                 orphans.add(json_string(ref.uri), line)
                 continue
             row = json.loads(old)
             split = ref.split or row["split"]
             if reuse and _must_hash(ref, row, verify):
-                rehash.add(json_string(ref.key), f"[{ref.to_json()},{old}]")
+                rehash.add(json_string(ref.key), f"[{line},{old}]")
             elif _same_stamp(ref, row):
-                ref = dataclasses.replace(ref, split=split, sha256=row.get("input_sha256"))
-                out.add(ref, old if reuse else None, _same_bytes(ref, row))
+                ref = ref._replace(split=split, sha256=row.get("input_sha256"))
+                out.add_line(ref.key, split, ref.size, json.dumps(ref), old if reuse else None,
+                             _same_bytes(ref, row))  # a Listed is a tuple: the same JSON
             else:
-                out.add(dataclasses.replace(ref, split=split), None, "changed")
+                out.add_line(ref.key, split, ref.size, json.dumps(ref._replace(split=split)),
+                             None, "changed")
         for (ref, row, old), same in _hashed_pairs(out, rehash):
             ref = dataclasses.replace(ref, split=ref.split or row["split"])
             out.add(ref, old if same else None, _same_bytes(ref, row) if same else "changed")
