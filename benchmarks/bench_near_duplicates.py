@@ -5,7 +5,8 @@ scales.
     python benchmarks/bench_near_duplicates.py cost       # per-image cost beside the decode
     python benchmarks/bench_near_duplicates.py build      # 5k and 20k builds, with and without
     python benchmarks/bench_near_duplicates.py grouping [RADIUS [BANDS]]  # time, RSS, 50k-400k
-    python benchmarks/bench_near_duplicates.py            # all four
+    python benchmarks/bench_near_duplicates.py grouping2 [RADIUS]  # 1 vs 2 hashes an image
+    python benchmarks/bench_near_duplicates.py            # all five
 
 Needs the "bench" extra (imagehash as the yardstick; the photos scikit-image, scikit-learn
 and matplotlib ship). Everything generated is seeded.
@@ -206,13 +207,10 @@ def sign_magnitude(data):
     return _pack(np.concatenate([c > 0, m > np.median(m)]))
 
 
-def with_centre(data):
-    """Alternative: two hashes, of the image and of its central 90% (a crop of up to 10% lies
-    between the two); a pair's distance is the least of the 4 combinations."""
-    g = small_grey(data)
-    h, w = g.shape[:2]
-    dh, dw = round(0.05 * h), round(0.05 * w)
-    return perceptual.phash(g), perceptual.phash(g[dh:h - dh or None, dw:w - dw or None])
+def built(data):
+    """What the writer stores (--near_duplicates): perceptual.phash_pair of the pixels it has,
+    the whole image's pHash and its central 90%'s; a pair's distance is the least of the 4."""
+    return perceptual.phash_pair(small_grey(data))
 
 
 def distances(hashes, i, j):
@@ -228,11 +226,11 @@ def methods():
     import imagehash
 
     return {
-        "ours: pHash of scaled decode": lambda d: perceptual.phash(small_grey(d)),
+        "BUILT: pHash of image + central 90%": built,
+        "ours: pHash of scaled decode (whole)": lambda d: perceptual.phash(small_grey(d)),
         "ours: pHash, decode scaled >= 64": lambda d: perceptual.phash(small_grey(d, 64)),
         "alt: rank thermometer 32x2": rank_thermometer,
         "alt: sign + magnitude 32+32": sign_magnitude,
-        "alt: pHash of image + central 90%": with_centre,
         "imagehash.phash, scaled decode": lib_small(imagehash.phash),
         "imagehash.dhash, scaled decode": lib_small(imagehash.dhash),
         "imagehash.phash, full decode": lib_full(imagehash.phash),
@@ -392,7 +390,10 @@ def cost():
         "full strict RGB decode (re-encode path)": per_image_us(full_rgb, datas),
         "strict grey decode scaled to >= 32 px": per_image_us(scaled, datas),
         "ours: pHash of the scaled decode's pixels": per_image_us(perceptual.phash, small),
+        "BUILT: phash_pair of the scaled decode's pixels": per_image_us(perceptual.phash_pair,
+                                                                        small),
         "ours: pHash of full RGB pixels": per_image_us(perceptual.phash, rgb),
+        "BUILT: phash_pair of full RGB pixels": per_image_us(perceptual.phash_pair, rgb),
         "imagehash.phash of the scaled decode": per_image_us(imagehash.phash, pil_small),
         "imagehash.phash of the JPEG (open + full)": per_image_us(lib_full(imagehash.phash),
                                                                   datas),
@@ -586,15 +587,91 @@ def grouping(radius=None, bands=None):
           f"{pairs} pairs with a new row, plan {plan}")
 
 
+# --- grouping with the built scheme's two hashes per image ------------------------------------
+
+PAIR_SIZES = (50_000, 100_000, 200_000)
+
+
+def synthetic_centres(h, real_pairs, seed=SEED):
+    """A central-90% hash for each of `h`: the benchmark's own where the row is one of its
+    images, else the row's hash with k varying bits flipped, k drawn from the benchmark's
+    whole-vs-centre distances (a row's two hashes are that close)."""
+    rng = np.random.default_rng(seed + 1)
+    whole, centre = real_pairs[:, 0], real_pairs[:, 1]
+    gaps = perceptual.hamming_many(whole, centre)
+    p = ((whole[:, None] >> np.arange(64, dtype=np.uint64)) & np.uint64(1)).mean(0)
+    varying = np.flatnonzero((p > 0) & (p < 1))
+    out = h.copy()
+    for k in range(len(real_pairs), len(h)):
+        flips = rng.choice(varying, int(rng.choice(gaps)), replace=False)
+        out[k] ^= np.uint64(sum(1 << int(f) for f in flips))
+    out[:len(real_pairs)] = centre
+    return out
+
+
+def grouping_two_one(n, radius, hashes, real_path):
+    """find_groups on n images with `hashes` (1 or 2) hashes each, in a child process."""
+    from beam_pipeline.store import near_duplicates
+
+    pairs_path = real_path.replace(".npy", "-pairs.npy")
+    h, planted = synthetic_hashes(n, radius, real_path)
+    centre = synthetic_centres(h, np.load(pairs_path)) if hashes == 2 else None
+    splits = ("train", "validation", "test")
+    rows = (near_duplicates.Row(f"img/{k:08d}.jpg", splits[k % 3], v, False,
+                                None if centre is None else int(centre[k]))
+            for k, v in enumerate(h.tolist()))
+    base = _memory_kb("VmRSS")
+    t = time.perf_counter()
+    found = near_duplicates.find_groups(rows, radius)
+    took = time.perf_counter() - t
+    peak = _memory_kb("VmHWM")
+    print(f"{took:.2f} {(peak - base) / 1024:.1f} {sum(len(g.pairs) for g in found)}")
+
+
+def grouping2(radius=None):
+    """The built scheme's grouping cost: n images with their whole hash only, then with
+    both (2n hashes in the join), each size in its own process, the faster of 2 runs."""
+    from beam_pipeline.store import near_duplicates
+
+    radius = near_duplicates.DEFAULT_RADIUS if radius is None else radius
+    pairs = np.array([perceptual.phash_pair(small_grey(d)) for d, *_ in
+                      corpus(random.Random(SEED))], dtype=np.uint64)
+    real_path = os.path.join(tempfile.mkdtemp(), "real.npy")
+    np.save(real_path, pairs[:, 0])
+    np.save(real_path.replace(".npy", "-pairs.npy"), pairs)
+    print(f"grouping n images, radius {radius}, 1 hash (whole) vs 2 (whole + central 90%) "
+          f"per image; 'grouping MB' is peak RSS minus RSS before grouping")
+    print("       n  hashes  seconds  us/image  grouping MB  pairs found")
+    per = {}
+    for n in PAIR_SIZES:
+        for hashes in (1, 2):
+            runs = []
+            for _ in range(2):
+                r = subprocess.run([sys.executable, __file__, "_group2", str(n), str(radius),
+                                    str(hashes), real_path], capture_output=True, text=True,
+                                   check=True)
+                took, grew, found = r.stdout.split()
+                runs.append((float(took), float(grew), int(found)))
+            took, grew, found = min(runs)
+            per[n, hashes] = took / n * 1e6
+            print(f" {n:7d}  {hashes:6d}  {took:7.2f}  {per[n, hashes]:8.1f}  {grew:11.1f}  "
+                  f"{found:11d}")
+    for n in PAIR_SIZES:
+        print(f"  {n // 1000}k: 2 hashes cost {per[n, 2] - per[n, 1]:+.1f} us per image "
+              f"({per[n, 2] / per[n, 1]:.2f}x)")
+
+
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     what = sys.argv[1] if len(sys.argv) > 1 else "all"
     if what == "_group":
         grouping_one(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5],
                      float(sys.argv[6]))
+    elif what == "_group2":
+        grouping_two_one(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
     else:
         for name, fn in (("accuracy", accuracy), ("cost", cost), ("build", build),
-                         ("grouping", grouping)):
+                         ("grouping", grouping), ("grouping2", grouping2)):
             if what in (name, "all"):
                 print(f"== {name}")
                 fn(*map(int, sys.argv[2:]))

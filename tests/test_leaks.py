@@ -216,6 +216,33 @@ def test_incremental_run_compares_new_images_with_old_ones_only(planted, tmp_pat
 
 
 @pytest.mark.slow
+def test_rows_from_a_catalog_without_the_central_hash_group_by_their_whole_hash(planted,
+                                                                                tmp_path):
+    """A previous version written before phash_center: its rows are kept as they are (null
+    centre, nothing decoded again) and still pair with a new brighter copy by whole hash."""
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    src = str(tmp_path / "src")
+    shutil.copytree(planted, src)
+    first = build(src, tmp_path / "ds", "--near_duplicates")
+    path = os.path.join(first["version_dir"], layout.CATALOG)
+    pq.write_table(pq.read_table(path).drop_columns(["phash_center"]), path)
+    brighter = np.clip(np.asarray(photo_like(10), np.int16) * 11 // 10, 0, 255)
+    write(f"{src}/test/cat/brighter.jpg",
+          encoded(Image.fromarray(brighter.astype(np.uint8)), quality=80))
+    second = build(src, tmp_path / "ds", "--near_duplicates")
+    assert second["manifest"]["incremental"]["from"] == first["version"]
+    (group,) = read_jsonl(second["version_dir"])
+    assert group["keys"] == ["test/cat/brighter.jpg", "test/cat/copy.png", "train/cat/p0.jpg"]
+    table = pd.read_parquet(os.path.join(second["version_dir"], layout.CATALOG))
+    kept = table[table["key"] != "test/cat/brighter.jpg"]
+    assert len(kept) == 10 and kept["phash_center"].isna().all() and kept["phash"].notna().all()
+    assert not pd.isna(table.set_index("key").loc["test/cat/brighter.jpg", "phash_center"])
+
+
+@pytest.mark.slow
 def test_inspect_draws_the_cross_split_pairs_side_by_side(reported, tmp_path):
     from beam_pipeline.tools import inspect_dataset
 
