@@ -85,6 +85,45 @@ def test_adding_images_reuses_every_shard_and_adds_delta_shards(first, tmp_path)
     assert_same_as_full_build(v2, src, tmp_path)
 
 
+def test_shards_reused_from_a_version_with_sha256_checksums_keep_them(first, tmp_path):
+    """A version written before shards had a CRC-32C names each shard's sha256: a shard
+    reused as it is keeps that checksum; shards written or copied now get a crc32c."""
+    import hashlib
+
+    from beam_pipeline.tools import verify
+    from readers import frames
+
+    src, v1 = first
+    path = os.path.join(v1["version_dir"], layout.MANIFEST)
+    with open(path) as f:
+        manifest = json.load(f)
+    for info in manifest["splits"].values():
+        for shard in info["shards"]:
+            with open(os.path.join(v1["version_dir"], shard["path"]), "rb") as f:
+                shard["sha256"] = hashlib.sha256(f.read()).hexdigest()
+            del shard["crc32c"]
+    with open(path, "w") as f:
+        json.dump(manifest, f)
+    os.remove(src / "owl" / "000.jpg")  # its shard is copied without it
+    make_images(src, {"cat": {"new_a.jpg": image_bytes((1, 2, 3))}})
+    v2 = build([src], tmp_path / "root", *ARGS)
+    inc = v2["manifest"]["incremental"]
+    assert inc["reused"]["shards"] >= 1 and inc["rewritten"]["shards"] == 1
+    checksums = set()
+    for info in v2["manifest"]["splits"].values():
+        for shard in info["shards"]:
+            with open(os.path.join(v2["version_dir"], shard["path"]), "rb") as f:
+                data = f.read()
+            if "sha256" in shard:  # reused as it was
+                assert "crc32c" not in shard and hashlib.sha256(data).hexdigest() == shard["sha256"]
+                checksums.add("sha256")
+            else:
+                assert shard["crc32c"] == frames.file_crc32c(data)
+                checksums.add("crc32c")
+    assert checksums == {"sha256", "crc32c"}
+    assert verify.verify(v2["root"]) == []
+
+
 def test_deleting_images_copies_survivors_without_decoding(first, tmp_path):
     src, v1 = first
     for name in ("cat/003.jpg", "dog/010.jpg", "owl/000.jpg"):
