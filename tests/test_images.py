@@ -562,3 +562,25 @@ def test_moments_of_a_pass_through_match_its_stored_bytes():
     encoded = images.convert(data, with_moments=True)
     assert encoded.passed_through
     assert encoded.moments == images.pixel_moments(simplejpeg.decode_jpeg(data))
+
+
+def test_jpeg_header_walk_reads_what_every_segment_says():
+    """The segment walk's usual path (one unpack per segment) and its general one (fill
+    bytes, junk, EXIF, a segment cut short) agree on frame, orientation and junk."""
+    from beam_pipeline.job.images import read_jpeg_header
+
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    buf = io.BytesIO()
+    Image.new("RGB", (16, 8), (10, 20, 30)).save(buf, "JPEG", exif=exif.tobytes(),
+                                                 progressive=True)
+    data = buf.getvalue()
+    header = read_jpeg_header(data)
+    assert (header.frame, header.orientation, header.junk, header.data) == (0xC2, 6, 0, data)
+    sof = data.index(b"\xff\xc2")
+    filled = data[:sof] + b"\xff\xff\xff" + data[sof + 1:]  # fill bytes before the SOF marker
+    header = read_jpeg_header(filled)
+    assert (header.frame, header.orientation, header.junk) == (0xC2, 6, 0)
+    with pytest.raises(ImageError) as cut:
+        read_jpeg_header(data[:sof + 6])
+    assert cut.value.reason == "truncated" and f"0xC2 at byte {sof} runs past" in str(cut.value)

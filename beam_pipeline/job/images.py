@@ -28,6 +28,10 @@ _SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # DHT, JPG, DA
 _BASELINE = 0xC0
 _SOS, _EOI, _APP1, _APP2 = 0xDA, 0xD9, 0xE1, 0xE2
 _STANDALONE_MARKERS = frozenset([0x01, *range(0xD0, 0xD8)])  # TEM, RSTn: no length field
+# Markers whose segment read_jpeg_header only steps over (or, SOFn, notes): not fill or stuffed
+# bytes, not SOS/EOI, not standalone, not APP1/APP2 (EXIF, MPF), which its general path reads.
+_PLAIN_SEGMENTS = frozenset(range(0x02, 0xFF)) - _STANDALONE_MARKERS - {_SOS, _EOI, _APP1, _APP2}
+_SEGMENT_HEAD = struct.Struct(">BBH").unpack_from  # 0xFF, marker, length
 # Pillow's Image.transpose method per EXIF orientation, as ImageOps.exif_transpose applies it.
 _UPRIGHT = {1: lambda a: a,
             2: lambda a: a[:, ::-1],                      # FLIP_LEFT_RIGHT
@@ -138,6 +142,14 @@ def read_jpeg_header(data):
     n, i, junk = len(data), 2, 0
     spans, frame, orientation, exif_seen, multi_picture = [(0, 2)], None, 1, False, False
     while True:
+        if i + 4 <= n:  # the usual segment, right where the last one ended: one unpack
+            ff, marker, length = _SEGMENT_HEAD(data, i)
+            if ff == 0xFF and marker in _PLAIN_SEGMENTS and i + 2 + length <= n:
+                if frame is None and marker in _SOF_MARKERS:
+                    frame = marker
+                spans.append((i, i + 2 + length))
+                i += 2 + length
+                continue
         j = data.find(b"\xff", i, n - 1)
         if j < 0:
             raise ImageError("decode", "truncated", f"JPEG ends inside its header ({n} bytes)")
