@@ -67,7 +67,7 @@ def add_build_args(parser):
         help="Store one copy of byte-identical images (the key that sorts first); count the "
              "others as duplicates. Without it they are only reported (duplicates.jsonl).")
     add("--near_duplicates", type=boolean, nargs="?", const=True, default=False,
-        help="Store two perceptual hashes per image, of the whole and of its central 90% "
+        help="Store two perceptual hashes per image, of the whole and of its central 90%% "
              "(catalog columns phash, phash_center), and report groups of near-duplicates, "
              "e.g. resized, re-compressed or lightly cropped copies (near_duplicates.jsonl; "
              "verify warns when one spans train and an evaluation split). Off by default: it "
