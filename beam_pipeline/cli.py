@@ -31,7 +31,7 @@ def run(argv=None):
         if pipeline_options.get_all_options().get("template_location"):
             runners.write_no_op_job(pipeline_options, planned.version)
         return planned
-    runner, waits = runners.choose(pipeline_options, planned.to_convert)
+    runner, waits = runners.choose(pipeline_options, planned.to_convert, build)
     report.print_plan(root, planned)
     result = runners.launch(pipeline_options, build, planned, runner, waits)
     if isinstance(result, runners.Published):

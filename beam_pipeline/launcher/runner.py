@@ -11,6 +11,11 @@ import time
 from beam_pipeline.store import lock
 
 SMALL_JOB = 2000  # images to convert below which local worker processes are not started
+# Images to convert from which worker threads give way to worker processes: processes cost
+# ~1.5-1.9 s more to start, threads lose to the GIL as the job grows (20,000 photographs,
+# wall seconds threads / processes: --validate header 9.3 / 7.2, default 12.6 / 12.2,
+# --reencode always 22.7 / 22.7; at 5,000: 4.3 / 5.7, 5.1 / 7.0, 7.9 / 9.5).
+PROCESSES_FROM = {"header": 6_000, "decode": 15_000}
 IN_PROCESS = ("DirectRunner", "BundleBasedDirectRunner", "FnApiRunner", "SwitchingDirectRunner",
               "PrismRunner")
 
@@ -37,9 +42,9 @@ class Submitted:
     status: str = dataclasses.field(default="submitted", init=False)
 
 
-def choose(pipeline_options, to_convert):
-    """Sets the runner (FnApiRunner by default) and, for a small local job, one in-process
-    worker; returns (runner name, whether the launcher waits for the job)."""
+def choose(pipeline_options, to_convert, build=None):
+    """Sets the runner (FnApiRunner by default) and, with a per-core worker count, the local
+    engine for the job's size; returns (runner name, whether the launcher waits for it)."""
     from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
 
     standard = pipeline_options.view_as(StandardOptions)
@@ -49,15 +54,32 @@ def choose(pipeline_options, to_convert):
     name = runner.split(".")[-1]
     waits = name in IN_PROCESS or workers_in_launcher(pipeline_options, name)
     direct = pipeline_options.view_as(DirectOptions)
-    if (name in ("FnApiRunner", "DirectRunner") and direct.direct_num_workers == 0
-            and direct.direct_running_mode == "multi_processing" and to_convert < SMALL_JOB):
-        # One worker process per core, but starting and stopping them (~5 s) costs more
-        # than converting this few images on one core: a small (typically incremental) job
-        # runs in process. Worker threads (configs/local.yaml) start in well under a second
-        # (1,000 photographs: 3.9 s of CPU on two threads, 3.6 s in process), so they stay.
-        # An explicit worker count is kept.
-        direct.direct_running_mode, direct.direct_num_workers = "in_memory", 1
+    if name in ("FnApiRunner", "DirectRunner") and direct.direct_num_workers == 0:
+        # An explicit worker count pins the engine; one per core lets the job's size pick.
+        direct.direct_running_mode = local_engine(direct.direct_running_mode, to_convert, build)
+        if direct.direct_running_mode == "in_memory":
+            direct.direct_num_workers = 1
     return runner, waits
+
+
+def local_engine(mode, to_convert, build=None):
+    """The DirectRunner mode for `to_convert` images, given the configured one and the build's
+    options (None: the defaults).
+
+    Processes for a small job (typically incremental) are not worth starting (~5 s, more than
+    converting those images on one core): in process. Threads for a large job give way to
+    processes: the writer's Python (header walk, Example, framing) holds the GIL, so two
+    threads run ~1.3 cores; processes each pay a Beam import but then run a core each.
+    A --transform build keeps threads: its analysis stages would import TensorFlow and
+    tensorflow-transform in every worker process.
+    """
+    if mode == "multi_processing" and to_convert < SMALL_JOB:
+        return "in_memory"
+    validate = getattr(build, "validate", "decode")
+    if (mode == "multi_threading" and not getattr(build, "transform", False)
+            and to_convert >= PROCESSES_FROM[validate]):
+        return "multi_processing"
+    return mode
 
 
 def workers_in_launcher(pipeline_options, runner):
