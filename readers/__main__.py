@@ -18,6 +18,15 @@ def main(argv=None):
                         help="also show TensorFlow's start-up lines")
     args = parser.parse_args(argv)
     _quiet.install(args.verbose)  # before TensorFlow loads
+    try:
+        _read_one_batch(args)
+    except (FileNotFoundError, KeyError, ValueError) as e:  # no dataset, no such split, ...
+        if args.verbose:
+            raise
+        parser.exit(2, f"error: {e.args[0] if isinstance(e, KeyError) else e}\n")
+
+
+def _read_one_batch(args):
 
     import numpy as np
 

@@ -492,3 +492,24 @@ def test_keras_fit(root):
     model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     hist = model.fit(train, validation_data=val, epochs=2, verbose=0)
     assert len(hist.history["loss"]) == 2
+
+
+def test_cli_names_a_missing_dataset_in_one_line(tmp_path, capsys):
+    from readers import __main__ as cli
+
+    with pytest.raises(SystemExit) as exit_:
+        cli.main([str(tmp_path / "nowhere")])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and "nowhere" in err
+    assert "not a dataset" in err
+
+
+def test_cli_names_an_unknown_split_in_one_line(root, capsys):
+    from readers import __main__ as cli
+
+    with pytest.raises(SystemExit) as exit_:
+        cli.main([str(root), "--split", "nosuch"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no split 'nosuch'" in err and "train" in err
