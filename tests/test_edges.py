@@ -19,7 +19,7 @@ import tempfile
 import pytest
 
 from beam_pipeline.errors import UserError
-from beam_pipeline.launcher import listing
+from beam_pipeline.launcher import listing, walk
 from beam_pipeline.refs import ImageRef
 from tests.helpers import FAST, build, errors_of, image_bytes, make_images
 
@@ -64,7 +64,7 @@ def listed(*specs, **kw):
 def test_an_unreadable_folder_stops_the_listing_naming_it(open_dir):
     make_images(os.path.join(open_dir, "in"), {"cat": 2, "dog": 2})
     dog = os.path.join(open_dir, "in", "dog")
-    with unreadable(dog), pytest.raises(listing.ListingFailed,
+    with unreadable(dog), pytest.raises(walk.ListingFailed,
                                         match=f"cannot list {dog}: Permission denied"):
         listed(os.path.join(open_dir, "in"))
 
@@ -75,7 +75,7 @@ def test_a_failed_stat_stops_the_listing_naming_the_file(open_dir):
     make_images(os.path.join(open_dir, "in"), {"cat": 2, "dog": 2})
     dog = os.path.join(open_dir, "in", "dog")
     with unreadable(dog, mode=0o444):
-        with pytest.raises(listing.ListingFailed,
+        with pytest.raises(walk.ListingFailed,
                            match=f"cannot stat {dog}/000.jpg: Permission denied"):
             listed(os.path.join(open_dir, "in"))
 
@@ -270,11 +270,10 @@ def test_gcs_folder_listing_retries_503_and_names_a_403(proxy, gcs_objects):
         listed(f"{base}/in")
     proxy.fail_clear()
     proxy.fail("prefix=in/cat/", 500)  # still failing after the retries: exit 1, named
-    import beam_pipeline.launcher.listing as module
     with pytest.MonkeyPatch.context() as mp:
         from google.api_core.retry import Retry
-        mp.setattr(module, "_gcs_retry", lambda: Retry(deadline=2.0, initial=0.1))
-        with pytest.raises(listing.ListingFailed, match=re.escape(f"cannot list {base}/in/cat/")):
+        mp.setattr(walk, "gcs_retry", lambda: Retry(deadline=2.0, initial=0.1))
+        with pytest.raises(walk.ListingFailed, match=re.escape(f"cannot list {base}/in/cat/")):
             listed(f"{base}/in")
 
 

@@ -1,5 +1,6 @@
-"""launcher/listing.py on its own: what each --input lists (keys, labels, splits, sizes),
-straight from iter_inputs, with no build. Files hold fixed bytes: listing reads none."""
+"""launcher/listing.py (with folders, manifests, walk, stamps) on its own: what each --input
+lists (keys, labels, splits, sizes), straight from iter_inputs, with no build. Files hold
+fixed bytes: listing reads none."""
 
 import json
 import os
@@ -7,7 +8,8 @@ import os
 import pytest
 
 from beam_pipeline.errors import UserError
-from beam_pipeline.launcher.listing import iter_inputs, local_stamp
+from beam_pipeline.launcher.listing import iter_inputs
+from beam_pipeline.launcher.stamps import local_stamp
 from beam_pipeline.refs import ImageRef
 
 

@@ -263,13 +263,13 @@ def test_bytes_replaced_with_the_same_size_and_mtime_are_seen(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_verify_inputs_reads_every_input(tmp_path, monkeypatch, capsys):
-    from beam_pipeline.launcher import listing
+    from beam_pipeline.launcher import stamps
 
     src = tmp_path / "src"
     make_images(src, {"cat": 6, "dog": 6})
     a, b = same_size_pair()
     make_images(src, {"cat": {"a.jpg": a}})
-    monkeypatch.setattr(listing, "local_stamp", lambda st: "blind")  # a stamp that lies
+    monkeypatch.setattr(stamps, "local_stamp", lambda st: "blind")  # a stamp that lies
     built([src], tmp_path / "root")
     capsys.readouterr()
     built([src], tmp_path / "root", "--verify_inputs", expect="up_to_date")

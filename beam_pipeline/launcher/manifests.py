@@ -1,0 +1,160 @@
+"""CSV/JSONL manifest inputs -> ImageRefs: rows checked with file:line errors, each uri
+stat'ed (gs:// ones in parallel), keys checked unique on disk. Apart from directory inputs
+because a manifest names its files: nothing is walked, every row can be wrong on its own."""
+
+import concurrent.futures
+import csv
+import io
+import itertools
+import json
+import os
+import posixpath
+import re
+import stat
+
+from beam_pipeline.errors import UserError, error_record
+from beam_pipeline.launcher import stamps, walk
+from beam_pipeline.launcher.folders import has_control
+from beam_pipeline.refs import ImageRef
+from beam_pipeline.store.spill import SortedSpill
+
+STAT_THREADS = 32          # manifest uris on gs:// checked at once
+SPLIT_PATTERN = re.compile(r"[a-z][a-z0-9_]*")  # split names become file and folder names
+
+
+def _manifest_rows(path):
+    """(row number, dict) per row, streamed from a local or gs:// CSV/JSONL file."""
+    from apache_beam.io.filesystems import FileSystems
+
+    try:
+        raw = FileSystems.open(path)
+    except Exception as e:
+        raise UserError(f"--input {path}: cannot read manifest ({e})") from e
+    with raw, io.TextIOWrapper(raw, encoding="utf-8-sig", newline="") as text:
+        if path.lower().endswith(".jsonl"):
+            for n, line in enumerate(text, 1):
+                if line.strip():
+                    try:
+                        row = json.loads(line)
+                    except json.JSONDecodeError as e:
+                        raise UserError(f"{path}:{n}: not valid JSON ({e.msg})") from e
+                    yield n, row if isinstance(row, dict) else {}
+            return
+        reader = csv.DictReader(text)
+        if not reader.fieldnames or not {"uri", "label"} <= set(reader.fieldnames):
+            raise UserError(f"{path}: a manifest needs a header with columns uri,label[,split]; "
+                            f"found {reader.fieldnames}")
+        for n, row in enumerate(reader, 2):
+            yield n, row
+
+
+def manifest_key(uri, full, base):
+    """A manifest row's key: the uri as written when relative, else relative to the
+    manifest's folder where it lies under it, else the full uri (a local one without its
+    leading '/': keys are never absolute paths)."""
+    if "://" not in uri and not uri.startswith("/"):
+        return posixpath.normpath(uri)
+    prefix = base.rstrip("/") + "/"
+    return full[len(prefix):] if full.startswith(prefix) else full.lstrip("/")
+
+
+def _absolute(path):
+    return path if "://" in path else os.path.abspath(path)
+
+
+def list_manifest(path):
+    base = posixpath.dirname(_absolute(path)) if "://" not in path else posixpath.dirname(path)
+    batch, any_row = [], False
+    with SortedSpill() as by_key:  # one key, two uris: found after the last row
+        for n, row in _manifest_rows(path):
+            any_row = True
+            uri, label = str(row.get("uri") or "").strip(), str(row.get("label") or "").strip()
+            split = str(row.get("split") or "").strip() or None
+            if not uri or not label:
+                yield error_record(uri or f"{path}:{n}", "read", "bad_manifest_row",
+                                   f"{path} row {n} needs both uri and label")
+                continue
+            _check_row(path, n, uri, label, split)
+            full = uri if "://" in uri or uri.startswith("/") else posixpath.join(base, uri)
+            if "://" not in full:  # one key per local file: data/./a.jpg, x/../data/a.jpg
+                full = posixpath.normpath(full)
+            key = manifest_key(uri, full, base)
+            by_key.add(json.dumps(key), json.dumps([full, n]))
+            batch.append((key, full, label, split, f"{path}:{n}"))
+            if len(batch) >= 1000:
+                yield from _stat_batch(batch)
+                batch = []
+        yield from _stat_batch(batch)
+        if not any_row:
+            raise UserError(f"--input {path}: manifest has no rows")
+        _check_unique_keys(path, by_key)
+
+
+def _check_row(path, n, uri, label, split):
+    """Values that become paths or lines: refused with file:line before any work."""
+    if split is not None and not SPLIT_PATTERN.fullmatch(split):
+        raise UserError(f"{path}:{n}: split {split!r} must match [a-z][a-z0-9_]* (it names "
+                        "files and folders)")
+    if has_control(label):
+        raise UserError(f"{path}:{n}: label {label!r} has a control character")
+    if has_control(uri):
+        raise UserError(f"{path}:{n}: uri {uri!r} has a control character")
+
+
+def _check_unique_keys(path, by_key):
+    for key, group in itertools.groupby(by_key, key=lambda item: item[0]):
+        rows = sorted((n, full) for full, n in (json.loads(line) for _, line in group))
+        first = rows[0]
+        other = next((row for row in rows if row[1] != first[1]), None)
+        if other:
+            raise UserError(f"{path}:{other[0]}: {other[1]} gets the key {json.loads(key)!r}, "
+                            f"as {first[1]} (line {first[0]}) does; one key needs one file "
+                            "(write both rows' uris the same way)")
+
+
+def _stat_batch(batch):
+    """Manifest entries -> ImageRefs with size and stamp, or not_found errors."""
+    if not batch:
+        return
+    remote = [(full, where) for _, full, _, _, where in batch if "://" in full]
+    stats = {}
+    if remote:
+        with concurrent.futures.ThreadPoolExecutor(STAT_THREADS) as pool:
+            stats = dict(zip((full for full, _ in remote), pool.map(_stat_remote, *zip(*remote))))
+    for key, full, label, split, where in batch:
+        st = stats[full] if "://" in full else _stat_local(full, where)
+        if isinstance(st, dict):
+            yield st
+        elif st is None:
+            yield error_record(full, "read", "not_found", "listed in the manifest but no such file")
+        else:
+            yield ImageRef(key, full, label, split, *st)
+
+
+def _stat_local(path, where):
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as e:
+        raise walk.ListingFailed(f"{where}: cannot stat {path}: {e.strerror}") from e
+    if stat.S_ISDIR(st.st_mode):
+        return error_record(path, "read", "not_found", "listed in the manifest; a folder")
+    return st.st_size, stamps.local_stamp(st)
+
+
+def _stat_remote(uri, where):
+    """One object's (size, stamp), by its exact name (never a glob), retried on transient
+    errors; None when there is no such object."""
+    from beam_pipeline.store.gcs import gcs_blob
+
+    if not uri.startswith("gs://"):
+        raise UserError(f"{where}: {uri}: only local paths and gs:// uris are supported")
+    bucket, name = gcs_blob(uri)
+    try:
+        blob = bucket.get_blob(name, retry=walk.gcs_retry())
+    except Exception as e:
+        raise walk.gcs_failure(e, f"{where}: {uri}", "read") from e
+    if blob is None:
+        return None
+    return blob.size or 0, stamps.gcs_stamp(blob)

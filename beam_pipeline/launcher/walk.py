@@ -1,0 +1,183 @@
+"""Every file under a root, streamed: local trees and gs:// prefixes, with the failures that
+stop a listing. Kept apart from what the files mean (folders.py, manifests.py) because the
+hard parts here are storage ones: symbolic-link loops, parallel prefix listing with flat
+memory, retries, and telling the user's 403 from a failed build."""
+
+import concurrent.futures
+import os
+import queue
+import stat
+import threading
+
+from beam_pipeline.errors import UserError
+from beam_pipeline.launcher import stamps
+
+GCS_LIST_THREADS = 32      # gs:// prefixes listed at once (one request returns <= 1,000 names)
+GCS_FANOUT_DEPTH = 2       # fan out on split/ and class/ folders, then list each subtree
+
+
+class ListingFailed(RuntimeError):
+    """A folder or object could not be listed: the build stops (exit 1) before it plans,
+    rather than counting what it could not see as removed."""
+
+
+def walk(root):
+    """Every file under `root` -> (path relative to root, uri, size, stamp), streamed.
+
+    Local uris are absolute (workers may run elsewhere); gs:// lists prefixes in parallel.
+    """
+    if root.startswith("gs://"):
+        return _walk_gcs(root)
+    return _walk_local(root)
+
+
+def _walk_local(root):
+    """Sorted, depth first. Symbolic links to folders are followed once each: every folder
+    is listed once by (st_dev, st_ino), real folders before linked ones, so a link back up
+    the tree (`cat/up -> ..`) cuts the loop instead of listing the tree again under the
+    wrong class. A folder or file that cannot be read raises ListingFailed."""
+    if not os.path.isdir(root):
+        raise UserError(f"--input {root}: no such directory")
+    base = os.path.abspath(root)
+    cut = len(os.path.join(base, ""))  # every path listed is base/rel: sliced, not relpath'd
+    seen, stack, linked = set(), [base], []
+    while stack or linked:
+        directory = stack.pop() if stack else linked.pop(0)
+        try:
+            st = os.stat(directory)
+        except OSError as e:
+            raise ListingFailed(f"cannot list {directory}: {e.strerror}") from e
+        if (st.st_dev, st.st_ino) in seen:
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        subdirs = []
+        for entry in _scan(directory):
+            path = entry.path
+            rel = path[cut:] if os.sep == "/" else path[cut:].replace(os.sep, "/")
+            try:
+                st = entry.stat()  # follows links
+            except FileNotFoundError:  # a broken link, or deleted while listing
+                yield rel, path, None, None
+                continue
+            except OSError as e:
+                raise ListingFailed(f"cannot stat {path}: {e.strerror}") from e
+            if stat.S_ISDIR(st.st_mode):
+                (linked if entry.is_symlink() else subdirs).append(path)
+            else:
+                yield rel, path, st.st_size, stamps.local_stamp(st)
+        stack.extend(reversed(subdirs))
+
+
+def _scan(directory):
+    try:
+        with os.scandir(directory) as entries:
+            return sorted(entries, key=lambda e: e.name)
+    except OSError as e:
+        raise ListingFailed(f"cannot list {directory}: {e.strerror}") from e
+
+
+def _walk_gcs(root):
+    from apache_beam.io.gcp.gcsio import GcsIO, parse_gcs_path
+
+    client = GcsIO().client
+    bucket_name, base = parse_gcs_path(root.rstrip("/") + "/", object_optional=True)
+    bucket = client.bucket(bucket_name)
+
+    def list_one(prefix, depth):
+        # Folder by folder (delimiter) near the top, so subtrees are listed in parallel.
+        delimiter = "/" if depth < GCS_FANOUT_DEPTH else None
+        pages = client.list_blobs(bucket, prefix=prefix, delimiter=delimiter,
+                                  retry=gcs_retry()).pages
+        for page in _named(pages, f"gs://{bucket_name}/{prefix}", "list"):
+            for blob in page:
+                if not blob.name.endswith("/"):
+                    yield "item", (blob.name[len(base):], f"gs://{bucket_name}/{blob.name}",
+                                   blob.size or 0, stamps.gcs_stamp(blob))
+            for sub in sorted(getattr(page, "prefixes", ()) or ()):
+                yield "prefix", sub
+
+    yield from parallel_walk(list_one, base, GCS_LIST_THREADS)
+
+
+def gcs_retry():
+    """google-cloud-storage's retry (429, 5xx, resets; exponential back-off, 120 s)."""
+    from google.cloud.storage.retry import DEFAULT_RETRY
+
+    return DEFAULT_RETRY
+
+
+def _named(pages, where, what):
+    """Pages of a listing, with a failure that outlived the retries named: 403 is the user's
+    to fix (exit 2), anything else fails the build (exit 1)."""
+    try:
+        yield from pages
+    except Exception as e:
+        raise gcs_failure(e, where, what) from e
+
+
+def gcs_failure(e, where, what):
+    from google.api_core import exceptions
+
+    if isinstance(e, exceptions.Forbidden):
+        permission = "list" if what == "list" else "get"
+        return UserError(f"{where}: permission denied (403) to {what} it; grant the build's "
+                         f"account storage.objects.{permission}")
+    return ListingFailed(f"cannot {what} {where}: {type(e).__name__}: {_one_line(e)}")
+
+
+def _one_line(e):
+    return " ".join(str(e).split())[:300]
+
+
+def parallel_walk(list_one, root, threads):
+    """Yield the items of a tree whose folders are listed `threads` at a time.
+
+    `list_one(prefix, depth)` yields ("item", x) and ("prefix", sub-prefix). Items flow
+    through a bounded queue, so memory stays flat however large the tree is.
+    """
+    out = queue.Queue(maxsize=4096)
+    stop = threading.Event()
+    pending, lock = [0], threading.Lock()
+    done = object()
+    pool = concurrent.futures.ThreadPoolExecutor(threads)
+
+    def put(x):
+        while not stop.is_set():
+            try:
+                out.put(x, timeout=0.5)
+                return
+            except queue.Full:
+                continue
+
+    def submit(prefix, depth):
+        with lock:
+            pending[0] += 1
+        pool.submit(task, prefix, depth)
+
+    def task(prefix, depth):
+        try:
+            for kind, x in list_one(prefix, depth):
+                if stop.is_set():
+                    return
+                if kind == "prefix":
+                    submit(x, depth + 1)
+                else:
+                    put(x)
+        except BaseException as e:  # handed to the consumer, raised there
+            put(e)
+        finally:
+            with lock:
+                pending[0] -= 1
+                last = pending[0] == 0
+            if last:
+                put(done)
+
+    submit(root, 0)
+    try:
+        while (x := out.get()) is not done:
+            if isinstance(x, BaseException):
+                raise x
+            yield x
+    finally:
+        stop.set()
+        pool.shutdown(wait=False, cancel_futures=True)
