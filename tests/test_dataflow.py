@@ -329,14 +329,14 @@ def test_flex_launch_hands_the_lock_to_its_job_which_keeps_it_and_releases_it(
     after main.py exits. The lock must outlive main.py: handed to the job (state
     "submitted", the version), a second launch exits 2 naming it, the job's workers beat
     it, and the job's commit stage releases it after publishing."""
-    from beam_pipeline.store import lock, versions
+    from beam_pipeline.store import lock, lock_gcs, versions
 
     source = _upload_images(gcs, gcs_bucket, tmp_path, make_images)
     root = f"gs://{gcs_bucket}/datasets/flowers"
     argv = _flex_argv(gcs_bucket, source, root)
     assert _flex_launch(monkeypatch, argv) == 0
     assert "no job started" in capsys.readouterr().out
-    holder, _, _ = lock._GcsLock(root)._read()
+    holder, _, _ = lock_gcs.GcsLock(root)._read()
     assert holder["state"] == "submitted" and "job_heartbeat" not in holder
     version = holder["version"]
     assert gcs.exists(f"{root}/versions/{version}/.tmp/shards.jsonl")
@@ -351,8 +351,8 @@ def test_flex_launch_hands_the_lock_to_its_job_which_keeps_it_and_releases_it(
     assert not gcs.exists(again[-1].split("=", 1)[1])  # no second job file
 
     beats = []
-    real_beat = lock._GcsLock.beat_for_job
-    monkeypatch.setattr(lock._GcsLock, "beat_for_job",
+    real_beat = lock_gcs.GcsLock.beat_for_job
+    monkeypatch.setattr(lock_gcs.GcsLock, "beat_for_job",
                         lambda self, v: beats.append(self._read()[0]) or real_beat(self, v))
     try:
         _run_job_file(gcs, argv[-1].split("=", 1)[1])

@@ -400,9 +400,9 @@ def test_a_client_clock_100_s_fast_takes_over_no_live_lock(proxy, gcs_bucket, mo
 
 def steal(root):
     """Another build takes ROOT/.lock over (what a build does with an expired lock)."""
-    from beam_pipeline.store import lock
+    from beam_pipeline.store import lock, lock_gcs
 
-    thief = lock._GcsLock(root)
+    thief = lock_gcs.GcsLock(root)
     body, generation, _ = thief._read()
     assert thief._write(lock._body(thief.token, lock._now()), generation)
     return thief
@@ -414,7 +414,7 @@ def test_a_build_that_lost_its_lock_exits_1_and_submits_nothing(proxy, gcs, gcs_
     """Before: the lost lock was noticed only at release, after the job had run and
     published."""
     from beam_pipeline import cli
-    from beam_pipeline.store import lock, versions
+    from beam_pipeline.store import lock_gcs, versions
 
     make_images(tmp_path / "in", {"cat": 2, "dog": 2})
     root = f"gs://{gcs_bucket}/ds"
@@ -432,7 +432,7 @@ def test_a_build_that_lost_its_lock_exits_1_and_submits_nothing(proxy, gcs, gcs_
                            "built by host ") and "; nothing published (run with --verbose" in line, line
     assert not gcs.exists(f"{root}/LATEST")
     assert not [u for u in gcs.list(f"{root}/") if ".tfrecord" in u]  # no job ran
-    assert lock._GcsLock(root)._read()[0]["token"] == thieves[0].token  # left alone
+    assert lock_gcs.GcsLock(root)._read()[0]["token"] == thieves[0].token  # left alone
 
 
 def test_a_commit_whose_lock_was_taken_over_publishes_nothing(tmp_path):

@@ -23,7 +23,7 @@ import pytest
 
 from beam_pipeline import cli
 from beam_pipeline.job import commit, tfds_metadata
-from beam_pipeline.store import files, lock, versions
+from beam_pipeline.store import files, lock, lock_gcs, versions
 from beam_pipeline.store.gcs import gcs_blob
 from readers import layout
 from tests.faults import FaultProxy
@@ -233,7 +233,7 @@ def test_a_killed_build_never_blocks_the_next_for_long(where, request, tmp_path,
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     if where == "gcs":
-        reader = lock._GcsLock(root)
+        reader = lock_gcs.GcsLock(root)
         body, _, updated = reader._read()
         age = reader._age(updated)
         assert body["pid"] == proc.pid and body["state"] == "running"
@@ -325,7 +325,7 @@ def _handed_off(root, version):
         lock.hand_off(root, version)
 
     launcher()
-    holder = lock._GcsLock(root)._read()[0]
+    holder = lock_gcs.GcsLock(root)._read()[0]
     assert (holder["state"], holder["version"]) == ("submitted", version)
 
 
@@ -339,10 +339,10 @@ def test_a_job_that_never_starts_frees_the_root_after_submitted_ttl(proxy, gcs_b
     with pytest.raises(lock.LockHeld, match="no job heartbeat yet.*after submission unless "
                                             "its workers start"):
         lock.acquire(root)
-    reader = lock._GcsLock(root)
+    reader = lock_gcs.GcsLock(root)
     wait_for(lambda: reader._age(reader._read()[2]) > lock.SUBMITTED_TTL, "expiry")
     held = lock.acquire(root)  # taken over
-    assert lock._GcsLock(root)._read()[0]["token"] == held.token
+    assert lock_gcs.GcsLock(root)._read()[0]["token"] == held.token
     held.release()
 
 
@@ -365,11 +365,11 @@ def test_a_failed_or_cancelled_job_frees_the_root_job_ttl_after_its_last_beat(
         writes.append(data)
 
     monkeypatch.setattr(storage.Blob, "upload_from_string", counted)
-    workers = [lock._JobBeat(root.rstrip("/"), version) for _ in range(8)]  # 8 processes'
+    workers = [lock_gcs.JobBeat(root.rstrip("/"), version) for _ in range(8)]  # 8 processes'
     for worker in workers:
         worker.start()
     try:
-        wait_for(lambda: "job_heartbeat" in lock._GcsLock(root)._read()[0], "a job heartbeat")
+        wait_for(lambda: "job_heartbeat" in lock_gcs.GcsLock(root)._read()[0], "a job heartbeat")
         start = time.monotonic()
         while time.monotonic() - start < 2 * lock.JOB_TTL:  # beaten: never expires
             with pytest.raises(lock.LockHeld, match="its job's last heartbeat .* s ago.*expires "
@@ -385,12 +385,12 @@ def test_a_failed_or_cancelled_job_frees_the_root_job_ttl_after_its_last_beat(
             worker.join()
     with pytest.raises(lock.LockHeld):
         lock.acquire(root)  # its last beat is fresh still
-    reader = lock._GcsLock(root)
+    reader = lock_gcs.GcsLock(root)
     wait_for(lambda: reader._age(reader._read()[2]) > lock.JOB_TTL, "expiry")
     held = lock.acquire(root)
-    assert not lock._GcsLock(root).beat_for_job(version)  # a zombie worker: stops, no write
+    assert not lock_gcs.GcsLock(root).beat_for_job(version)  # a zombie worker: stops, no write
     lock.release_submitted(root, version)  # the dead job's late commit: not its lock now
-    assert lock._GcsLock(root)._read()[0]["token"] == held.token
+    assert lock_gcs.GcsLock(root)._read()[0]["token"] == held.token
     held.release()
     assert not lock_exists(root)
 
@@ -401,10 +401,10 @@ def test_the_commit_releases_the_lock_while_workers_beat_it(proxy, gcs_bucket, m
     root, version = f"gs://{gcs_bucket}/ds", "20260401T000000Z"
     monkeypatch.setattr(lock, "JOB_HEARTBEAT", 0.0)  # every look writes a beat
     _handed_off(root, version)
-    workers = [lock._JobBeat(root.rstrip("/"), version) for _ in range(4)]
+    workers = [lock_gcs.JobBeat(root.rstrip("/"), version) for _ in range(4)]
     for worker in workers:
         worker.start()
-    wait_for(lambda: "job_heartbeat" in lock._GcsLock(root)._read()[0], "a job heartbeat")
+    wait_for(lambda: "job_heartbeat" in lock_gcs.GcsLock(root)._read()[0], "a job heartbeat")
     stats, spec = commit_inputs(root, version)
     commit.commit(stats, spec)
     for worker in workers:
