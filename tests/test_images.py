@@ -13,6 +13,8 @@ from PIL import Image
 from beam_pipeline.job import images
 from beam_pipeline.tools import sample_data
 from beam_pipeline.job.images import EncodeOptions, ImageError
+from beam_pipeline.job.jpeg import EXIF_ORIENTATION, exif_orientation, read_jpeg_header
+from beam_pipeline.job.pixels import fit_size
 from tests.helpers import noise_image
 
 RED, BLUE, WHITE = (255, 0, 0), (0, 0, 255), (255, 255, 255)
@@ -61,7 +63,7 @@ def assert_stored_form(encoded):
     assert img.size == (encoded.width, encoded.height)
     img.load()
     assert np.asarray(img).shape == (encoded.height, encoded.width, 3)
-    assert img.getexif().get(images.EXIF_ORIENTATION, 1) == 1  # never rotated twice by viewers
+    assert img.getexif().get(EXIF_ORIENTATION, 1) == 1  # never rotated twice by viewers
 
 
 def close(actual, expected, tol):
@@ -99,7 +101,7 @@ def oriented_jpeg(orientation, size=(W, H)):
     img = Image.new("RGB", size, BLUE)
     img.paste(RED, (0, 0, 16, 16))
     exif = Image.Exif()
-    exif[images.EXIF_ORIENTATION] = orientation
+    exif[EXIF_ORIENTATION] = orientation
     return jpeg(img, exif=exif)
 
 
@@ -312,7 +314,7 @@ def test_resize_big_jpeg_uses_dct_scaling(monkeypatch, size, max_side, expected)
     ((48, 64), 32, (24, 32)), ((50, 50), 20, (20, 20)), ((10_000, 1), 100, (100, 1)),
 ])
 def test_fit_size(size, max_side, expected):
-    assert images.fit_size(*size, max_side) == expected
+    assert fit_size(*size, max_side) == expected
 
 
 # --- pass-through and re-encode ---------------------------------------------------------------
@@ -531,7 +533,7 @@ def test_multi_picture_jpeg_is_reencoded():
     (b"XX", 1),
 ])
 def test_exif_orientation(tiff, expected):
-    assert images.exif_orientation(tiff) == expected
+    assert exif_orientation(tiff) == expected
 
 
 # --- pixel moments (tf.Transform statistics) -------------------------------------------------
@@ -567,8 +569,6 @@ def test_moments_of_a_pass_through_match_its_stored_bytes():
 def test_jpeg_header_walk_reads_what_every_segment_says():
     """The segment walk's usual path (one unpack per segment) and its general one (fill
     bytes, junk, EXIF, a segment cut short) agree on frame, orientation and junk."""
-    from beam_pipeline.job.images import read_jpeg_header
-
     exif = Image.Exif()
     exif[0x0112] = 6
     buf = io.BytesIO()
