@@ -7,6 +7,7 @@ import sys
 import pytest
 from PIL import Image
 
+from beam_pipeline.tools import drawing, samples
 from beam_pipeline.tools import inspect_dataset as inspect_cmd
 from readers import layout
 
@@ -40,7 +41,7 @@ def test_contact_sheet_is_a_grid_of_the_samples(inspected):
     # 9 samples: 3 columns of thumbnails no wider than 200 px each, plus margins.
     assert 3 * 200 <= sheet.width <= 3 * 220 and sheet.height > 3 * 200, sheet.size
     colours = sheet.getcolors(maxcolors=1 << 24)  # [(count, rgb)]
-    white = dict((rgb, n) for n, rgb in colours).get(inspect_cmd.BACKGROUND, 0)
+    white = dict((rgb, n) for n, rgb in colours).get(drawing.BACKGROUND, 0)
     assert white < 0.6 * sheet.width * sheet.height, "mostly empty: thumbnails missing?"
     assert len(colours) > 200  # photos, not just captions
 
@@ -52,8 +53,8 @@ def test_class_chart_bars_follow_the_manifest(inspected, built_dataset):
     manifest = built_dataset["manifest"]
     with Image.open(os.path.join(out, inspect_cmd.CLASS_COUNTS)) as img:
         pixels = {rgb: n for n, rgb in img.convert("RGB").getcolors(maxcolors=1 << 24)}
-    splits = inspect_cmd._ordered_splits(manifest)
-    area = {s: pixels.get(inspect_cmd.SPLIT_COLOURS[j], 0) for j, s in enumerate(splits)}
+    splits = samples.ordered_splits(manifest)
+    area = {s: pixels.get(drawing.SPLIT_COLOURS[j], 0) for j, s in enumerate(splits)}
     total_area = sum(area.values())
     total = sum(manifest["splits"][s]["num_examples"] for s in splits)
     for s in splits:
@@ -69,9 +70,9 @@ def test_class_chart_stays_readable_and_bounded(tmp_path, classes):
             "label_counts": {l: (k * 7 + j) % 40 for k, l in enumerate(labels)}}
         for j, s in enumerate(("train", "validation", "test"))}}
     path = str(tmp_path / "chart.png")
-    inspect_cmd.class_counts_chart(manifest, path)
+    drawing.class_counts_chart(manifest, path)
     with Image.open(path) as img:
-        assert 300 <= img.width <= inspect_cmd.MAX_WIDTH and 200 <= img.height <= 3000, img.size
+        assert 300 <= img.width <= drawing.MAX_WIDTH and 200 <= img.height <= 3000, img.size
 
 
 def test_summary_has_counts_and_errors(built_dataset, capsys):
@@ -98,7 +99,7 @@ def test_main_prints_summary(built_dataset, tmp_path, capsys):
 
 def test_sample_names_match_labels_with_and_without_index(built_dataset, tmp_path):
     manifest = built_dataset["manifest"]
-    with_index = inspect_cmd.sample(built_dataset["version_dir"], manifest, 5, "train", seed=3)
+    with_index = samples.sample(built_dataset["version_dir"], manifest, 5, "train", seed=3)
     assert len(with_index) == 5
     for split, text, label, image in with_index:
         assert split == "train" and manifest["labels"][label] == text
@@ -109,7 +110,7 @@ def test_sample_names_match_labels_with_and_without_index(built_dataset, tmp_pat
     for name in os.listdir(copy):
         if name.endswith(layout.INDEX_SUFFIX):
             os.remove(os.path.join(copy, name))
-    scanned = inspect_cmd.sample(copy, manifest, 5, "train", seed=3)
+    scanned = samples.sample(copy, manifest, 5, "train", seed=3)
     assert [(s, t, l, i.tobytes()) for s, t, l, i in scanned] == \
         [(s, t, l, i.tobytes()) for s, t, l, i in with_index]
 
