@@ -16,9 +16,8 @@ def tfrecord_frame(record):
     Framed here rather than by tf.io.TFRecordWriter so the bytes can go to any Beam
     FileSystems stream (gs:// included) while offsets for the index are known.
     """
-    length = struct.pack("<Q", len(record))
-    return b"".join((length, struct.pack("<I", masked_crc(length)),
-                     record, struct.pack("<I", masked_crc(record))))
+    head, tail = frame_ends((record,), len(record))
+    return b"".join((head, record, tail))
 
 
 def frame_ends(parts, length):
