@@ -68,13 +68,6 @@ def _side(n):
     return m
 
 
-def grey(pixels):
-    """HxW grey uint8 from HxW, HxWx1 or HxWx3 uint8 (ITU-R 601 luma, as JPEG's Y and
-    Pillow's "L" compute it)."""
-    a = _checked(pixels)
-    return a if a.ndim == 2 else np.asarray(Image.fromarray(a, "RGB").convert("L"))
-
-
 def _checked(pixels):
     """HxW or HxWx3 uint8 (an HxWx1 image as HxW), or ValueError."""
     a = np.asarray(pixels)
@@ -133,7 +126,6 @@ def bits_of(low):
     ranked = np.sort(low)  # np.median costs 5x more on 64 values
     median = (ranked[BITS // 2 - 1] + ranked[BITS // 2]) / 2
     return low > median + _NOISE * (1.0 + abs(median))
-
 
 
 def phash_bits(thumb):
