@@ -144,10 +144,16 @@ def sum_label_counts(results, into=None):
     counts = {} if into is None else into
     for r in results:
         if r.split is not None:
-            split = counts.setdefault(r.split, {})
-            for label, n in r.label_counts.items():
-                split[label] = split.get(label, 0) + n
+            _add_counts(counts, {r.split: r.label_counts})
     return counts
+
+
+def _add_counts(into, counts):
+    """Add {split: {class: images}} `counts` into `into`."""
+    for split, by_label in counts.items():
+        target = into.setdefault(split, {})
+        for label, n in by_label.items():
+            target[label] = target.get(label, 0) + n
 
 
 def _minus_dropped(label_counts, before, after):
@@ -160,8 +166,7 @@ def _minus_dropped(label_counts, before, after):
         split = counts.setdefault(old.split, {})
         for row in catalog.iter_rows(old.catalog_temp):
             split[row["label"]] = split.get(row["label"], 0) - 1
-        for label, n in new.label_counts.items():
-            split[label] = split.get(label, 0) + n
+        _add_counts(counts, {new.split: new.label_counts})
     return counts
 
 
@@ -178,10 +183,7 @@ class SumLabelCounts(beam.CombineFn):
     def merge_accumulators(self, accumulators):
         merged = {}
         for accumulator in accumulators:
-            for split, counts in accumulator.items():
-                into = merged.setdefault(split, {})
-                for label, n in counts.items():
-                    into[label] = into.get(label, 0) + n
+            _add_counts(merged, accumulator)
         return merged
 
     def extract_output(self, accumulator):
