@@ -27,21 +27,18 @@ def main(argv=None):
 
 
 def _read_one_batch(args):
-
     import numpy as np
 
     import readers
-    from readers import layout
 
-    vdir, manifest = layout.load_manifest(args.path, args.version)
+    ds_info = readers.info(args.path, args.version)  # one manifest read; pins the version
     start = time.monotonic()
-    ds = readers.make_dataset(args.path, split=args.split, batch_size=args.batch_size,
-                              image_size=args.image_size, training=False, repeat=False,
-                              version=args.version)
+    ds = readers.make_dataset(ds_info, split=args.split, batch_size=args.batch_size,
+                              image_size=args.image_size, training=False, repeat=False)
     images, labels = next(iter(ds))
-    names = manifest["labels"]
-    print(f"Read back {vdir} ({args.split}): one batch of images {tuple(images.shape)} "
-          f"{images.dtype.name} in {time.monotonic() - start:.1f}s; labels "
+    names = ds_info.labels
+    print(f"Read back {ds_info.version_dir} ({args.split}): one batch of images "
+          f"{tuple(images.shape)} {images.dtype.name} in {time.monotonic() - start:.1f}s; labels "
           f"{[names[i] for i in np.asarray(labels).tolist()][:8]}"
           f"{' …' if len(labels) > 8 else ''}")
 
