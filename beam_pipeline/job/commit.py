@@ -164,8 +164,9 @@ def _minus_dropped(label_counts, before, after):
         if old is new:
             continue
         split = counts.setdefault(old.split, {})
-        for row in catalog.iter_rows(old.catalog_temp):
-            split[row["label"]] = split.get(row["label"], 0) - 1
+        for table in catalog.iter_tables(old.catalog_temp, columns=["label"]):
+            for label in table["label"].to_pylist():
+                split[label] = split.get(label, 0) - 1
         _add_counts(counts, {new.split: new.label_counts})
     return counts
 

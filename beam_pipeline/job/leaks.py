@@ -44,9 +44,8 @@ def report(results, spec):
     """
     known = _previous_pairs(spec)
     incremental = known is not None
-    with tempfile.TemporaryDirectory(prefix="near-duplicates-") as scratch:
-        groups = grouping.find_groups(_rows(results, incremental), spec.near_duplicate_radius,
-                                      directory=scratch, known_pairs=known or ())
+    groups = grouping.find_groups(_rows(results, incremental), spec.near_duplicate_radius,
+                                  known_pairs=known or ())  # its own scratch directory
     leaks = {k for g in groups for k in g.leaks(TRAIN)}
     excluded = leaks if spec.drop_near_duplicate_leaks else set()
     with tempfile.NamedTemporaryFile("w", suffix=".jsonl") as out:
@@ -61,12 +60,15 @@ def report(results, spec):
     return entry, _positions(results, excluded)
 
 
+_ROW_COLUMNS = ["key", "split", "phash", "phash_center"]  # the catalog columns _rows reads
+
+
 def _rows(results, incremental):
     """Every stored image with a hash, as a grouping Row (old: grouped by the previous run)."""
     for r in results:
         old = incremental and r.kind in OLD_KINDS
-        for table in catalog.iter_tables(r.catalog_temp):
-            columns = table.select(["key", "split", "phash", "phash_center"]).to_pydict()
+        for table in catalog.iter_tables(r.catalog_temp, columns=_ROW_COLUMNS):
+            columns = table.to_pydict()
             for key, split, phash, center in zip(columns["key"], columns["split"],
                                                  columns["phash"], columns["phash_center"]):
                 if phash is not None:
@@ -93,7 +95,8 @@ def _positions(results, keys):
     for r in results:
         if r.split == TRAIN:
             continue
-        for row in catalog.iter_rows(r.catalog_temp):
-            if row["key"] in keys:
-                drop.setdefault(r.path, set()).add(row["position"])
+        for table in catalog.iter_tables(r.catalog_temp, columns=["key", "position"]):
+            for row in table.to_pylist():
+                if row["key"] in keys:
+                    drop.setdefault(r.path, set()).add(row["position"])
     return drop
