@@ -115,25 +115,25 @@ def median(counts):
 FRAGMENTS_AHEAD = 8  # catalog fragments read concurrently by commit (gs:// latency)
 
 
-def iter_fragments(paths, columns=None, ahead=None):
-    """Each fragment as one table, in order, with the next `ahead` being read in threads:
-    commit's passes over every shard's fragment cost bandwidth, not one round trip after
-    another. Memory: at most `ahead` + 1 fragments (one shard's rows each)."""
+def iter_fragments(paths):
+    """Each fragment as one table, in order, with the next FRAGMENTS_AHEAD being read in
+    threads: the merge over every shard's fragment costs bandwidth, not one round trip after
+    another. Memory: at most FRAGMENTS_AHEAD + 1 fragments (one shard's rows each)."""
     import collections
     import concurrent.futures
 
-    ahead = ahead or FRAGMENTS_AHEAD
+    ahead = FRAGMENTS_AHEAD
     with concurrent.futures.ThreadPoolExecutor(ahead) as pool:
         pending = collections.deque()
         for path in paths:
-            pending.append(pool.submit(read_fragment, path, columns))
+            pending.append(pool.submit(read_fragment, path))
             if len(pending) > ahead:
                 yield pending.popleft().result()
         while pending:
             yield pending.popleft().result()
 
 
-def read_fragment(path, columns=None):
+def read_fragment(path):
     """One fragment (a small Parquet file) as a table: gs:// in one request through the
     process's storage client."""
     from apache_beam.io.filesystem import CompressionTypes
@@ -145,7 +145,7 @@ def read_fragment(path, columns=None):
     else:
         with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
             data = f.read()
-    return pq.read_table(pa.BufferReader(data), columns=columns)
+    return pq.read_table(pa.BufferReader(data))
 
 
 def iter_tables(path, columns=None, row_groups=None):
