@@ -42,7 +42,7 @@ class Submitted:
     status: str = dataclasses.field(default="submitted", init=False)
 
 
-def choose(pipeline_options, to_convert, build=None):
+def choose(pipeline_options, to_convert, build):
     """Sets the runner (FnApiRunner by default) and, with a per-core worker count, the local
     engine for the job's size; returns (runner name, whether the launcher waits for it)."""
     from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
