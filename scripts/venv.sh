@@ -12,7 +12,12 @@ ensure_venv() {  # $1: extras, e.g. "test", "transform" or ""
   fi
   stamp="$VENV/.installed-$(cat setup.py constraints.txt | sha256sum | cut -c1-16)-${extras:-base}"
   if [ ! -f "$stamp" ]; then
-    "$VENV/bin/pip" install -q -c constraints.txt -e "$spec"
+    # Quiet unless it fails: setuptools' editable build prints warnings even under -q.
+    if ! "$VENV/bin/pip" install -q -c constraints.txt -e "$spec" > "$VENV/pip-install.log" 2>&1; then
+      cat "$VENV/pip-install.log" >&2
+      echo "error: installing $spec into $VENV failed (log above, also in $VENV/pip-install.log)" >&2
+      return 1
+    fi
     touch "$stamp"
   fi
 }
