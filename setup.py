@@ -19,7 +19,7 @@ setuptools.setup(
     name="image-tfrecords",
     version=VERSION,
     description="Image files to sharded TFRecords with Apache Beam, and a tf.data reader",
-    packages=setuptools.find_packages(include=["beam_pipeline", "beam_pipeline.*",
+    packages=setuptools.find_packages(include=["beam_pipeline", "beam_pipeline.*", "dataset_format",
                                                "readers", "readers.*"]),
     python_requires=">=3.10",
     # Ranges here; the tested set is pinned in constraints.txt.

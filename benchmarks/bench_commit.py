@@ -54,7 +54,7 @@ def child(args):
     # request slowly: fewer in flight (GCS takes the defaults, 8 batches and 8 reads).
     gcs.DELETE_PARALLEL, catalog.FRAGMENTS_AHEAD = 1, 4
     from beam_pipeline.job.contracts import ShardResult
-    from readers import frames, layout
+    from dataset_format import frames, layout
 
     new = hasattr(ShardResult, "slim")
     root, n = args.root, args.n
@@ -105,7 +105,7 @@ def prepare(emulator, n, new):
 
     sys.path.insert(0, REPO)
     from beam_pipeline.store import catalog
-    from readers import frames
+    from dataset_format import frames
 
     bucket = emulator.client.bucket(emulator.create_bucket())
     root = f"gs://{bucket.name}/ds"

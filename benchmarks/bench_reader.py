@@ -24,7 +24,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from readers import layout, schema  # noqa: E402  (no TensorFlow at import)
+from dataset_format import layout, schema  # noqa: E402  (no TensorFlow at import)
 
 PIPELINES = ("seed", "ceiling", "same", "ours")
 LABELS = [f"class{i:02d}" for i in range(10)]

@@ -58,7 +58,7 @@ def stored_train_stats(vdir, manifest):
     from PIL import Image
 
     sys.path.insert(0, REPO)
-    from readers.frames import read_frame
+    from dataset_format.frames import read_frame
 
     total, sums, squares = 0, np.zeros(3), np.zeros(3)
     for shard in manifest["splits"]["train"]["shards"]:
@@ -121,7 +121,7 @@ def main(argv=None):
                                 "ratio": round(ratio, 3)}
 
         sys.path.insert(0, REPO)
-        from readers import layout
+        from dataset_format import layout
 
         vdir, manifest = layout.load_manifest(kept)
         t = manifest["transform"]

@@ -37,9 +37,10 @@ RUN pip install -c constraints.txt ".${EXTRAS:+[$EXTRAS]}" \
 #    image is the tested stack: every installed requirement of the package equals its pin,
 #    and the job imports without TensorFlow.
 COPY beam_pipeline/ beam_pipeline/
+COPY dataset_format/ dataset_format/
 COPY readers/ readers/
 RUN pip install --no-deps . \
     && python check_pins.py constraints.txt "image-tfrecords${EXTRAS:+[$EXTRAS]}" \
-    && python -c "import sys, beam_pipeline.cli, beam_pipeline.job.pipeline, readers.layout; \
+    && python -c "import sys, beam_pipeline.cli, beam_pipeline.job.pipeline, dataset_format.layout; \
 assert sys.modules['apache_beam'].__version__ == '2.77.0'; \
 assert '${EXTRAS}' or 'tensorflow' not in sys.modules, 'the job imported TensorFlow'"

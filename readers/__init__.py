@@ -9,7 +9,7 @@ __all__ = ["info", "make_dataset"]
 
 def __getattr__(name):
     if name == "info":
-        from readers.dataset_info import info
+        from dataset_format.dataset_info import info
         return info
     if name == "make_dataset":
         from readers.dataset import make_dataset

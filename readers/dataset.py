@@ -10,7 +10,7 @@ import logging
 
 import tensorflow as tf
 
-from readers import dataset_info as info_lib
+from dataset_format import dataset_info as info_lib
 from readers import hosts as hosts_lib
 from readers import images
 from readers import shards

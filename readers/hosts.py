@@ -102,7 +102,7 @@ def _from_cluster(cluster, task_type, task_id, source):
 
 
 def plan(split_info, hosts, training):
-    """This pipeline's HostPlan for `split_info` (a readers.dataset_info.SplitInfo)."""
+    """This pipeline's HostPlan for `split_info` (a dataset_format.dataset_info.SplitInfo)."""
     shards = [s for s in split_info.shards if s.num_examples > 0]
     if not shards:
         raise ValueError(f"split {split_info.name!r} has no records")

@@ -9,7 +9,7 @@ import sys
 
 import tensorflow as tf
 
-from readers import schema
+from dataset_format import schema
 
 CROP_FRACTION = 0.875  # eval center crop, as the TPU ImageNet reference (224 of 256)
 _SPEC = {schema.ENCODED: tf.io.FixedLenFeature([], tf.string),

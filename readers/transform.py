@@ -31,7 +31,7 @@ def load(path):
     """A `tft.TFTransformOutput` for a dataset root, version dir or `readers.info()` result."""
     import tensorflow_transform as tft
 
-    from readers import dataset_info as info_lib
+    from dataset_format import dataset_info as info_lib
 
     ds_info = path if isinstance(path, info_lib.DatasetInfo) else info_lib.info(path)
     if not ds_info.manifest.get("transform"):
@@ -48,7 +48,7 @@ def statistics_of(ds_info):
 
     import tensorflow as tf
 
-    from readers import layout
+    from dataset_format import layout
 
     entry = ds_info.manifest.get("transform")
     if not entry:
@@ -72,7 +72,7 @@ def record_fn(tft_output, label_shift=0):
     """
     import tensorflow as tf
 
-    from readers import schema
+    from dataset_format import schema
 
     layer = tft_output.transform_features_layer()
     spec = schema.feature_spec((schema.ENCODED, schema.LABEL))
@@ -90,7 +90,7 @@ def transform_jpegs(tft_output, jpegs):
     """Apply the saved transform by hand to raw JPEG bytes -> dict of transformed tensors."""
     import tensorflow as tf
 
-    from readers import schema
+    from dataset_format import schema
 
     return tft_output.transform_raw_features(
         {schema.ENCODED: tf.constant(list(jpegs), tf.string)}, drop_unused_features=True)
@@ -148,7 +148,7 @@ def serving_signatures(model, tft_output):
     """
     import tensorflow as tf
 
-    from readers import schema
+    from dataset_format import schema
 
     model.tft_layer = tft_output.transform_features_layer()
     spec = schema.feature_spec(_SERVING_KEYS)

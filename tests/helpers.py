@@ -20,7 +20,7 @@ import pathlib
 
 from PIL import Image
 
-from readers import frames
+from dataset_format import frames
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -134,7 +134,7 @@ def read_records(version_dir, manifest=None):
     """
     import tensorflow as tf
 
-    from readers import layout, schema
+    from dataset_format import layout, schema
 
     version_dir = str(version_dir)
     if manifest is None:
@@ -162,7 +162,7 @@ def read_records(version_dir, manifest=None):
 
 def errors_of(result_or_vdir):
     """errors.jsonl of a build result or a version directory, as a list of dicts."""
-    from readers import layout
+    from dataset_format import layout
 
     vdir = (result_or_vdir["version_dir"] if isinstance(result_or_vdir, dict)
             else str(result_or_vdir))
@@ -172,7 +172,7 @@ def errors_of(result_or_vdir):
 
 def check_invariants(result):
     """The invariants of a published build (docs/format.md); returns the manifest."""
-    from readers import layout
+    from dataset_format import layout
 
     m, vdir = result["manifest"], result["version_dir"]
     acc = m["accounting"]

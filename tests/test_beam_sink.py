@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from readers import layout, schema
+from dataset_format import layout, schema
 from tests.helpers import build, check_invariants, errors_of, make_images, read_records
 
 ARGS = ["--splits", "train=0.5,validation=0.5", "--num_shards", "2", "--max_error_rate", "0.5",

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from beam_pipeline import cli
-from readers import layout
+from dataset_format import layout
 from tests.helpers import FAST, REPO, make_images
 
 

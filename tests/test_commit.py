@@ -14,7 +14,7 @@ from beam_pipeline.job.commit import Commit, CommitSpec
 from beam_pipeline.job.contracts import ShardResult
 from beam_pipeline.job.manifest import Finalized, build_manifest
 from beam_pipeline.store import catalog, files
-from readers import frames, layout
+from dataset_format import frames, layout
 
 VERSION = "20260401T000000Z"
 

@@ -297,7 +297,7 @@ def test_read_ahead_is_bounded_in_bytes(tmp_path):
     each record in its own shard file) hold at most the budget."""
     from beam_pipeline.job import shards
     from beam_pipeline.refs import StoredFrame
-    from readers import frames
+    from dataset_format import frames
 
     sizes = {}
     refs = []
@@ -325,7 +325,7 @@ def test_local_reads_ahead_give_what_fetch_gives_in_listing_order(tmp_path):
 
     from beam_pipeline.job import shards
     from beam_pipeline.refs import StoredFrame
-    from readers import frames
+    from dataset_format import frames
 
     (tmp_path / "a.jpg").write_bytes(b"a" * 10)
     (tmp_path / "big.jpg").write_bytes(b"b" * 5000)
@@ -440,7 +440,7 @@ def test_a_commit_whose_lock_was_taken_over_publishes_nothing(tmp_path):
 
     from beam_pipeline.job import commit
     from beam_pipeline.store import lock, versions
-    from readers import layout
+    from dataset_format import layout
     from tests.test_reliability import commit_inputs
 
     root = str(tmp_path / "ds")
@@ -499,7 +499,7 @@ def test_a_cleanup_that_cannot_list_a_version_deletes_nothing(open_dir, caplog):
     """Before: a version folder it could not look into counted as incomplete, and was
     deleted (or the cleanup crashed half way)."""
     from beam_pipeline.store import versions
-    from readers import layout
+    from dataset_format import layout
 
     root = os.path.join(open_dir, "ds")
     ids = ["20260101T000000Z", "20260102T000000Z", "20260103T000000Z"]
@@ -555,7 +555,7 @@ def test_a_classic_template_is_refused_with_a_pointer_to_the_flex_template(tmp_p
 # --- retention -------------------------------------------------------------------------------------
 
 def fake_complete(root, version, created_at):
-    from readers import layout
+    from dataset_format import layout
 
     make_images(layout.version_dir(root, version),
                 {"": {layout.MANIFEST: json.dumps({"version": version,

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from beam_pipeline.store import catalog
-from readers import schema
+from dataset_format import schema
 from tests.helpers import REPO, build, make_images
 
 DOC = (REPO / "docs" / "format.md").read_text()

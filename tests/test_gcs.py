@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from readers import frames
+from dataset_format import frames
 
 
 pytestmark = pytest.mark.slow  # every test here talks to the storage emulator

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from readers import layout, schema
+from dataset_format import layout, schema
 from tests.helpers import REPO, build, check_invariants, image_bytes, make_images, read_records
 
 pytestmark = pytest.mark.slow
@@ -91,7 +91,7 @@ def test_shards_reused_from_a_version_with_sha256_checksums_keep_them(first, tmp
     import hashlib
 
     from beam_pipeline.tools import verify
-    from readers import frames
+    from dataset_format import frames
 
     src, v1 = first
     path = os.path.join(v1["version_dir"], layout.MANIFEST)

@@ -12,7 +12,7 @@ from beam_pipeline.refs import ImageRef
 from beam_pipeline.store import catalog
 from beam_pipeline.store.catalog import FragmentWriter
 from beam_pipeline.store.spill import SortedSpill
-from readers import layout
+from dataset_format import layout
 
 SPLITS = plan.parse_splits("train=0.5,test=0.5")
 

@@ -9,7 +9,7 @@ from PIL import Image
 
 from beam_pipeline.tools import drawing, samples
 from beam_pipeline.tools import inspect_dataset as inspect_cmd
-from readers import layout
+from dataset_format import layout
 
 
 @pytest.fixture(scope="module")

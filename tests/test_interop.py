@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from readers import frames, layout, schema
+from dataset_format import frames, layout, schema
 from tests.helpers import read_records
 
 

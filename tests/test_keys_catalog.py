@@ -12,7 +12,7 @@ from beam_pipeline.launcher import plan
 from beam_pipeline.store import versions
 from beam_pipeline.refs import ImageRef
 from beam_pipeline.store.spill import SortedSpill
-from readers import layout, schema
+from dataset_format import layout, schema
 from tests.helpers import FAST, build, check_invariants, make_images, read_records
 
 SPLITS = plan.parse_splits("train=0.8,validation=0.1,test=0.1")

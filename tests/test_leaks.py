@@ -13,7 +13,7 @@ from PIL import Image, ImageOps
 
 from beam_pipeline.job import images, leaks, perceptual
 from beam_pipeline.store import near_duplicates as grouping
-from readers import layout
+from dataset_format import layout
 from tests.helpers import build, check_invariants
 from tests.test_format_doc import check as check_documented
 

@@ -38,7 +38,7 @@ from PIL import Image
 
 from beam_pipeline.job import images, records, reframe
 from beam_pipeline.launcher import plan
-from readers import frames, layout, schema
+from dataset_format import frames, layout, schema
 from tests.helpers import build, check_invariants
 
 CLASSES = ("cat", "dog", "owl")

@@ -9,7 +9,7 @@ import pytest
 from beam_pipeline import cli
 from beam_pipeline.launcher import flags, options
 from beam_pipeline.errors import UserError
-from readers import layout
+from dataset_format import layout
 from tests.helpers import REPO
 
 IO = ["--input", "gs://bkt/images", "--output", "gs://bkt/ds"]

@@ -62,7 +62,7 @@ def _offline_venv(tmp_path):
 def test_wheel_installs_without_an_index_and_builds_without_tensorflow(tmp_path, make_images):
     src = tmp_path / "src"
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
-    for package in ("beam_pipeline", "readers"):
+    for package in ("beam_pipeline", "dataset_format", "readers"):
         shutil.copytree(REPO / package, src / package, ignore=ignore)
     shutil.copy(REPO / "setup.py", src / "setup.py")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "PIP_"))}
@@ -85,7 +85,7 @@ def test_wheel_installs_without_an_index_and_builds_without_tensorflow(tmp_path,
 
     # The installed copy (not the source tree) imports without TensorFlow, which is absent.
     check = _run(python, "-c", "import sys, beam_pipeline.cli, beam_pipeline.job.pipeline, "
-                 "beam_pipeline.job.commit, beam_pipeline.launcher.plan, readers.layout; "
+                 "beam_pipeline.job.commit, beam_pipeline.launcher.plan, dataset_format.layout; "
                  "print(beam_pipeline.__file__); print('tensorflow' in sys.modules); "
                  "import tensorflow", cwd=tmp_path, env=env)
     where, loaded = check.stdout.split()

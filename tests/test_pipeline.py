@@ -11,7 +11,7 @@ import pytest
 
 from beam_pipeline import cli
 from beam_pipeline.errors import UserError
-from readers import layout, schema
+from dataset_format import layout, schema
 from tests.helpers import (BROKEN_REASONS, BUILT_ARGS, CLASS_COLOURS, FAST, REPO, build,
                            check_invariants, errors_of, image_bytes, make_images, read_records,
                            shard_files)

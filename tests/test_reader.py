@@ -19,7 +19,7 @@ import pytest
 import tensorflow as tf
 
 import readers
-from readers import layout, schema
+from dataset_format import layout, schema
 from tests.helpers import REPO, assert_same_arrays, build, image_bytes, same_arrays
 
 LABELS = ["daisy", "rose", "tulip"]

@@ -18,7 +18,7 @@ import pytest
 import tensorflow as tf
 
 import readers
-from readers import layout
+from dataset_format import layout
 from tests.helpers import REPO
 from tests.test_reader import SIZE, write_dataset
 

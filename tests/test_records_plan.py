@@ -12,7 +12,7 @@ from beam_pipeline.launcher import plan
 from beam_pipeline.job import records
 from beam_pipeline.job.images import Encoded
 from beam_pipeline.refs import SPLIT_NAMES, ImageRef
-from readers import frames, schema
+from dataset_format import frames, schema
 
 
 def _encoded(colour=(10, 200, 30), size=(20, 12)):

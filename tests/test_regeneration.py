@@ -16,7 +16,7 @@ import pytest
 from beam_pipeline import cli
 from beam_pipeline.job import commit
 from beam_pipeline.store import files, versions
-from readers import layout, schema
+from dataset_format import layout, schema
 from tests.helpers import REPO, build, image_bytes, make_images, read_records
 
 # Two splits of one shard each, so every image visibly lands in a split and a move would show.

@@ -25,7 +25,7 @@ from beam_pipeline import cli
 from beam_pipeline.job import commit, tfds_metadata
 from beam_pipeline.store import files, lock, lock_gcs, versions
 from beam_pipeline.store.gcs import gcs_blob
-from readers import layout
+from dataset_format import layout
 from tests.faults import FaultProxy
 from tests.helpers import REPO, build, image_bytes, make_images
 
@@ -450,7 +450,7 @@ def test_concurrent_publishers_leave_latest_on_the_newest(where, request, tmp_pa
 def commit_inputs(root, version):
     """What the job hands its commit stage: temp shards and listing errors in .tmp/."""
     from beam_pipeline.job.contracts import ShardResult
-    from readers.frames import file_crc32c, tfrecord_frame
+    from dataset_format.frames import file_crc32c, tfrecord_frame
 
     vdir = layout.version_dir(root, version)
     tmp = layout.join(vdir, ".tmp")

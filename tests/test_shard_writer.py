@@ -13,7 +13,7 @@ from beam_pipeline.job.images import EncodeOptions
 from beam_pipeline.job.shards import WriteShardFn
 from beam_pipeline.refs import ImageRef
 from beam_pipeline.store import catalog
-from readers import frames, layout
+from dataset_format import frames, layout
 from tests.helpers import CLASS_COLOURS, image_bytes
 
 LABEL_IDS = {"cat": 0, "dog": 1}

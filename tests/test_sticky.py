@@ -21,7 +21,7 @@ import pytest
 from beam_pipeline.launcher import identity, plan
 from beam_pipeline.refs import ImageRef
 from beam_pipeline.store.spill import SortedSpill
-from readers import layout, schema
+from dataset_format import layout, schema
 from tests.helpers import build, check_invariants, image_bytes, make_images, read_records
 
 SPLITS = plan.parse_splits("train=0.8,validation=0.1,test=0.1")

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from readers import layout, schema
+from dataset_format import layout, schema
 from tests.helpers import REPO, fields_of
 
 IMAGE_SIZE = 32   # --transform_image_size: small, so the graph runs fast in tests

@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from beam_pipeline.tools import verify
-from readers import layout
+from dataset_format import layout
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ per train shard; nothing reads the written shards back and no image is decoded t
 
 `preprocessing_fn` is the contract between training and serving. Its raw inputs are the
 parsed record keys plus two analysis-only columns:
-  image/encoded, image/class/label   the records' own keys (readers/schema.py)
+  image/encoded, image/class/label   the records' own keys (dataset_format/schema.py)
   shard/pixel_moments  int64 [7]     (count, sum r, g, b, sum of squares r, g, b) of a shard
   shard/label_counts   int64 [K]     train images per label id in that shard
 The analysis rows fill only the two shard columns (the record keys hold placeholders the
@@ -34,7 +34,7 @@ import logging
 import apache_beam as beam
 from tensorflow_transform.beam.experimental import PTransformAnalyzer  # loads TensorFlow
 
-from readers import schema
+from dataset_format import schema
 from readers import transform as transform_lib
 
 MOMENTS = "shard/pixel_moments"    # int64 [7]: count, sums (r, g, b), sums of squares (r, g, b)

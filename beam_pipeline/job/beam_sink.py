@@ -14,7 +14,7 @@ from beam_pipeline.job import images, records
 from beam_pipeline.errors import error_record
 from beam_pipeline.job.contracts import ShardResult
 from beam_pipeline.job.shards import read_bytes
-from readers import frames, layout, schema
+from dataset_format import frames, layout, schema
 
 
 class ToRecordFn(beam.DoFn):

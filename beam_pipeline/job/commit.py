@@ -22,7 +22,7 @@ from beam_pipeline.store.near_duplicates import DEFAULT_RADIUS
 from beam_pipeline.job import duplicates, leaks, rewrite
 from beam_pipeline.job.contracts import ShardResult
 from beam_pipeline.job.manifest import Finalized, build_manifest
-from readers import frames, layout
+from dataset_format import frames, layout
 
 
 class PublishRefused(RuntimeError):

@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 
 from beam_pipeline.store import catalog, files
 from beam_pipeline.store.spill import SortedSpill
-from readers import layout
+from dataset_format import layout
 
 DUPLICATES = "duplicates.jsonl"
 _HEX = np.full(256, 255, dtype=np.uint8)  # hex digit -> nibble; anything else -> 255

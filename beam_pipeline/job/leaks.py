@@ -28,7 +28,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from beam_pipeline.store import catalog, files
 from beam_pipeline.store import near_duplicates as grouping
-from readers import layout
+from dataset_format import layout
 
 NEAR_DUPLICATES = "near_duplicates.jsonl"
 HASH = "phash64x2"  # job/perceptual.phash_pair: 64-bit pHashes of the whole and central 90%

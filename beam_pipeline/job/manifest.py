@@ -5,7 +5,7 @@ import dataclasses
 from typing import Optional
 
 from beam_pipeline.store import catalog
-from readers import layout, schema
+from dataset_format import layout, schema
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,13 +1,13 @@
-"""Pure record work: one stored image -> serialized tf.train.Example (framed by readers.frames)."""
+"""Pure record work: one stored image -> serialized tf.train.Example (framed by dataset_format.frames)."""
 
 import functools
 import hashlib
 
-from readers import schema
+from dataset_format import schema
 
 
 def make_example(encoded, label, text, filename, sha256=None):
-    """Serialized tf.train.Example with the readers/schema.py keys; byte-identical for equal inputs.
+    """Serialized tf.train.Example with the dataset_format/schema.py keys; byte-identical for equal inputs.
 
     `sha256`: the hex digest of encoded.data when the caller already has it (the catalog).
     """

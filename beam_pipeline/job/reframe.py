@@ -13,7 +13,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from beam_pipeline.job import records
-from readers import frames, schema
+from dataset_format import frames, schema
 
 
 def read_stored(source):

@@ -15,7 +15,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from beam_pipeline.job.rewrite import copy_frames, with_rows
-from readers import layout
+from dataset_format import layout
 
 RAW = CompressionTypes.UNCOMPRESSED
 

@@ -9,7 +9,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from beam_pipeline.store import catalog, files
-from readers import frames, layout
+from dataset_format import frames, layout
 
 RAW = CompressionTypes.UNCOMPRESSED
 

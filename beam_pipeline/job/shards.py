@@ -27,7 +27,7 @@ from beam_pipeline.job import images, perceptual, records, reframe, reuse
 from beam_pipeline.errors import error_record
 from beam_pipeline.job.contracts import PixelMoments, ShardResult
 from beam_pipeline.refs import ImageRef
-from readers import frames, layout, schema
+from dataset_format import frames, layout, schema
 
 READ_AHEAD = 16                 # images fetched concurrently: hides gs:// latency
 READ_AHEAD_BYTES = 256 << 20    # ... and at most this many listed bytes in flight (one more

@@ -22,7 +22,7 @@ a fixed cost of every build's commit stage (and most of a small incremental run'
 import json
 import logging
 
-from readers import layout, schema
+from dataset_format import layout, schema
 
 # TFDS versions are semantic (x.y.z); ours are build timestamps. The TFDS version follows the
 # manifest's format_version, and the build id goes into the description and metadata.json.

@@ -93,7 +93,7 @@ def _resolve(build, root, planned, latest, reuse, scratch):
     --resplit) and, when it was built the same way, its records. -> identity.Resolved"""
     from beam_pipeline.launcher import identity, plan
     from beam_pipeline.store import catalog
-    from readers import layout
+    from dataset_format import layout
 
     previous_version, previous = latest
     rows = None
@@ -108,7 +108,7 @@ def _shard_tasks(build, root, resolved, labels, latest, reuse, scratch):
     """-> (incremental plan or None, split -> shard count, stream of shard tasks, images
     the job will decode)."""
     from beam_pipeline.launcher import incremental, plan
-    from readers import layout
+    from dataset_format import layout
 
     previous_version, previous = latest
     previous_vdir = previous and layout.version_dir(root, previous_version)
@@ -148,7 +148,7 @@ def _full_build_lines(resolved, sources, previous_vdir):
 def _commit_spec(build, root, planned, labels, num_shards, increment):
     from beam_pipeline.job.commit import CommitSpec
     from beam_pipeline.store import lock, versions
-    from readers import layout
+    from dataset_format import layout
 
     version = versions.claim_version(root)  # unique even when two runs start in one second
     tmp_dir = layout.join(layout.version_dir(root, version), ".tmp")  # = CommitSpec.tmp_dir
@@ -171,7 +171,7 @@ def can_reuse(build, previous):
     """The previous version's records are what this build would store (same options, same
     software: stored bytes depend on the codecs), so they may be reused or re-framed."""
     from beam_pipeline.launcher import options as opts
-    from readers import layout
+    from dataset_format import layout
 
     if previous is None or build.resplit or "catalog" not in previous:
         return False

@@ -104,7 +104,7 @@ def launch(pipeline_options, build, planned, runner, waits):
     from beam_pipeline.job.pipeline import ImagesToTFRecords
     from beam_pipeline.launcher.report import ProgressPrinter
     from beam_pipeline.store import files
-    from readers import layout
+    from dataset_format import layout
 
     spec = planned.spec
     pipeline_options.view_as(SetupOptions).save_main_session = False

@@ -14,7 +14,7 @@ def write_shard_listings(tmp_dir, shards):
 
     from beam_pipeline.job.contracts import ShardTask
     from beam_pipeline.store import files
-    from readers import layout
+    from dataset_format import layout
 
     index, in_flight = [], []
     with concurrent.futures.ThreadPoolExecutor(16) as pool:

@@ -1,6 +1,6 @@
 """Versions under a dataset root: ids, LATEST, clean-up and retention (docs/format.md, "Layout").
 
-Writer-side twin of readers.layout, on Beam FileSystems so gs:// works the same.
+Writer-side twin of dataset_format.layout, on Beam FileSystems so gs:// works the same.
 """
 
 import datetime
@@ -15,7 +15,7 @@ import uuid
 from apache_beam.io.filesystems import FileSystems
 
 from beam_pipeline.store import files, gcs, lock
-from readers import layout
+from dataset_format import layout
 
 KEEP_SUPERSEDED_HOURS = 48.0  # --keep_superseded_hours: covers a nightly schedule twice
 

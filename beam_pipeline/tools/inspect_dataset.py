@@ -19,7 +19,8 @@ import sys
 from beam_pipeline.launcher.report import class_table
 from beam_pipeline.tools.drawing import class_counts_chart, contact_sheet, near_duplicate_sheet
 from beam_pipeline.tools.samples import cross_split_pairs, ordered_splits, sample
-from readers import _quiet, layout
+from dataset_format import layout
+from readers import _quiet
 
 CONTACT_SHEET = "contact_sheet.png"
 CLASS_COUNTS = "class_counts.png"

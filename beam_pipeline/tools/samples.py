@@ -10,7 +10,7 @@ import json
 import random
 
 from beam_pipeline.refs import split_order
-from readers import frames, layout, schema
+from dataset_format import frames, layout, schema
 
 
 def ordered_splits(manifest):

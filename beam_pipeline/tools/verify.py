@@ -24,8 +24,9 @@ import sys
 
 import google_crc32c
 
-from readers.frames import FrameError, crc32c_text, parse_index, read_frame
-from readers import _quiet, layout, schema
+from dataset_format.frames import FrameError, crc32c_text, parse_index, read_frame
+from dataset_format import layout, schema
+from readers import _quiet
 
 MAX_PROBLEMS_PER_FILE = 10   # a corrupt shard can fail every record; say so, not 10,000 times
 CHUNK = 1 << 20

@@ -4,7 +4,7 @@ import dataclasses
 import posixpath
 from typing import Dict, Optional, Tuple
 
-from readers import layout
+from dataset_format import layout
 
 
 @dataclasses.dataclass(frozen=True)
