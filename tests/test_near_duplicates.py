@@ -307,3 +307,14 @@ def test_a_row_near_only_through_its_centre_joins_the_group():
     assert group.keys == ("a.jpg", "crop.jpg", "old.jpg")
     # a-crop: centre vs whole 2 bits (whole vs whole 18); a-old 1; crop-old 15+: no pair
     assert [(p.a, p.b, p.distance) for p in group.pairs] == [(0, 1, 2), (0, 2, 1)]
+
+
+def test_two_hashes_per_row_and_no_pairs_between_rows(tmp_path):
+    """Each row's own two hashes pair (and are dropped): no pair between rows is left, which
+    once indexed empty arrays with a one-element mask ('boolean index did not match')."""
+    rng = random.Random(11)
+    rows = [Row(f"k{i}", "train", h, center=h ^ 0b1)
+            for i, h in enumerate(rng.getrandbits(64) for _ in range(40))]
+    assert all((a.hash ^ b.hash).bit_count() > 12 for i, a in enumerate(rows) for b in rows[i + 1:])
+    assert list(nd.find_pairs(rows, 10, None, tmp_path)) == []
+    assert nd.find_groups(rows, 10, directory=tmp_path) == []

@@ -100,7 +100,7 @@ def find_pairs(rows, radius=DEFAULT_RADIUS, bands=None, directory=None):
 def _least(columns, two):
     """Pairs of rows (a < b) once each, at the least distance any of their hashes gave."""
     a, b, d = columns
-    if not two:
+    if not two or not len(a):  # none left once each row's pairs with itself are dropped
         return a, b, d
     a, b = np.minimum(a, b), np.maximum(a, b)
     order = np.lexsort((d, b, a))
