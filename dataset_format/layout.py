@@ -1,11 +1,14 @@
 """Where things live in a dataset root (docs/format.md, "Layout"); the one module that owns file names.
 
-Uses tf.io.gfile so local paths and gs:// behave the same without Apache Beam.
+Reads through dataset_format/storage.py, so local paths and gs:// behave the same without
+TensorFlow or Apache Beam.
 """
 
 import json
 import posixpath
 import re
+
+from dataset_format import storage
 
 LATEST = "LATEST"
 VERSIONS = "versions"
@@ -55,33 +58,25 @@ def latest_record(version):
     return {"version": version, "manifest": join(VERSIONS, version, MANIFEST)}
 
 
-def _gfile():
-    import tensorflow as tf
-
-    return tf.io.gfile
-
-
 def resolve(path, version=None):
     """The version directory for a dataset root (via LATEST, read once; or `version`, an id
     under ROOT/versions/) or a version directory itself."""
-    gfile = _gfile()
-    path = path.rstrip("/")
+    path = str(path).rstrip("/")
     if version:
         vdir = version_dir(path, version)
-        if gfile.exists(join(vdir, MANIFEST)):
+        if storage.exists(join(vdir, MANIFEST)):
             return vdir
-        if gfile.exists(join(path, MANIFEST)) and posixpath.basename(path) == version:
+        if storage.exists(join(path, MANIFEST)) and posixpath.basename(path) == version:
             return path  # already that version's directory
         raise FileNotFoundError(
             f"{vdir}: no {MANIFEST}: version {version!r} does not exist under {path} "
             f"(pruned, or not published yet?); the versions are the directories in "
             f"{join(path, VERSIONS)}/")
-    if gfile.exists(join(path, MANIFEST)):
+    if storage.exists(join(path, MANIFEST)):
         return path
     latest = join(path, LATEST)
-    if gfile.exists(latest):
-        with gfile.GFile(latest, "r") as f:
-            record = json.load(f)
+    if storage.exists(latest):
+        record = json.loads(storage.read_text(latest))
         return posixpath.dirname(join(path, record["manifest"]))
     raise FileNotFoundError(
         f"{path}: not a dataset (no {MANIFEST} and no {LATEST}); "
@@ -91,8 +86,7 @@ def resolve(path, version=None):
 def load_manifest(path, version=None):
     """(version_dir, manifest dict) for a dataset root or version directory."""
     vdir = resolve(path, version)
-    with _gfile().GFile(join(vdir, MANIFEST), "r") as f:
-        manifest = json.load(f)
+    manifest = json.loads(storage.read_text(join(vdir, MANIFEST)))
     if manifest.get("format_version") not in READABLE_FORMAT_VERSIONS:
         raise ValueError(f"{vdir}/{MANIFEST}: format_version {manifest.get('format_version')!r} "
                          f"is newer than this reader knows ({FORMAT_VERSION}); upgrade it")
