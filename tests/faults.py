@@ -16,7 +16,9 @@ Every JSON-API request (google-cloud-storage, and so Beam's gcsio) then goes thr
   is checked against the object's current generation and answered 412 when it does not hold,
   atomically with its execution (one such request at a time). Covered: single-request
   uploads (media, multipart), downloads, metadata reads, deletes, copies and rewrites (the
-  destination). Not covered: a precondition on a resumable upload is checked when the
+  destination). Reads of a `generation` that is no longer live are answered 404, as GCS
+  answers them in a bucket without object versioning (the emulator keeps one generation
+  and ignores the parameter). Not covered: a precondition on a resumable upload is checked when the
   upload starts, not when its last chunk lands, and requests inside a batch are not checked.
 * Forced answers (`proxy.fail(text, status, times)`): a request whose decoded target
   contains `text` is answered `status` (e.g. 403, or 503 a few times), before any drawn fault.
@@ -135,10 +137,19 @@ def _split(answer):
     return (int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0), body
 
 
-def _preconditions(target):
+def _preconditions(target, method="POST"):
+    """{condition: generation} of a request; a GET of `generation=N` counts as
+    ifGenerationMatch=N answered 404 (that generation is gone), as GCS answers it."""
     query = urllib.parse.parse_qs(urllib.parse.urlsplit(target).query)
-    return {k: int(v[0]) for k, v in query.items()
-            if k in ("ifGenerationMatch", "ifGenerationNotMatch")}
+    found = {k: int(v[0]) for k, v in query.items()
+             if k in ("ifGenerationMatch", "ifGenerationNotMatch")}
+    if method == "GET" and "generation" in query and "/o/" in target:
+        found["generation"] = int(query["generation"][0])
+    return found
+
+
+def _not_found():
+    return _error(404, "Not Found")
 
 
 def _object_name(target, head, body):
@@ -212,15 +223,19 @@ class _Handler(socketserver.BaseRequestHandler):
             # finished sessions (404), so answer for it.
             sock.sendall(server.finished_uploads[upload_id[0]])
             return
-        conditions = _preconditions(target)
+        conditions = _preconditions(target, method)
         if conditions:
             with server.cas_lock:
                 bucket, name = _object_name(target, head, body)
                 current = server.generation(bucket, name)
-                held = all(current == v if k == "ifGenerationMatch" else current != v
+                held = all(current == v if k != "ifGenerationNotMatch" else current != v
                            for k, v in conditions.items())
-                answer = server.forward(head, body) if held else _precondition_failed()
-                if not held:
+                if held:
+                    answer = server.forward(head, body)
+                elif "generation" in conditions:
+                    answer = _not_found()
+                else:
+                    answer = _precondition_failed()
                     server.refused_412 += 1
         else:
             answer = server.forward(head, body)

@@ -320,7 +320,7 @@ def test_read_ahead_is_bounded_in_bytes(tmp_path):
 
 def test_local_reads_ahead_give_what_fetch_gives_in_listing_order(tmp_path):
     """Local inputs are read in the writer's loop, not by the pool: same bytes and errors
-    as _fetch (missing, a folder, over the limit), in order, mixed with pooled reads."""
+    as fetch (missing, a folder, over the limit), in order, mixed with pooled reads."""
     import concurrent.futures
 
     from beam_pipeline.job import shards
@@ -343,7 +343,7 @@ def test_local_reads_ahead_give_what_fetch_gives_in_listing_order(tmp_path):
         if ref.source:
             assert (data, error) == (b"stored", None)
             continue
-        want, want_error = shards._fetch(ref.uri, 1000)
+        want, want_error = shards.fetch(ref.uri, 1000)
         assert data == want
         assert type(error) is type(want_error) and str(error) == str(want_error)
     assert [type(e).__name__ for _, _, e in got] == [
@@ -356,10 +356,10 @@ def test_a_file_that_grew_past_the_limit_after_listing_is_too_large_unread(tmp_p
 
     path = tmp_path / "grown.jpg"
     path.write_bytes(b"\xff" * (3 << 20))
-    data, error = shards._fetch(str(path), max_bytes=1 << 20)
+    data, error = shards.fetch(str(path), max_bytes=1 << 20)
     assert data is None and isinstance(error, images.ImageError)
     assert (error.stage, error.reason) == ("read", "too_large")
-    assert shards._fetch(str(path), max_bytes=4 << 20)[0] == b"\xff" * (3 << 20)
+    assert shards.fetch(str(path), max_bytes=4 << 20)[0] == b"\xff" * (3 << 20)
 
 
 @pytest.mark.slow

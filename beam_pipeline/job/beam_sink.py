@@ -13,7 +13,7 @@ from apache_beam.io.filesystems import FileSystems
 from beam_pipeline.job import images, records
 from beam_pipeline.errors import error_record
 from beam_pipeline.job.contracts import ShardResult
-from beam_pipeline.job.shards import read_bytes
+from beam_pipeline.job.shards import fetch
 from dataset_format import frames, layout, schema
 
 
@@ -25,10 +25,10 @@ class ToRecordFn(beam.DoFn):
 
     def process(self, ref):
         try:
-            try:
-                data = read_bytes(ref.uri)
-            except Exception as e:
-                raise images.ImageError("read", "unreadable", f"{type(e).__name__}: {e}") from e
+            data, error = fetch(ref.uri, 0, ref.stamp)  # transient storage errors raise
+            if error is not None:
+                raise (error if isinstance(error, images.ImageError) else images.ImageError(
+                    "read", "unreadable", f"{type(error).__name__}: {error}")) from error
             encoded = images.convert(data, self.encode_options)
         except images.ImageError as e:
             yield beam.pvalue.TaggedOutput("errors", error_record(ref.uri, e.stage, e.reason,

@@ -34,22 +34,34 @@ READ_AHEAD_BYTES = 256 << 20    # ... and at most this many listed bytes in flig
                                 # image when a single one is larger)
 
 
-def read_bytes(uri, max_bytes=0):
+def read_bytes(uri, max_bytes=0, stamp=""):
     """The file's bytes; None when it holds more than `max_bytes` (0: no limit), found
     without reading more than max_bytes + 1 of them. gs:// objects in one request through
-    the worker's one storage client (store/gcs.py), not a new client per read."""
+    the worker's one storage client (store/gcs.py), not a new client per read, at the
+    generation the listing stamped (`stamp` "gen:N"), so every attempt reads the same bytes."""
     if uri.startswith("gs://"):
-        data = gcs.read_bytes(uri, max_bytes)
+        data = gcs.read_bytes(uri, max_bytes, gcs.listed_generation(stamp))
     else:
         with FileSystems.open(uri, compression_type=CompressionTypes.UNCOMPRESSED) as f:
             data = f.read(max_bytes + 1) if max_bytes else f.read()
     return None if max_bytes and len(data) > max_bytes else data
 
 
-def _fetch(uri, max_bytes=0):
+CHANGED = "changed_during_build"  # errors.jsonl reason: the listed generation is gone
+
+
+def fetch(uri, max_bytes=0, stamp=""):
+    """(bytes, None) or (None, the error that makes this input a rejection). A transient
+    storage error (429/5xx past the retry deadline, a reset) is raised instead: the runner
+    retries the bundle, and the shard never depends on when the service was busy."""
     try:
-        data = read_bytes(uri, max_bytes)
+        data = read_bytes(uri, max_bytes, stamp)
+    except gcs.GenerationGone as e:
+        return None, images.ImageError(
+            "read", CHANGED, f"{e}: it changed during the build (the next build reads it)")
     except Exception as e:  # a vanished or unreadable file is data, not a crash
+        if gcs.is_transient(e):
+            raise
         return None, e
     if data is None:  # it grew past the limit after it was listed
         return None, _too_large(max_bytes)
@@ -201,7 +213,7 @@ class WriteShardFn(beam.DoFn):
                              ref.source.phash_center, reframed=True)
             except Exception as e:  # the earlier version's shard unreadable: convert instead
                 logging.warning("%s: converting %s again (%s)", ref.source.path, ref.uri, e)
-                data, read_error = _fetch(ref.uri, self.encode_options.max_bytes)
+                data, read_error = fetch(ref.uri, self.encode_options.max_bytes, ref.stamp)
         encoded = self._convert(data, read_error)
         sha256 = hashlib.sha256(encoded.data).hexdigest()
         parts, length = records.example_parts(encoded, label_id, ref.label, ref.key, sha256)
@@ -247,7 +259,7 @@ class _Made:
 def _fetch_for(ref, max_bytes=0):
     """The bytes a ref is made from: its stored record (ref.source), else its input file."""
     if ref.source is None:
-        return _fetch(ref.uri, max_bytes)
+        return fetch(ref.uri, max_bytes, ref.stamp)
     try:
         return reframe.read_stored(ref.source), None
     except Exception as e:
@@ -279,7 +291,7 @@ def _read_ahead(pool, refs, max_bytes=0, budget=None):
 
 class _LocalRead:
     """A local file opened now (and its pages asked for: POSIX_FADV_WILLNEED) and read on
-    result(): the (bytes, error) of _fetch, without a thread."""
+    result(): the (bytes, error) of fetch, without a thread."""
 
     def __init__(self, path, max_bytes):
         self.max_bytes, self.file, self.error = max_bytes, None, None

@@ -41,19 +41,65 @@ def gcs_blob(uri):
     return client().bucket(bucket), name
 
 
-def read_bytes(uri, max_bytes=0):
+READ_DEADLINE = 120.0  # seconds a read is retried on 429/5xx/resets (google-cloud-storage's)
+
+
+class GenerationGone(FileNotFoundError):
+    """The listed generation of an object no longer exists: it was overwritten or deleted
+    after the listing (a bucket without object versioning keeps only the live one)."""
+
+
+def read_bytes(uri, max_bytes=0, generation=None):
     """An object's bytes in one request (no metadata read first); with `max_bytes`, at most
-    max_bytes + 1 of them, so the caller can tell a larger object (0: no limit)."""
+    max_bytes + 1 of them, so the caller can tell a larger object (0: no limit).
+
+    With `generation` (the listed one), exactly those bytes or GenerationGone: a retried
+    bundle reads what the first attempt read, or learns that it cannot."""
     from google.api_core import exceptions
     from google.cloud.storage.retry import DEFAULT_RETRY
 
     bucket, name = gcs_blob(uri)
     end = max_bytes if max_bytes else None  # inclusive
     try:  # raw: stored bytes, never transcoded (as Beam reads them)
-        return bucket.blob(name).download_as_bytes(start=0 if end else None, end=end,
-                                                   raw_download=True, retry=DEFAULT_RETRY)
+        return bucket.blob(name, generation=generation).download_as_bytes(
+            start=0 if end else None, end=end, raw_download=True,
+            retry=DEFAULT_RETRY.with_deadline(READ_DEADLINE))
     except exceptions.RequestRangeNotSatisfiable:  # a range of an empty object
         return b""
+    except exceptions.NotFound as e:
+        if generation is None:
+            raise
+        raise GenerationGone(f"{uri}: generation {generation} is gone") from e
+
+
+def listed_generation(stamp):
+    """The generation a gs:// listing stamp ("gen:N") names, else None."""
+    return int(stamp[4:]) if stamp and stamp.startswith("gen:") else None
+
+
+def is_transient(error):
+    """True when `error` is the storage service's or the network's, not the object's: a
+    429 or 5xx (still failing after the retry deadline), a reset or timed-out connection.
+    The caller re-raises it, so the runner retries the whole bundle; counting it as a
+    rejected image would make the output depend on when GCS throttled."""
+    import requests
+    from google.api_core import exceptions
+    from google.auth import exceptions as auth_exceptions
+
+    transient = (exceptions.TooManyRequests, exceptions.ServerError, exceptions.RetryError,
+                 requests.exceptions.ConnectionError, requests.exceptions.Timeout,
+                 requests.exceptions.ChunkedEncodingError, auth_exceptions.TransportError,
+                 ConnectionError, TimeoutError)
+    seen = set()
+    while error is not None and id(error) not in seen:  # RetryError wraps its last cause
+        seen.add(id(error))
+        if isinstance(error, transient):
+            return True
+        status = getattr(getattr(error, "response", None), "status_code", None)
+        if status == 429 or (status or 0) >= 500:  # google-resumable-media's InvalidResponse
+            return True
+        error = getattr(error, "cause", None) or error.__cause__ or error.__context__
+    return False
 
 
 def open_write(uri):

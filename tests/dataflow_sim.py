@@ -1,0 +1,66 @@
+"""Dataflow's service, played offline: the only thing the retry tests stand in for.
+
+Dataflow runs a job's DoFns on its workers, retries a failed work item (a bundle) up to
+four times, may run a straggler's work item a second time (a "zombie" attempt that keeps
+running beside the one it commits), and commits one attempt's output. Here a test decides
+which attempts run, when, and which one's output is committed. Everything else is the real
+code: the launcher's plan (listing, shard listings, claimed version), the shard writer
+`WriteShardFn` (the DoFn as Dataflow calls it: setup, process), `commit.commit` and the
+store, against the GCS emulator (usually through tests/faults.py's proxy).
+"""
+
+import dataclasses
+
+from beam_pipeline.job import commit, pipeline
+from beam_pipeline.job.shards import WriteShardFn
+from beam_pipeline.launcher import options, prepare
+from beam_pipeline.store import lock
+
+
+@dataclasses.dataclass
+class Job:
+    """A planned version and what a Dataflow worker would be given to write it."""
+
+    build: object
+    planned: object
+    tasks: list
+
+    @property
+    def spec(self):
+        return self.planned.spec
+
+    def writer(self):
+        """A fresh DoFn instance, set up as a worker sets it up (one per attempt)."""
+        spec = self.spec
+        fn = WriteShardFn(spec.tmp_dir, spec.name, spec.num_shards,
+                          {label: i for i, label in enumerate(spec.labels)},
+                          self.build.encode_options(), spec.write_index,
+                          previous_vdir=spec.previous_vdir, phash=spec.near_duplicates)
+        fn.setup()
+        return fn
+
+    def attempt(self, task):
+        """One attempt of one work item (a shard) -> its ShardResult, or what it raises."""
+        fn = self.writer()
+        try:
+            (result,) = fn.process(task)
+            return result
+        finally:
+            fn.teardown()
+
+    def commit(self, results):
+        """The commit stage, given the committed attempt of each shard."""
+        return commit.commit(results, self.spec)
+
+
+@lock.release_on_exit
+def plan(argv):
+    """The launcher's half of a Dataflow launch: the root's lock taken, the version planned,
+    the lock handed to the job (whose commit releases it) -> Job."""
+    pipeline_options, build = options.parse([str(a) for a in argv])
+    root = build.output.rstrip("/")
+    lock.acquire(root)
+    planned = prepare.prepare(build, root)
+    assert isinstance(planned, prepare.Planned), planned
+    lock.hand_off(root, planned.spec.version)
+    return Job(build, planned, list(pipeline.read_shard_index(planned.shards_index)))

@@ -1,0 +1,85 @@
+"""A nightly Dataflow run under the service's retries, zombies and kills, offline.
+
+tests/dataflow_sim.py plays the Dataflow service (which attempts of which work items run,
+concurrently or again, and which one is committed): that is the only stand-in. The plan,
+the shard writer DoFn, commit and the lock are the real code, against the GCS emulator
+behind tests/faults.py's proxy (generation preconditions and generation reads enforced,
+faults injected where a test says).
+"""
+
+import pytest
+from google.api_core import exceptions
+
+from beam_pipeline.store import gcs as gcs_store
+from tests.dataflow_sim import plan
+from tests.faults import FaultProxy
+from tests.helpers import build, image_bytes, make_images
+
+ARGS = ["--name", "night", "--num_shards", "1", "--splits", "train=1.0", "--no_transform",
+        "--max_error_rate", "0.5"]
+
+
+@pytest.fixture(scope="module")
+def proxy(gcs):
+    with FaultProxy(gcs.endpoint) as fault_proxy, pytest.MonkeyPatch.context() as mp:
+        mp.setenv("STORAGE_EMULATOR_HOST", fault_proxy.url)
+        yield fault_proxy
+        fault_proxy.fail_clear()
+
+
+@pytest.fixture
+def inputs(proxy, gcs, tmp_path):
+    """Six images on gs:// and a dataset root beside them -> (input prefix, root)."""
+    bucket = gcs.create_bucket()
+    make_images(tmp_path / "in", {"cat": 3, "dog": 3})
+    src = f"gs://{bucket}/in"
+    gcs.upload_tree(tmp_path / "in", src)
+    yield src, f"gs://{bucket}/out"
+    proxy.fail_clear()
+
+
+def test_storage_errors_are_told_from_faults_of_the_image():
+    transient = [exceptions.TooManyRequests("slow down"), exceptions.ServiceUnavailable("503"),
+                 exceptions.RetryError("deadline", cause=exceptions.TooManyRequests("429")),
+                 ConnectionResetError(104, "reset"), TimeoutError("read timed out")]
+    image_faults = [exceptions.NotFound("gone"), exceptions.Forbidden("403"),
+                    gcs_store.GenerationGone("gs://b/x: generation 7 is gone"), ValueError("x")]
+    assert [gcs_store.is_transient(e) for e in transient] == [True] * len(transient)
+    assert [gcs_store.is_transient(e) for e in image_faults] == [False] * len(image_faults)
+
+
+@pytest.mark.slow
+def test_an_input_rewritten_after_listing_is_rejected_as_changed_and_the_next_night_takes_it(
+        inputs, gcs):
+    src, root = inputs
+    job = plan(["--input", src, "--output", root, *ARGS])
+    changed = f"{src}/cat/001.jpg"
+    gcs.upload_bytes(changed, image_bytes((230, 30, 30)))  # a new generation; the listed one is gone
+    results = [job.attempt(task) for task in job.tasks]
+    errors = [e for r in results for e in r.errors]
+    assert [(e["uri"], e["reason"]) for e in errors] == [(changed, "changed_during_build")]
+    assert "it changed during the build (the next build reads it)" in errors[0]["detail"]
+    manifest = job.commit(results)
+    assert manifest["accounting"]["written"] == 5 and manifest["errors"]["by_reason"] == {
+        "changed_during_build": 1}
+    night2 = build(src, root, *ARGS)  # lists the new generation and stores it
+    assert night2["manifest"]["accounting"]["written"] == 6
+    assert night2["manifest"]["errors"]["count"] == 0
+
+
+@pytest.mark.slow
+def test_429s_past_the_retry_deadline_fail_the_bundle_and_its_retry_writes_every_image(
+        inputs, proxy, monkeypatch):
+    src, root = inputs
+    job = plan(["--input", src, "--output", root, *ARGS])
+    (task,) = job.tasks
+    monkeypatch.setattr(gcs_store, "READ_DEADLINE", 1.0)  # GCS's is 120 s
+    proxy.fail("in/dog/001.jpg", 429)  # throttled for longer than the deadline
+    with pytest.raises(Exception) as failed:
+        job.attempt(task)
+    assert gcs_store.is_transient(failed.value), failed.value  # not an "unreadable" image
+    proxy.fail_clear()
+    retried = job.attempt(task)  # the runner retries the bundle once GCS answers again
+    assert (retried.num_examples, retried.errors) == (6, ())
+    manifest = job.commit([retried])
+    assert manifest["accounting"]["written"] == 6 and manifest["errors"]["count"] == 0
