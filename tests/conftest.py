@@ -4,4 +4,4 @@ Nothing imports this file by name: pytest loads it (as `conftest`), and a test m
 needs a helper imports it from `tests.helpers`.
 """
 
-pytest_plugins = ["tests.fixtures", "tests.gcs_emulator"]  # gcs_emulator: `gcs`, `gcs_bucket`
+pytest_plugins = ["tests.fixtures", "tests.gcs_emulator", "tests.gcs_counting"]  # gcs_emulator: `gcs`, `gcs_bucket`

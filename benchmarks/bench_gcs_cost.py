@@ -1,0 +1,222 @@
+"""What a gs:// build is billed for: requests by kind and bytes moved, counted by a proxy in
+front of the storage emulator (tests/gcs_counting.py), on photographs (benchmarks/photos.py).
+
+    python benchmarks/bench_gcs_cost.py [--photos 300] [--code DIR]...
+
+Each checkout named by --code (default: this one) runs the same nights, in a fresh bucket,
+with the default command (in-process runner: every request of launcher, job and commit
+goes through the proxy):
+
+1. full build of N photographs from a gs:// folder;
+2. the same folder again (unchanged night);
+3. +1% night: new photographs, each padded (a JPEG comment) to the size of a stored one,
+   so size alone cannot tell them apart;
+4. every file renamed (copied under new names): same bytes, new keys: the build re-frames
+   every stored record;
+5. a CSV manifest of gs:// uris: built once, then again unchanged.
+
+It prints, per checkout, the issue's measures beside their targets. The emulator is one
+Python process on loopback: compare counts and bytes, not seconds.
+"""
+
+import argparse
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from urllib.parse import unquote
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, REPO)
+sys.path.insert(0, HERE)
+
+
+def photos(n, first=0):
+    import photos as ph
+
+    ph._load_sources()
+    return [ph.photo_jpeg(seed) for seed in range(first, first + n)]
+
+
+def padded_to(jpeg, size):
+    """`jpeg` with a comment segment after SOI making it exactly `size` bytes."""
+    n = size - len(jpeg) - 4
+    assert 0 <= n <= 65000, (len(jpeg), size)
+    return jpeg[:2] + b"\xff\xfe" + (n + 2).to_bytes(2, "big") + b"\0" * n + jpeg[2:]
+
+
+def run_build(code, inputs, root, counter, *extra):
+    """One CLI run (a subprocess with `code` first on its path) -> (counts, seconds)."""
+    env = dict(os.environ, PYTHONPATH=code, TF_CPP_MIN_LOG_LEVEL="2")
+    cmd = [sys.executable, "-m", "beam_pipeline", "--output", root, "--name", "pets", *extra]
+    for uri in inputs:
+        cmd += ["--input", uri]
+    counter.reset()
+    start = time.perf_counter()
+    done = subprocess.run(cmd, cwd=code, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(f"build failed ({done.returncode}): {' '.join(cmd)}\n"
+                         f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return counter.totals(), list(counter.log), seconds
+
+
+def latest_manifest(emulator, root):
+    version = emulator.read_json(f"{root}/LATEST")["version"]
+    return emulator.read_json(f"{root}/versions/{version}/manifest.json")
+
+
+def shard_bytes(manifest):
+    return sum(s["num_bytes"] for split in manifest["splits"].values() for s in split["shards"])
+
+
+def shards_of(manifest):
+    return sum(len(split["shards"]) for split in manifest["splits"].values())
+
+
+def media(log, inside):
+    """(GETs, bytes) of media downloads whose path holds `inside`."""
+    hits = [down for kind, _, target, down in log
+            if kind == "media_get" and inside in unquote(target)]
+    return len(hits), sum(hits)
+
+
+def catalog_reads(log):
+    """Requests that read a catalog fragment (media or metadata GETs)."""
+    return sum(1 for kind, _, target, _ in log
+               if kind in ("media_get", "metadata_get") and ".catalog.parquet" in unquote(target))
+
+
+def nights(emulator, counter, code, n, shards):
+    """The five nights on a fresh bucket -> {measure: figure}."""
+    bucket = emulator.create_bucket()
+    base, root = f"gs://{bucket}/in", f"gs://{bucket}/ds"
+    data = photos(n)
+    for i, jpeg in enumerate(data):
+        emulator.upload_bytes(f"{base}/class{i % 5}/{i:05d}.jpg", jpeg)
+    opts = ("--num_shards", str(shards))
+    figures = {}
+
+    totals, log, sec = run_build(code, [base], root, counter, *opts)
+    m = latest_manifest(emulator, root)
+    converted = m["build"]["converted"]
+    gets, _ = media(log, "/in/")
+    figures["full build"] = dict(
+        images=converted, shards=shards_of(m), seconds=sec, requests=totals["requests"],
+        input_gets_per_image=gets / converted,
+        requests_per_image=totals["requests"] / converted,
+        catalog_reads_per_shard=catalog_reads(log) / shards_of(m), totals=totals)
+
+    totals, log, sec = run_build(code, [base], root, counter, *opts)
+    figures["unchanged"] = dict(seconds=sec, requests=totals["requests"], lists=totals.get("list", 0),
+                                beyond_listing=totals["requests"] - totals.get("list", 0),
+                                totals=totals)
+
+    sizes = sorted(len(d) for d in data)
+    new = [padded_to(j, sizes[-1 - i]) for i, j in enumerate(photos(max(1, n // 100), n))]
+    for i, jpeg in enumerate(new):
+        emulator.upload_bytes(f"{base}/class{i % 5}/new{i:05d}.jpg", jpeg)
+    totals, log, sec = run_build(code, [base], root, counter, *opts)
+    m = latest_manifest(emulator, root)
+    gets, _ = media(log, "/in/")
+    figures["+1% night"] = dict(new=len(new), seconds=sec, requests=totals["requests"],
+                                launcher_input_downloads=gets - m["build"]["converted"],
+                                totals=totals)
+
+    for i, jpeg in enumerate(data + new):
+        name = f"class{i % 5}/{i:05d}.jpg" if i < n else f"class{(i - n) % 5}/new{i - n:05d}.jpg"
+        emulator.upload_bytes(f"gs://{bucket}/renamed/{name.replace('/', '/r-')}", jpeg)
+    before = latest_manifest(emulator, root)
+    totals, log, sec = run_build(code, [f"gs://{bucket}/renamed"], root, counter, *opts)
+    m = latest_manifest(emulator, root)
+    in_gets, _ = media(log, "/renamed/")
+    shard_gets, shard_down = media(log, ".tfrecord")
+    record_bytes = shard_bytes(before)
+    figures["renamed"] = dict(
+        images=m["accounting"]["written"], reframed=m["build"]["reframed"], seconds=sec,
+        requests=totals["requests"], launcher_input_downloads=in_gets - m["build"]["converted"],
+        stored_gets=shard_gets, stored_bytes=shard_down, record_bytes=record_bytes,
+        bytes_ratio=shard_down / record_bytes,
+        catalog_reads_per_shard=catalog_reads(log) / shards_of(m), totals=totals)
+
+    rows = io.StringIO()
+    writer = csv.writer(rows)
+    writer.writerow(["uri", "label"])
+    for i in range(n):
+        writer.writerow([f"{base}/class{i % 5}/{i:05d}.jpg", f"class{i % 5}"])
+    manifest_uri = emulator.upload_bytes(f"gs://{bucket}/lists/all.csv", rows.getvalue().encode())
+    mroot = f"gs://{bucket}/ds-manifest"
+    run_build(code, [manifest_uri], mroot, counter, *opts)
+    totals, log, sec = run_build(code, [manifest_uri], mroot, counter, *opts)
+    figures["manifest unchanged"] = dict(
+        rows=n, seconds=sec, requests=totals["requests"],
+        per_row=(totals["requests"] - totals.get("list", 0)) / n, totals=totals)
+    return figures
+
+
+TARGETS = (
+    ("re-framing: bytes downloaded / records' bytes", "renamed", "bytes_ratio", "<= 1.1"),
+    ("re-framing: stored-record GETs", "renamed", "stored_gets", "~ records, fewer when adjacent"),
+    ("launcher input downloads, renamed night", "renamed", "launcher_input_downloads", "0"),
+    ("launcher input downloads, +1% night (same sizes)", "+1% night",
+     "launcher_input_downloads", "0"),
+    ("input GETs per converted image", "full build", "input_gets_per_image", "<= 1.1"),
+    ("all requests per converted image", "full build", "requests_per_image",
+     "1.1 + O(1)/shard"),
+    ("unchanged night: requests beyond listing", "unchanged", "beyond_listing", "0 per image"),
+    ("manifest, unchanged night: requests per row", "manifest unchanged", "per_row", "0"),
+    ("commit: fragment reads per shard, full build", "full build", "catalog_reads_per_shard",
+     "1-2 (x2 requests)"),
+    ("commit: fragment reads per shard, renamed night", "renamed", "catalog_reads_per_shard",
+     "1-2 (x2 requests)"),
+)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--photos", type=int, default=300)
+    parser.add_argument("--shards", type=int, default=4)
+    parser.add_argument("--code", action="append", help="checkouts to compare (default: this)")
+    parser.add_argument("--json", help="also write every figure to this file")
+    args = parser.parse_args()
+    codes = args.code or [REPO]
+    from tests.gcs_counting import counting
+    from tests.gcs_emulator import run_emulator
+
+    results = {}
+    with tempfile.TemporaryDirectory() as work, run_emulator(work) as emulator, \
+            counting(emulator) as counter:
+        for code in codes:
+            results[code] = nights(emulator, counter, os.path.abspath(code), args.photos,
+                                   args.shards)
+    print(f"{args.photos} photographs, {args.shards} shards per build, storage emulator behind "
+          f"a counting proxy; load: {os.getloadavg()[0]:.1f}")
+    names = [os.path.basename(os.path.abspath(c)) for c in codes]
+    print("| measure | " + " | ".join(names) + " | target |")
+    print("|---|" + "---|" * len(names) + "---|")
+    for title, night, key, target in TARGETS:
+        cells = [_fmt(results[c][night][key]) for c in codes]
+        print(f"| {title} | " + " | ".join(cells) + f" | {target} |")
+    for code in codes:
+        print(f"\n{code}:")
+        for night, figures in results[code].items():
+            shown = {k: _fmt(v) for k, v in figures.items() if k != "totals"}
+            print(f"  {night}: {shown}\n    requests by kind: {figures['totals']}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+def _fmt(value):
+    if isinstance(value, float):
+        return f"{value:.3g}" if value < 100 else f"{value:,.0f}"
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+if __name__ == "__main__":
+    main()
