@@ -10,7 +10,7 @@ import os
 os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
 
 # Beam's local worker processes import this package: a quiet CLI's workers stay quiet too
-# (readers/_quiet.py; it imports neither Beam nor TensorFlow).
-from readers import _quiet  # noqa: F401
+# (tf_quiet/__init__.py; it imports neither Beam nor TensorFlow).
+import tf_quiet  # noqa: F401
 
 __version__ = "0.1.0"

@@ -48,10 +48,10 @@ def main(argv=None):
         help_parser().print_help()
         return 0
     from beam_pipeline.launcher.flags import wants_verbose
-    from readers import _quiet
+    import tf_quiet
 
     verbose = wants_verbose(argv)
-    _quiet.install(verbose)  # before TensorFlow loads anywhere (readers/_quiet.py says why)
+    tf_quiet.install(verbose)  # before TensorFlow loads anywhere (tf_quiet/__init__.py says why)
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     if not verbose:

@@ -35,7 +35,7 @@ import simplejpeg
 from PIL import Image, ImageEnhance
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from beam_pipeline.job import perceptual  # noqa: E402
+from beam_pipeline.dedup import perceptual  # noqa: E402
 
 SEED = 21
 SKIMAGE_PHOTOS = ["astronaut.png", "camera.png", "chelsea.png", "coffee.png", "coins.png",
@@ -500,7 +500,7 @@ def grouping_one(n, radius, bands, real_path, new_fraction=1.0):
     """Runs in a child process so the peak RSS is this size's own. Rows are made as the
     grouping reads them (as the commit step streams them from the catalog), timed with it;
     new_fraction < 1: the first rows are old (an incremental run against them)."""
-    from beam_pipeline.store import multi_index, near_duplicates
+    from beam_pipeline.dedup import multi_index, near_duplicates
 
     h, planted = synthetic_hashes(n, radius, real_path)
     splits = ("train", "validation", "test")
@@ -538,7 +538,7 @@ def _extrapolate(radius, bands, real):
     """The cost model's plan and estimate per image beyond the sizes run (its constants are
     per look-up and per compared pair, fitted on this machine; spill and key reading, ~6 us
     per image, left out)."""
-    from beam_pipeline.store import multi_index
+    from beam_pipeline.dedup import multi_index
 
     p = ((real[:, None] >> np.arange(64, dtype=np.uint64)) & np.uint64(1)).mean(0)
     cells = []
@@ -556,7 +556,7 @@ def grouping(radius=None, bands=None):
     rest). Exact search within `radius` compares the pairs whose values in some band are
     within the sub-radius, ~n**2 * V / 2**width per band: per image, time is flat only while
     the look-ups (~V per bucket) outweigh them (README, Measured)."""
-    from beam_pipeline.store import near_duplicates
+    from beam_pipeline.dedup import near_duplicates
 
     radius = near_duplicates.DEFAULT_RADIUS if radius is None else radius
     real = np.array([perceptual.phash(small_grey(d)) for d, *_ in corpus(random.Random(SEED))],
@@ -611,7 +611,7 @@ def synthetic_centres(h, real_pairs, seed=SEED):
 
 def grouping_two_one(n, radius, hashes, real_path):
     """find_groups on n images with `hashes` (1 or 2) hashes each, in a child process."""
-    from beam_pipeline.store import near_duplicates
+    from beam_pipeline.dedup import near_duplicates
 
     pairs_path = real_path.replace(".npy", "-pairs.npy")
     h, planted = synthetic_hashes(n, radius, real_path)
@@ -631,7 +631,7 @@ def grouping_two_one(n, radius, hashes, real_path):
 def grouping2(radius=None):
     """The built scheme's grouping cost: n images with their whole hash only, then with
     both (2n hashes in the join), each size in its own process, the faster of 2 runs."""
-    from beam_pipeline.store import near_duplicates
+    from beam_pipeline.dedup import near_duplicates
 
     radius = near_duplicates.DEFAULT_RADIUS if radius is None else radius
     pairs = np.array([perceptual.phash_pair(small_grey(d)) for d, *_ in

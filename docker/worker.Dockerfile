@@ -38,6 +38,7 @@ RUN pip install -c constraints.txt ".${EXTRAS:+[$EXTRAS]}" \
 #    and the job imports without TensorFlow.
 COPY beam_pipeline/ beam_pipeline/
 COPY dataset_format/ dataset_format/
+COPY tf_quiet/ tf_quiet/
 COPY readers/ readers/
 RUN pip install --no-deps . \
     && python check_pins.py constraints.txt "image-tfrecords${EXTRAS:+[$EXTRAS]}" \

@@ -3,7 +3,7 @@
 import argparse
 import time
 
-from readers import _quiet
+import tf_quiet
 
 
 def main(argv=None):
@@ -17,7 +17,7 @@ def main(argv=None):
     parser.add_argument("--verbose", action="store_true",
                         help="also show TensorFlow's start-up lines")
     args = parser.parse_args(argv)
-    _quiet.install(args.verbose)  # before TensorFlow loads
+    tf_quiet.install(args.verbose)  # before TensorFlow loads
     try:
         _read_one_batch(args)
     except (FileNotFoundError, KeyError, ValueError) as e:  # no dataset, no such split, ...

@@ -32,7 +32,7 @@ def source_copy(tmp_path):
     the shared working tree is not ours to litter."""
     src = tmp_path / "src"
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
-    for package in ("beam_pipeline", "dataset_format", "readers"):
+    for package in ("beam_pipeline", "dataset_format", "tf_quiet", "readers"):
         shutil.copytree(REPO / package, src / package, ignore=ignore)
     shutil.copy(REPO / "setup.py", src / "setup.py")
     return src
@@ -109,7 +109,7 @@ def test_dataflow_job_with_setup_file(gcs, gcs_bucket, tmp_path, make_images,
                                           if n.endswith("/PKG-INFO") and n.count("/") == 1))
         assert "Name: image-tfrecords" in pkg_info.read().decode()
     assert {"setup.py", "beam_pipeline/job/shards.py", "beam_pipeline/job/commit.py",
-            "readers/dataset.py", "dataset_format/layout.py"} <= names
+            "readers/dataset.py", "dataset_format/layout.py", "tf_quiet/__init__.py"} <= names
     proto_bytes = gcs.read(options["pipelineUrl"])
     assert hashlib.sha256(proto_bytes).hexdigest() == options["pipelineProtoHash"]
     proto = _pipeline_proto(proto_bytes)

@@ -6,7 +6,7 @@ import itertools
 import json
 import random
 
-from beam_pipeline.job import duplicates
+from beam_pipeline.dedup import duplicates
 from beam_pipeline.store import catalog
 
 

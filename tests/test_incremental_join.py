@@ -11,7 +11,7 @@ from beam_pipeline.launcher import identity, incremental, plan
 from beam_pipeline.refs import ImageRef
 from beam_pipeline.store import catalog
 from beam_pipeline.store.catalog import FragmentWriter
-from beam_pipeline.store.spill import SortedSpill
+from beam_pipeline.algorithms.spill import SortedSpill
 from dataset_format import layout
 
 SPLITS = plan.parse_splits("train=0.5,test=0.5")

@@ -11,7 +11,7 @@ import pytest
 from beam_pipeline.launcher import plan
 from beam_pipeline.store import versions
 from beam_pipeline.refs import ImageRef
-from beam_pipeline.store.spill import SortedSpill
+from beam_pipeline.algorithms.spill import SortedSpill
 from dataset_format import layout, schema
 from tests.helpers import FAST, build, check_invariants, make_images, read_records
 

@@ -11,8 +11,9 @@ import pytest
 import simplejpeg
 from PIL import Image, ImageOps
 
-from beam_pipeline.job import images, leaks, perceptual
-from beam_pipeline.store import near_duplicates as grouping
+from beam_pipeline.dedup import leaks, perceptual
+from beam_pipeline.dedup import near_duplicates as grouping
+from beam_pipeline.job import images
 from dataset_format import layout
 from tests.helpers import build, check_invariants
 from tests.test_format_doc import check as check_documented

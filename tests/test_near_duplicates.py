@@ -1,4 +1,4 @@
-"""beam_pipeline.store.near_duplicates against brute force on seeded random hashes."""
+"""beam_pipeline.dedup.near_duplicates against brute force on seeded random hashes."""
 
 import hashlib
 import io
@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from beam_pipeline.store import multi_index as mi
-from beam_pipeline.store import near_duplicates as nd
-from beam_pipeline.store.near_duplicates import Row
+from beam_pipeline.dedup import multi_index as mi
+from beam_pipeline.dedup import near_duplicates as nd
+from beam_pipeline.dedup.near_duplicates import Row
 
 SPLITS = ("train", "validation", "test")
 

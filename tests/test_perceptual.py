@@ -1,4 +1,4 @@
-"""beam_pipeline.job.perceptual with known pixels (no Beam, no TensorFlow)."""
+"""beam_pipeline.dedup.perceptual with known pixels (no Beam, no TensorFlow)."""
 
 import io
 
@@ -7,7 +7,7 @@ import pytest
 import simplejpeg
 from PIL import Image
 
-from beam_pipeline.job import perceptual
+from beam_pipeline.dedup import perceptual
 
 
 def gradient(h=64, w=64):

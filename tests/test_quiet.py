@@ -112,8 +112,8 @@ if os.environ.get("FAKE_TF_FAILS"):
 
 PROGRAM = """
 import sys
-from readers import _quiet
-_quiet.install(verbose=len(sys.argv) > 1)
+import tf_quiet
+tf_quiet.install(verbose=len(sys.argv) > 1)
 import tensorflow
 print("after import", file=sys.stderr, flush=True)
 """
@@ -149,7 +149,7 @@ def test_failed_import_shows_what_tensorflow_said(fake_tf):
 def test_worker_processes_quiet_themselves(fake_tf):
     """A process started by a quiet CLI inherits the environment; importing the module there
     (as worker code does before TensorFlow) installs the same hook."""
-    code = "import readers._quiet, tensorflow, sys; print('ok', file=sys.stderr)"
+    code = "import tf_quiet, tensorflow, sys; print('ok', file=sys.stderr)"
     quiet = run("-c", code, env=fake_env(fake_tf, IMAGE_TFRECORDS_QUIET="1"))
     assert quiet.stderr == "ok\n", quiet.stderr
     plain = run("-c", code, env=fake_env(fake_tf))
@@ -157,7 +157,7 @@ def test_worker_processes_quiet_themselves(fake_tf):
 
 
 def test_user_log_level_is_kept(fake_tf):
-    code = ("import os; from readers import _quiet; _quiet.install(); "
+    code = ("import os; import tf_quiet; tf_quiet.install(); "
             "print(os.environ['TF_CPP_MIN_LOG_LEVEL'])")
     assert run("-c", code, env=fake_env(fake_tf, TF_CPP_MIN_LOG_LEVEL="0")).stdout == "0\n"
     assert run("-c", code, env=fake_env(fake_tf)).stdout == "2\n"

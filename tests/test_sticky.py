@@ -20,7 +20,7 @@ import pytest
 
 from beam_pipeline.launcher import identity, plan
 from beam_pipeline.refs import ImageRef
-from beam_pipeline.store.spill import SortedSpill
+from beam_pipeline.algorithms.spill import SortedSpill
 from dataset_format import layout, schema
 from tests.helpers import build, check_invariants, image_bytes, make_images, read_records
 

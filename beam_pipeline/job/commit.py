@@ -17,11 +17,12 @@ import logging
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from beam_pipeline.store import catalog, files, lock, versions
-from beam_pipeline.store.near_duplicates import DEFAULT_RADIUS
-from beam_pipeline.job import duplicates, leaks, rewrite
+from beam_pipeline.dedup import duplicates, leaks
+from beam_pipeline.dedup.near_duplicates import DEFAULT_RADIUS
+from beam_pipeline.job import rewrite
 from beam_pipeline.job.contracts import ShardResult
 from beam_pipeline.job.manifest import Finalized, build_manifest
+from beam_pipeline.store import catalog, files, lock, versions
 from dataset_format import frames, layout
 
 

@@ -18,7 +18,8 @@ import numpy as np
 import simplejpeg
 from PIL import Image, ImageOps
 
-from beam_pipeline.job import jpeg, perceptual
+from beam_pipeline.dedup import perceptual
+from beam_pipeline.job import jpeg
 # EncodeOptions and ImageError are the entry's API too: callers import them from here.
 from beam_pipeline.job.pixels import EncodeOptions, ImageError, check_size, fit_size, resize
 

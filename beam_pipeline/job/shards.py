@@ -23,7 +23,8 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from beam_pipeline.store import catalog, files, gcs
-from beam_pipeline.job import images, perceptual, records, reframe, reuse
+from beam_pipeline.dedup import perceptual
+from beam_pipeline.job import images, records, reframe, reuse
 from beam_pipeline.errors import error_record
 from beam_pipeline.job.contracts import PixelMoments, ShardResult
 from beam_pipeline.refs import ImageRef

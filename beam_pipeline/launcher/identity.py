@@ -23,7 +23,7 @@ from json.encoder import encode_basestring_ascii as json_string  # = json.dumps(
 
 from beam_pipeline.launcher import plan
 from beam_pipeline.refs import ImageRef, StoredFrame
-from beam_pipeline.store.spill import SortedSpill
+from beam_pipeline.algorithms.spill import SortedSpill
 from dataset_format import layout
 
 HASH_THREADS = 16  # inputs read at once to hash them (gs:// latency)

@@ -25,7 +25,7 @@ import json
 import math
 
 from beam_pipeline.launcher import identity, plan
-from beam_pipeline.store.spill import SortedSpill
+from beam_pipeline.algorithms.spill import SortedSpill
 
 HASH, DELTA = "hash", "delta"  # a shard's origin: a full build's hash shards, or added later
 

@@ -16,7 +16,7 @@ from beam_pipeline.errors import UserError, error_record
 from beam_pipeline.launcher import stamps, walk
 from beam_pipeline.launcher.folders import has_control
 from beam_pipeline.refs import ImageRef
-from beam_pipeline.store.spill import SortedSpill
+from beam_pipeline.algorithms.spill import SortedSpill
 
 STAT_THREADS = 32          # manifest uris on gs:// checked at once
 SPLIT_PATTERN = re.compile(r"[a-z][a-z0-9_]*")  # split names become file and folder names

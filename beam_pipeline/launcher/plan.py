@@ -14,7 +14,7 @@ from json.encoder import encode_basestring_ascii as json_string  # = json.dumps(
 from typing import Optional
 
 from beam_pipeline.refs import ImageRef
-from beam_pipeline.store.spill import SortedSpill
+from beam_pipeline.algorithms.spill import SortedSpill
 
 
 def unit_hash(*parts):

@@ -4,7 +4,7 @@ listing (stream) -> sorted by uri on disk (dedupe, fingerprint) -> refs by key o
 -> "up to date"? -> identity (joined with the previous catalog: splits, what is unchanged)
 -> incremental plan or full plan (sorted by shard hash) -> one listing file per shard
 task under VDIR/.tmp/.
-Memory stays flat: every sort is on disk (store/spill.py).
+Memory stays flat: every sort is on disk (algorithms/spill.py).
 """
 
 import dataclasses

@@ -32,7 +32,7 @@ SCHEMA = pa.schema([
     ("input_stamp", pa.string()),  # change token: "mtime_ns:ctime_ns", or "gen:N" on gs://
     ("input_sha256", pa.string()),  # of the input bytes: identity for a key not seen before
     ("phash", pa.int64()),         # --near_duplicates: 64-bit perceptual hash as a signed
-                                   # int64 (job/perceptual.py); null when not computed
+                                   # int64 (dedup/perceptual.py); null when not computed
     ("phash_center", pa.int64()),  # ... of the central 90%; null also in rows hashed before it
 ])
 

@@ -20,7 +20,7 @@ from beam_pipeline.launcher.report import class_table
 from beam_pipeline.tools.drawing import class_counts_chart, contact_sheet, near_duplicate_sheet
 from beam_pipeline.tools.samples import cross_split_pairs, ordered_splits, sample
 from dataset_format import layout
-from readers import _quiet
+import tf_quiet
 
 CONTACT_SHEET = "contact_sheet.png"
 CLASS_COUNTS = "class_counts.png"
@@ -102,7 +102,7 @@ def main(argv=None):
     parser.add_argument("--verbose", action="store_true",
                         help="also show TensorFlow's start-up lines")
     args = parser.parse_args(argv)
-    _quiet.install(args.verbose)  # before TensorFlow loads
+    tf_quiet.install(args.verbose)  # before TensorFlow loads
     if args.n < 0:
         parser.error("--n must be >= 0")
     try:

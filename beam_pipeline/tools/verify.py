@@ -26,7 +26,7 @@ import google_crc32c
 
 from dataset_format.frames import FrameError, crc32c_text, parse_index, read_frame
 from dataset_format import layout, schema
-from readers import _quiet
+import tf_quiet
 
 MAX_PROBLEMS_PER_FILE = 10   # a corrupt shard can fail every record; say so, not 10,000 times
 CHUNK = 1 << 20
@@ -341,7 +341,7 @@ def main(argv=None):
     parser.add_argument("--verbose", action="store_true",
                         help="also show TensorFlow's start-up lines")
     args = parser.parse_args(argv)
-    _quiet.install(args.verbose)  # before TensorFlow loads
+    tf_quiet.install(args.verbose)  # before TensorFlow loads
     try:
         result = check(args.path)
     except NotADataset as e:

@@ -19,11 +19,12 @@ import is done, stderr is TensorFlow's again (real warnings and errors still sho
 
 Beam's local worker processes (DirectRunner multi_processing) inherit the environment, ENV
 included, but not this process's hook. Importing this module installs the hook when ENV is "1",
-so worker code quiets its TensorFlow import with `from readers import _quiet  # noqa: F401`
+so worker code quiets its TensorFlow import with `import tf_quiet  # noqa: F401`
 before it. (Beam's --beam_plugins cannot do it: the FnApiRunner hands its worker processes no
 pipeline options.) Remote workers (Dataflow) do not inherit ENV: unchanged.
 
-No Beam and no TensorFlow here: readers' CLI and the writer's tools share this module.
+No Beam and no TensorFlow here: the build's CLI and tools, its workers (through
+`import beam_pipeline`) and readers' CLI share this package; none imports another's.
 """
 
 import contextlib

@@ -2,10 +2,10 @@
 `radius` bits, without comparing everything with everything and without holding the catalog.
 
 The rows go to local disk once (hashes as uint64, keys as text lines); the exact join of the
-hashes (store/multi_index.py: multi-index hashing, a band plan chosen for the number of rows,
+hashes (dedup/multi_index.py: multi-index hashing, a band plan chosen for the number of rows,
 sorted band pieces on disk) yields row ids of pairs, and keys are read back only for those.
 
-Two hashes per image (whole and central 90%, job/perceptual.phash_pair): a row's `center`
+Two hashes per image (whole and central 90%, dedup/perceptual.phash_pair): a row's `center`
 goes to the join as a second hash of the same row; a pair's distance is the least of its
 (up to four) hash pairs, a row never pairs with itself, and each pair of rows is yielded once.
 
@@ -28,7 +28,7 @@ import tempfile
 
 import numpy as np
 
-from beam_pipeline.store import multi_index
+from beam_pipeline.dedup import multi_index
 
 BITS = 64
 DEFAULT_RADIUS = 10  # chosen by measurement (README, Measured): launcher/flags.py agrees

@@ -1,12 +1,12 @@
 """Near-duplicates at commit: the stored images' perceptual hashes grouped within a Hamming
 radius -> near_duplicates.jsonl, and the evaluation images that leak a train image.
 
-Byte hashes (job/duplicates.py) miss the copies that inflate test scores most: the same
+Byte hashes (dedup/duplicates.py) miss the copies that inflate test scores most: the same
 photo resized, re-compressed, lightly cropped or re-exported. The writer stored two 64-bit
 pHashes per image in the catalog (--near_duplicates): of the whole image and of its central
 90%, so a crop of up to 10% stays near one of them; this step streams (key, split, phash,
 phash_center) from the shards' catalog fragments into the multi-index grouping
-(store/near_duplicates.py), where a pair's distance is the least of its four hash pairs; it
+(dedup/near_duplicates.py), where a pair's distance is the least of its four hash pairs; it
 keeps the hashes in a local file and sorts them a band and value range at a time, so memory
 stays flat.
 
@@ -27,11 +27,11 @@ import tempfile
 from apache_beam.io.filesystems import FileSystems
 
 from beam_pipeline.store import catalog, files
-from beam_pipeline.store import near_duplicates as grouping
+from beam_pipeline.dedup import near_duplicates as grouping
 from dataset_format import layout
 
 NEAR_DUPLICATES = "near_duplicates.jsonl"
-HASH = "phash64x2"  # job/perceptual.phash_pair: 64-bit pHashes of the whole and central 90%
+HASH = "phash64x2"  # dedup/perceptual.phash_pair: 64-bit pHashes of the whole and central 90%
 TRAIN = "train"
 OLD_KINDS = ("reuse", "copy")  # incremental shards whose rows the previous version grouped
 

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from beam_pipeline.store import catalog, files
-from beam_pipeline.store.spill import SortedSpill
+from beam_pipeline.algorithms.spill import SortedSpill
 from dataset_format import layout
 
 DUPLICATES = "duplicates.jsonl"
