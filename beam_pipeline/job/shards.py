@@ -232,8 +232,13 @@ class WriteShardFn(beam.DoFn):
         if read_error is not None:
             raise images.ImageError("read", "unreadable",
                                     f"{type(read_error).__name__}: {read_error}")
-        return images.convert(data, self.encode_options, with_moments=self.moments,
-                              with_phash=self.phash)
+        try:
+            return images.convert(data, self.encode_options, with_moments=self.moments,
+                                  with_phash=self.phash)
+        except images.ImageError:
+            raise
+        except Exception as e:  # a decoder's unforeseen failure is this image's, not the night's
+            raise images.ImageError("decode", "crashed", f"{type(e).__name__}: {e}") from e
 
 
 def _signed(phash):

@@ -24,19 +24,37 @@ def iter_inputs(specs, max_bytes=0):
     """Every --input -> a stream of ImageRef (listed image) or dict (an errors.jsonl record).
 
     An input larger than `max_bytes` (0: no limit) is an error record, `too_large`: it is
-    never read, so one huge file cannot fill a worker's memory.
+    never read, so one huge file cannot fill a worker's memory. A local file name that is not
+    valid UTF-8 (old zip and Windows archives) is an error record, `bad_name`: keys are UTF-8
+    in every file a version holds.
     """
     names = input_names(specs)
     for spec, name in zip(specs, names):
         for item in _list_spec(spec):
             if isinstance(item, ImageRef):
-                if max_bytes and item.size > max_bytes:
+                if not _is_utf8(item.uri):
+                    item = error_record(printable(item.uri), "read", "bad_name",
+                                        "the file name is not valid UTF-8; rename it")
+                elif max_bytes and item.size > max_bytes:
                     item = error_record(item.uri, "read", "too_large",
                                         f"{item.size} bytes, over --max_image_mb "
                                         f"({max_bytes / 2**20:g} MiB)")
                 elif name:
                     item = item.with_key(f"{name}/{item.key}")
             yield item
+
+
+def _is_utf8(text):
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # os.fsdecode's surrogate escapes of undecodable bytes
+        return False
+    return True
+
+
+def printable(path):
+    """A local path with undecodable bytes -> valid UTF-8 text naming them (caf\\xe9.jpg)."""
+    return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def input_names(specs):
