@@ -20,7 +20,8 @@ setuptools.setup(
     version=VERSION,
     description="Image files to sharded TFRecords with Apache Beam, and a tf.data reader",
     packages=setuptools.find_packages(include=["beam_pipeline", "beam_pipeline.*", "dataset_format",
-                                               "tf_quiet",                                               "readers", "readers.*"]),
+                                               "tf_quiet", "readers", "readers.*", "loaders",
+                                               "loaders.*"]),
     python_requires=">=3.10",
     # Ranges here; the tested set is pinned in constraints.txt.
     install_requires=[

@@ -62,7 +62,7 @@ def _offline_venv(tmp_path):
 def test_wheel_installs_without_an_index_and_builds_without_tensorflow(tmp_path, make_images):
     src = tmp_path / "src"
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
-    for package in ("beam_pipeline", "dataset_format", "tf_quiet", "readers"):
+    for package in ("beam_pipeline", "dataset_format", "tf_quiet", "readers", "loaders"):
         shutil.copytree(REPO / package, src / package, ignore=ignore)
     shutil.copy(REPO / "setup.py", src / "setup.py")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "PIP_"))}
