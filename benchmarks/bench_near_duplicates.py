@@ -555,7 +555,7 @@ def grouping(radius=None, bands=None):
     look like real ones, at GROUP_SIZES, then an incremental run (1% new rows against the
     rest). Exact search within `radius` compares the pairs whose values in some band are
     within the sub-radius, ~n**2 * V / 2**width per band: per image, time is flat only while
-    the look-ups (~V per bucket) outweigh them (README, Measured)."""
+    the look-ups (~V per bucket) outweigh them (docs/measurements.md)."""
     from beam_pipeline.dedup import near_duplicates
 
     radius = near_duplicates.DEFAULT_RADIUS if radius is None else radius

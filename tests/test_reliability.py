@@ -4,7 +4,7 @@ moves forward, a commit run twice changes nothing, injected faults lose nothing.
 Storage faults come from tests/faults.py, a proxy in front of the GCS emulator that also
 enforces generation preconditions (gcp-storage-emulator ignores them). Process faults are
 real SIGKILLs; the full disk is a real tmpfs mounted in a private mount namespace. What
-each test measured is in README "Measured" -> "Reliability".
+each test measured is in docs/guarantees.md, "Reliability".
 """
 
 import hashlib

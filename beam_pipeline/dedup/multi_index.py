@@ -15,7 +15,7 @@ sub-radius) ~ n**2 * V / 2**(width + 1). Wide bands cost look-ups, narrow ones c
 `choose_plan` picks the band count whose estimate (the bits' measured frequencies, the
 constants below) is lowest for this n. No plan keeps both terms linear in n forever (the
 compared pairs are ~n**2 / 2**width per band), so the per-row cost grows slowly with n at
-large radii (README, Measured).
+large radii (docs/measurements.md).
 
 Memory: per band, the rows are cut by the top `piece bits` of the band value into pieces of
 about TABLE_ROWS rows, each sorted once and kept on disk; a piece's buckets are compared
@@ -39,7 +39,7 @@ PAIR_CHUNK = 1 << 18   # candidate pairs (or look-ups) computed at a time (~8 MB
 DIRECT_BITS = 20       # pieces with values this wide or narrower find buckets by offset table
 MAX_PIECE_BITS = 10    # at most 1024 piece files per band (open at once while cutting)
 MAX_VALUES = 1 << 20   # band values within the sub-radius a plan may enumerate per band
-# Seconds per unit, fitted on runs of 50k-400k rows on the loaded 2-core machine of README's
+# Seconds per unit, fitted on runs of 50k-400k rows on the loaded 2-core machine of docs/measurements.md's
 # figures (only their ratios choose the plan): one bucket look-up, one pair of non-empty
 # buckets compared, one compared pair of rows, one row per band (cut, sort, write, read).
 COST_LOOKUP = 11e-9

@@ -31,7 +31,7 @@ import numpy as np
 from beam_pipeline.dedup import multi_index
 
 BITS = 64
-DEFAULT_RADIUS = 10  # chosen by measurement (README, Measured): launcher/flags.py agrees
+DEFAULT_RADIUS = 10  # chosen by measurement (docs/measurements.md): launcher/flags.py agrees
 _U64 = (1 << BITS) - 1
 
 

@@ -141,7 +141,7 @@ def phash(pixels):
 def phash_pair(pixels):
     """(hash of the whole image, hash of its central 90%): a crop of up to 10% lies between
     the two, so the least of a pair's four distances stays small where the whole images'
-    hashes drift apart (README, Measured: recall 92% -> 96-97% at radius 10, no false pair).
+    hashes drift apart (docs/measurements.md: recall 92% -> 96-97% at radius 10, no false pair).
     The centre is cut from the same box-averaged grey pixels, so it costs a second pair of
     small matrix products (the matrices cached per side length, as the whole image's are)."""
     g = _small_grey(pixels)

@@ -15,7 +15,7 @@ def boolean(text):
     raise argparse.ArgumentTypeError(f"expected true or false, not {text!r}")
 
 
-NEAR_DUPLICATE_RADIUS = 10  # measured: benchmarks/bench_near_duplicates.py (README)
+NEAR_DUPLICATE_RADIUS = 10  # measured: benchmarks/bench_near_duplicates.py (docs/measurements.md)
 
 
 def add_build_args(parser):
@@ -50,7 +50,7 @@ def add_build_args(parser):
     add("--label_file", default=None,
         help="Text file with one class name per line; line order gives the label ids.")
     add("--sink", choices=("shards", "beam"), default="shards",
-        help="shards: group paths, one DoFn writes each shard (default); "
+        help="shards: one DoFn call writes each planned shard (default); "
              "beam: beam.io.WriteToTFRecord, for comparison.")
     add("--write_index", type=boolean, default=True,
         help="Write a DALI/tfrecord-style .index file next to each shard.")

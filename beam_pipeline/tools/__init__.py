@@ -1,1 +1,1 @@
-"""Tools around the job, not steps of it: verify, inspect, sample_data, the --sink beam sink."""
+"""Tools around the job, not steps of it: verify, inspect_dataset, sample_data."""
