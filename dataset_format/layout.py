@@ -16,6 +16,9 @@ MANIFEST = "manifest.json"
 ERRORS = "errors.jsonl"
 INDEX_SUFFIX = ".index"
 CATALOG = "catalog.parquet"
+TMP = ".tmp"  # a version's work files while it is built (deleted once it is published)
+COMMIT_FAILED = "commit_failed.json"  # in TMP: a commit's deterministic failure, which its
+                                      # retries raise again
 # 2: keys relative to their input (manifest["key_scheme"]) and catalog.parquet.
 FORMAT_VERSION = 2
 READABLE_FORMAT_VERSIONS = (1, 2)

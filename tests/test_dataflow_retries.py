@@ -10,7 +10,8 @@ faults injected where a test says).
 import pytest
 from google.api_core import exceptions
 
-from beam_pipeline.store import gcs as gcs_store
+from beam_pipeline.job import commit
+from beam_pipeline.store import gcs as gcs_store, lock, versions
 from tests.dataflow_sim import plan
 from tests.faults import FaultProxy
 from tests.helpers import build, image_bytes, make_images
@@ -83,3 +84,41 @@ def test_429s_past_the_retry_deadline_fail_the_bundle_and_its_retry_writes_every
     assert (retried.num_examples, retried.errors) == (6, ())
     manifest = job.commit([retried])
     assert manifest["accounting"]["written"] == 6 and manifest["errors"]["count"] == 0
+
+
+@pytest.mark.slow
+def test_an_exceeded_error_budget_fails_every_retry_the_same_way_and_frees_the_root(
+        inputs, gcs):
+    src, root = inputs
+    gcs.upload_bytes(f"{src}/dog/broken.jpg", b"not an image")
+    job = plan(["--input", src, "--output", root, *ARGS, "--max_error_rate", "0"])
+    results = [job.attempt(task) for task in job.tasks]
+    messages = []
+    for _ in range(4):  # Dataflow runs a failing work item four times
+        with pytest.raises(commit.ErrorRateExceeded) as failed:
+            job.commit(results)
+        messages.append(str(failed.value))
+    assert messages == [messages[0]] * 4  # not LockLost from the second try on
+    assert messages[0].startswith("1 of 7 inputs rejected (14.3%) exceeds --max_error_rate 0;")
+    assert not gcs.exists(lock.lock_path(root))  # released: the next night is not blocked
+    plan(["--input", src, "--output", root, *ARGS])  # ... and takes the lock at once
+
+
+@pytest.mark.slow
+def test_a_cleanup_the_bucket_refuses_is_a_warning_in_the_summary_not_a_failed_build(
+        inputs, gcs, proxy, capsys):
+    src, root = inputs
+    keep = ["--keep_versions", "1", "--keep_superseded_hours", "0"]
+    build(src, root, *ARGS, *keep)
+    gcs.upload_bytes(f"{src}/owl/000.jpg", image_bytes((200, 200, 40)))
+    first = build(src, root, *ARGS, *keep)  # the third build's cleanup deletes this one
+    gcs.upload_bytes(f"{src}/owl/001.jpg", image_bytes((201, 200, 40)))
+    proxy.fail(f"prefix=out/versions/{first['version']}/", 403)  # its listing for the delete
+    capsys.readouterr()
+    third = build(src, root, *ARGS, *keep)  # published, though its cleanup was refused
+    assert gcs.read_json(f"{root}/LATEST")["version"] == third["version"]
+    out = capsys.readouterr().out
+    assert (f"warning: the cleanup could not delete version(s) {first['version']} (a retention "
+            "policy, or no delete permission?); published anyway") in out
+    proxy.fail_clear()
+    assert versions.prune(root, third["version"], 1, 0) == [first["version"]]

@@ -34,6 +34,9 @@ class ErrorRateExceeded(RuntimeError):
     """Too many rejected inputs: the version is written but not published."""
 
 
+DETERMINISTIC = (ErrorRateExceeded, PublishRefused)  # a retry would fail the same way
+
+
 @dataclasses.dataclass(frozen=True)
 class CommitSpec:
     """What the launcher knew: everything the manifest needs besides the ShardResults."""
@@ -70,7 +73,7 @@ class CommitSpec:
 
     @property
     def tmp_dir(self):
-        return layout.join(self.vdir, ".tmp")
+        return layout.join(self.vdir, layout.TMP)
 
 
 def commit(results, spec, extra_files=(), manifest_parts=(), label_counts=None,
@@ -85,6 +88,7 @@ def commit(results, spec, extra_files=(), manifest_parts=(), label_counts=None,
     and `error_files` (JSONL of the shards' error records) carry what they left out.
     Called with full results (tests, benchmarks) it sums them itself.
     """
+    _raise_earlier_failure(spec)  # a runner's retry fails as the first attempt did
     lock.keep_alive(spec.root, spec.version)  # the job's lock stays alive while this runs
     done_path = layout.join(spec.vdir, layout.MANIFEST)
     if files.exists(done_path):  # run again after it wrote the manifest (a runner's retry):
@@ -212,13 +216,33 @@ def _publish(spec, manifest):
         lock.check_token(spec.root, spec.lock_token)
     published = versions.publish(spec.root, spec.version)
     if published != spec.version:
-        _release_lock(spec)
-        raise PublishRefused(f"version {published} was published while {spec.version} was "
-                             f"being built; {spec.version} is complete but not published")
+        _fail(spec, PublishRefused(f"version {published} was published while {spec.version} "
+                                   f"was being built; {spec.version} is complete but not "
+                                   "published"))
+    # Never fails a published job: a delete refused (a retention policy) is logged, and the
+    # launcher's summary names what is left (report.print_summary).
     versions.prune(spec.root, spec.version, spec.keep_versions, spec.keep_superseded_hours)
     _release_lock(spec)
     files.delete_tree(spec.tmp_dir)  # after LATEST moved: readers need not wait for it
     return manifest
+
+
+def _fail(spec, error):
+    """A deterministic failure: recorded in the version's .tmp/ (so each of the runner's
+    retries raises the same error, not LockLost), the lock released, `error` raised."""
+    files.write_json(layout.join(spec.tmp_dir, layout.COMMIT_FAILED),
+                     {"error": type(error).__name__, "message": str(error)})
+    _release_lock(spec)
+    raise error
+
+
+def _raise_earlier_failure(spec):
+    """Raise the deterministic failure an earlier attempt of this commit recorded."""
+    path = layout.join(spec.tmp_dir, layout.COMMIT_FAILED)
+    if files.exists(path):
+        record = files.read_json(path)
+        raise {kind.__name__: kind for kind in DETERMINISTIC}[record["error"]](
+            record["message"])
 
 
 def _release_lock(spec):
@@ -255,11 +279,10 @@ def _check_error_budget(failed, spec):
     """Too many rejected inputs: the version stays unpublished (errors.jsonl says why)."""
     rate = failed / max(spec.listed, 1)
     if rate > spec.max_error_rate:
-        _release_lock(spec)
-        raise ErrorRateExceeded(
+        _fail(spec, ErrorRateExceeded(
             f"{failed} of {spec.listed} inputs rejected ({rate:.1%}) exceeds --max_error_rate "
             f"{spec.max_error_rate:g}; nothing published; "
-            f"see {layout.join(spec.vdir, layout.ERRORS)}")
+            f"see {layout.join(spec.vdir, layout.ERRORS)}"))
 
 
 def _warn_empty_classes(labels, label_counts):

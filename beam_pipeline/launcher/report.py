@@ -76,6 +76,21 @@ def print_summary(root, published):
         reasons = ", ".join(f"{k}: {v}" for k, v in sorted(manifest["errors"]["by_reason"].items()))
         print(f"  rejected {manifest['errors']['count']} ({reasons}); see {vdir}/errors.jsonl")
     print(f"  files: {vdir}/ (readers take {root})")
+    left = leftover_versions(root, manifest)
+    if left:
+        print(f"  warning: the cleanup could not delete version(s) {', '.join(left)} (a "
+              "retention policy, or no delete permission?); published anyway, the next build "
+              "tries again")
+
+
+def leftover_versions(root, manifest):
+    """Versions the commit's cleanup should have deleted and could not."""
+    from beam_pipeline.store import versions
+
+    config = manifest.get("config", {})
+    return versions.prune(root, manifest["version"], config.get("keep_versions", 0),
+                          config.get("keep_superseded_hours", versions.KEEP_SUPERSEDED_HOURS),
+                          dry_run=True)
 
 
 def near_duplicates_line(manifest):

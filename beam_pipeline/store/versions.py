@@ -194,7 +194,7 @@ def _publish_gcs(root, version, attempts=50):
                        "compare-and-swap attempts; nothing published")
 
 
-def prune(root, published, keep, keep_superseded_hours=KEEP_SUPERSEDED_HOURS):
+def prune(root, published, keep, keep_superseded_hours=KEEP_SUPERSEDED_HOURS, dry_run=False):
     """After `published` was published: delete what no reader or live build can need.
 
     * Incomplete versions older than `published` that no live build can own. On a local root
@@ -206,7 +206,11 @@ def prune(root, published, keep, keep_superseded_hours=KEEP_SUPERSEDED_HOURS):
       only once superseded (a newer complete version written) more than
       `keep_superseded_hours` ago: a training job may have pinned one just before.
 
-    Any listing error means delete nothing (logged). Returns the deleted version ids.
+    Any listing error means delete nothing (logged). A delete that is refused (a bucket
+    retention policy, a missing permission) is logged and the next version tried: the
+    version that called this is published already, and the next build tries again.
+    Returns the deleted version ids (with `dry_run`, the ones it would delete, deleting
+    nothing: what a refused delete left behind).
     """
     try:
         versions = list_versions(root)
@@ -224,8 +228,14 @@ def prune(root, published, keep, keep_superseded_hours=KEEP_SUPERSEDED_HOURS):
         else:
             drop = v < published and ("://" not in root or _seconds_between(v, published)
                                        > lock.SUBMITTED_TTL)
+        if drop and not dry_run:
+            try:
+                delete_version(root, v)
+            except Exception as e:
+                logging.warning("cleanup of %s: version %s not deleted (%s); the next build "
+                                "tries again", root, v, " ".join(str(e).split())[:300])
+                continue
         if drop:
-            delete_version(root, v)
             deleted.append(v)
     return deleted
 
