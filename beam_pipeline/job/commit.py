@@ -230,8 +230,8 @@ def _publish(spec, manifest):
 def _fail(spec, error):
     """A deterministic failure: recorded in the version's .tmp/ (so each of the runner's
     retries raises the same error, not LockLost), the lock released, `error` raised."""
-    files.write_json(layout.join(spec.tmp_dir, layout.COMMIT_FAILED),
-                     {"error": type(error).__name__, "message": str(error)})
+    with files.create_final(layout.join(spec.tmp_dir, layout.COMMIT_FAILED)) as out:
+        out.write(json.dumps({"error": type(error).__name__, "message": str(error)}).encode())
     _release_lock(spec)
     raise error
 
