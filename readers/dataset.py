@@ -6,6 +6,7 @@ the crop window and parallel interleaved reads. Which records a host reads: read
 how files are checked and read: readers/shards.py; pixels: readers/images.py.
 """
 
+import dataclasses
 import logging
 
 import tensorflow as tf
@@ -13,6 +14,8 @@ import tensorflow as tf
 from dataset_format import dataset_info as info_lib
 from readers import hosts as hosts_lib
 from readers import images
+from readers import order as order_lib
+from readers import resumable
 from readers import shards
 
 log = logging.getLogger(__name__)
@@ -28,7 +31,7 @@ def make_dataset(path, split="train", batch_size=128, image_size=224, training=N
                  shuffle_buffer=None, repeat=False, drop_remainder=None, cycle_length=None,
                  deterministic=None, cache=False, label_offset=0, skip_corrupt=False,
                  transform=False, crop_fraction=CROP_FRACTION, version=None,
-                 read_buffer_bytes=READ_BUFFER_BYTES):
+                 read_buffer_bytes=READ_BUFFER_BYTES, start=None, with_keys=False):
     """A `tf.data.Dataset` of `(images [B, H, W, 3], labels [B] int32)` for `model.fit`.
 
     path: dataset root, version dir, or a `readers.info()` result (pins the version).
@@ -58,12 +61,25 @@ def make_dataset(path, split="train", batch_size=128, image_size=224, training=N
       channel, instead of value_range: the same values its saved graph gives, after this
       reader's crops, flips and image_size.
 
+    start: resume training here (docs/reader.md, "Preemptible training"): a global step (an
+      int, e.g. `int(optimizer.iterations)`), a `readers.Position(epoch, records)`, or a
+      callable returning either, read as each iteration begins (`lambda:
+      int(model.optimizer.iterations)` follows Keras' BackupAndRestore). Training then reads
+      the resumable order: each epoch's order is a function of (version, split, seed,
+      epoch), every host takes its part of each global batch, and any position is reached
+      without reading what comes before it. Without start, the stream order (faster to
+      start on gs:// without .index files; not resumable) is read.
+    with_keys: (resumable order) yield (images, labels, keys), keys the records'
+      `image/filename` (catalog.parquet's key).
+
     The dataset carries `.dataset_info` (the version read: `.dataset_info.version`) and
     `.plan` (readers.hosts.HostPlan: this host's share) for the training job to record.
     """
     ds_info = path if isinstance(path, info_lib.DatasetInfo) else info_lib.info(path, version)
     if version and ds_info.version != version:
         raise ValueError(f"{ds_info.version_dir}: is version {ds_info.version}, not {version}")
+    if version:  # pinned by the caller, whichever way the DatasetInfo found it
+        ds_info = dataclasses.replace(ds_info, followed_latest=False)
     split_info = ds_info.split(split)
     training = (split == "train") if training is None else bool(training)
     if batch_size < 1:
@@ -78,6 +94,13 @@ def make_dataset(path, split="train", batch_size=128, image_size=224, training=N
     if deterministic is None:
         deterministic = not training or seed is not None
     host_seed = hosts_lib.seed_for(seed, hosts)
+    if start is not None or with_keys:
+        if not training:
+            raise ValueError("start= and with_keys= read the resumable training order; "
+                             "evaluation reads the manifest's order from the start")
+        return _resumable(ds_info, split_info, hosts, input_context, batch_size, size, output,
+                          label_offset - ds_info.label_offset, crop_fraction, seed or 0,
+                          0 if start is None else start, repeat, skip_corrupt, with_keys)
 
     ds = _records(plan, training, host_seed, skip_corrupt, cache, cycle_length, deterministic,
                   read_buffer_bytes)  # -> (record, path, position)
@@ -97,13 +120,15 @@ def make_dataset(path, split="train", batch_size=128, image_size=224, training=N
     if not skip_corrupt:  # one image per record: the interleave in _decode hides that
         ds = ds.apply(tf.data.experimental.assert_cardinality(
             _batches(plan, training, repeat, batch_size, drop_remainder)))
-    if hosts.count > 1 and input_context is None:
-        # tf.distribute splits each of this host's global batches among all workers'
-        # replicas, so an epoch is `hosts.count` times more steps than batches here: an
-        # honest cardinality is unknown (fit() then runs until every host is done).
+    if hosts.count > 1 and (input_context is None or not training):
+        # Without input_context, tf.distribute splits each of this host's global batches
+        # among all workers' replicas, so an epoch is `hosts.count` times more steps than
+        # batches here; in evaluation the hosts' ranges differ by a record, so their batch
+        # counts may differ by one, and a known, unequal length makes Keras refuse or
+        # abort its collectives. Unknown: fit()/evaluate() run until every host is done.
         ds = ds.filter(lambda *batch: True)  # -> unknown cardinality
     ds = ds.prefetch(tf.data.AUTOTUNE)
-    ds = ds.with_options(_options(deterministic))
+    ds = ds.with_options(_options(deterministic, split_here=hosts.count > 1))
     _log_plan(ds_info, split, plan, training)
     ds.dataset_info, ds.plan = ds_info, plan
     return ds
@@ -125,11 +150,12 @@ def _records(plan, training, seed, skip_corrupt, cache, cycle_length, determinis
         ds = ds.interleave(lambda *chunk: tf.data.Dataset.from_tensor_slices(chunk),
                            cycle_length=cycle, num_parallel_calls=tf.data.AUTOTUNE,
                            deterministic=deterministic)
-    else:
-        if training:
-            pieces = pieces.shuffle(len(plan.pieces), seed=seed, reshuffle_each_iteration=True)
+    elif training:
+        pieces = pieces.shuffle(len(plan.pieces), seed=seed, reshuffle_each_iteration=True)
         ds = pieces.interleave(read, cycle_length=cycle, block_length=1,
                                num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+    else:  # evaluation: manifest order, file after file (decoding is parallel downstream)
+        ds = pieces.flat_map(read)
     if not skip_corrupt:
         ds = ds.apply(tf.data.experimental.assert_cardinality(plan.records))
     return ds
@@ -192,13 +218,64 @@ def _shuffle_buffer(shuffle_buffer, split_info, num_records):
     return int(min(num_records, max(1024, SHUFFLE_BUFFER_BYTES // mean_bytes)))
 
 
-def _options(deterministic):
+def _options(deterministic, split_here):
     options = tf.data.Options()
     options.deterministic = deterministic
-    # This reader splits the records among hosts itself (readers/hosts.py): tf.distribute
-    # must not shard again (AUTO would cut the already-cut stream, and the seed stream too).
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    if split_here:
+        # This reader split the records among hosts itself (readers/hosts.py): tf.distribute
+        # must not shard again (AUTO would cut the already-cut stream, and the seeds too).
+        # Otherwise auto-shard stays on: a host that saw no cluster (a resolver's strategy
+        # not in scope) reads everything, and tf.distribute's AUTO policy cuts it.
+        options.experimental_distribute.auto_shard_policy = (
+            tf.data.experimental.AutoShardPolicy.OFF)
     return options
+
+
+def _resumable(ds_info, split_info, hosts, input_context, batch_size, size, output,
+               label_shift, crop_fraction, seed, start, repeat, skip_corrupt, with_keys):
+    """The resumable order (readers/resumable.py): this host's part of each global batch."""
+    if hosts.count > 1 and input_context is None:
+        raise ValueError(
+            f"start= on {hosts.count} hosts ({hosts.source}) needs input_context: build the "
+            "dataset in strategy.distribute_datasets_from_function (or pass an InputContext "
+            "from jax.process_count()/process_index()); a dataset given to "
+            "experimental_distribute_dataset or Model.fit is re-batched by tf.distribute, "
+            "which the resumable order cannot follow")
+    replicas = input_context.num_replicas_in_sync if input_context is not None else 1
+    batching = order_lib.Batching(batch_size * replicas, hosts.count, hosts.index)
+    epoch_order = order_lib.EpochOrder(tuple(s.num_examples for s in split_info.shards),
+                                       int(seed), ds_info.version, split_info.name)
+    steps = batching.steps(epoch_order.records)
+    stream = resumable.Stream(epoch_order, batching, _position(start, steps, batching),
+                              0 if repeat is True else int(repeat or 1))
+    if not callable(stream.start):
+        stream.position()  # a position off the global batch boundaries fails here, at once
+    source = resumable.make_source(split_info, skip_corrupt)
+    ds = resumable.decoded(stream, source, size, output, label_shift, crop_fraction,
+                           skip_corrupt, with_keys)
+    ds = ds.batch(batching.host_batch, drop_remainder=True)
+    if not skip_corrupt and not callable(start) and stream.epochs:
+        first = steps - stream.position().records // batching.global_batch
+        ds = ds.apply(tf.data.experimental.assert_cardinality(
+            first + (stream.epochs - 1) * steps))
+    ds = ds.prefetch(tf.data.AUTOTUNE)
+    ds = ds.with_options(_options(True, split_here=hosts.count > 1))
+    log.info("readers: %s version %s, split %s, resumable order, host %d of %d, global batch "
+             "%d, %d steps an epoch", ds_info.version_dir, ds_info.version, split_info.name,
+             hosts.index, hosts.count, batching.global_batch, steps)
+    ds.dataset_info, ds.plan, ds.steps_per_epoch = ds_info, None, steps
+    return ds
+
+
+def _position(start, steps, batching):
+    """start= -> a Position (or a callable returning one, for a start read at iteration)."""
+    if callable(start):
+        return lambda: _position(start(), steps, batching)
+    if isinstance(start, order_lib.Position):
+        return start
+    if hasattr(start, "numpy"):  # a tf.Variable such as optimizer.iterations: read it late
+        return lambda: _position(int(start.numpy()), steps, batching)
+    return order_lib.position_of_step(int(start), steps, batching.global_batch)
 
 
 def _log_plan(ds_info, split, plan, training):

@@ -22,6 +22,11 @@ def parse(record):
     return ex[schema.ENCODED], ex[schema.LABEL]
 
 
+def parse_key(record):
+    """The record's key (image/filename: catalog.parquet's key), "" when it has none."""
+    return tf.io.parse_single_example(record, _KEY_SPEC)[schema.FILENAME]
+
+
 def train_crop(jpeg, seed):
     """Random-resized crop (Inception style) decoded from the JPEG -> (uint8 crop, flip seed)."""
     crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))

@@ -243,7 +243,10 @@ def test_host_sharding_covers_each_record_once(root, training, pipelines, split)
                                   training=training, seed=3 + i, drop_remainder=False,
                                   input_context=Ctx(pipelines, i), version=VERSION)
         ids, _ = _ids_labels(ds)
-        assert ds.cardinality().numpy() == -(-len(ids) // 4)
+        # evaluation: hosts' batch counts may differ by one, and Keras refuses unequal known
+        # lengths across workers, so the length is unknown; training: equal and known
+        assert ds.cardinality().numpy() == (-(-len(ids) // 4) if training
+                                            else tf.data.UNKNOWN_CARDINALITY)
         all_ids += ids
         lengths.append(len(ids))
     assert len(all_ids) == len(set(all_ids))  # no record twice, whatever each host's seed
@@ -411,13 +414,14 @@ def test_host_sharding_real_input_context(root):
     (dict(split="train", drop_remainder=False), 4),
     (dict(split="validation", batch_size=4), 3),
     (dict(split="train", repeat=2), 7),
-    (dict(split="validation", batch_size=2, input_context=Ctx(3, 0), version=VERSION), 2),
+    # several hosts evaluating: unknown (their lengths may differ by a batch), 2 read
+    (dict(split="validation", batch_size=2, input_context=Ctx(3, 0), version=VERSION), -2),
     (dict(split="train", input_context=Ctx(2, 1), drop_remainder=False, version=VERSION), 2),
 ])
 def test_cardinality(root, kwargs, batches):
     ds = readers.make_dataset(str(root), **dict(dict(batch_size=8, image_size=SIZE), **kwargs))
     assert ds.cardinality().numpy() == batches
-    assert sum(1 for _ in ds) == batches
+    assert sum(1 for _ in ds) == (2 if batches == tf.data.UNKNOWN_CARDINALITY else batches)
 
 
 def test_repeat_forever_is_infinite(root):

@@ -1,0 +1,190 @@
+"""Records of a split by number, read through the `.index` files in coalesced ranged reads.
+
+The resumable order (readers/order.py) asks for records anywhere in the split; the `.index`
+beside each shard gives every record's offset, so a window of the order is fetched as a few
+dozen sequential ranges (one read each; on gs:// one ranged request each, in parallel), never
+by reading a shard from its start. Every frame is checked here (both TFRecord CRCs, and its
+length against the index): a damaged record is named by file, record and offset, or with
+skip_corrupt dropped alone, the next record read from its own offset.
+"""
+
+import bisect
+import concurrent.futures
+import os
+import struct
+import sys
+from typing import NamedTuple
+
+import numpy as np
+
+from dataset_format import frames, layout
+
+MAX_GAP = 1 << 20  # bytes read through rather than starting another range (one request)
+GCS_THREADS = 16  # ranged requests in flight on gs:// (each one a round trip)
+
+
+class Shard(NamedTuple):
+    path: str
+    first: int  # number of its first record in the split (manifest order)
+    count: int
+    num_bytes: int  # -1: not in the manifest
+
+
+class CorruptRecord(ValueError):
+    """A frame whose CRC or length does not check out, named by file, record and offset."""
+
+
+class RangedRecords:
+    """`read(ids)`: the serialized records with those numbers (manifest order), in that order.
+
+    `skip_corrupt`: a damaged record comes back as None (with a warning on stderr naming it)
+    instead of raising CorruptRecord.
+    """
+
+    def __init__(self, shards, skip_corrupt=False):
+        self.shards = [s for s in shards if s.count > 0]
+        self._firsts = [s.first for s in self.shards]
+        self.skip_corrupt = skip_corrupt
+        self._index, self._files = {}, {}
+        self._pool = None
+
+    def read(self, ids):
+        ids = np.asarray(ids, np.int64)
+        out = [None] * len(ids)
+        jobs = []
+        for shard, positions, slots in self._by_shard(ids):
+            offsets, lengths = self.index(shard)
+            for lo, hi in _coalesce(offsets, lengths, positions):
+                jobs.append((shard, positions[lo:hi], slots[lo:hi], offsets, lengths))
+        results = self._map(self._read_range, jobs)
+        for (_, _, slots, _, _), records in zip(jobs, results):
+            for slot, record in zip(slots, records):
+                out[slot] = record
+        return out
+
+    def index(self, shard):
+        """(offsets, frame lengths) of a shard's records, from its `.index` file (read once)."""
+        if shard.path not in self._index:
+            path = layout.index_name(shard.path)
+            try:
+                text = self._file(path).read_all().decode()
+            except FileNotFoundError:
+                raise FileNotFoundError(
+                    f"{path}: no index file: the resumable order (start=) reads records by "
+                    "offset; rebuild without --no_write_index, or read without start=") from None
+            entries = np.array(frames.parse_index(text), np.int64).reshape(-1, 2)
+            if len(entries) != shard.count:
+                raise ValueError(f"{path}: {len(entries)} lines, but manifest.json gives "
+                                 f"{shard.path} {shard.count} records")
+            self._index[shard.path] = entries[:, 0].copy(), entries[:, 1].copy()
+        return self._index[shard.path]
+
+    def where(self, record_id):
+        """(shard path, position in it) of record number `record_id`."""
+        shard = self.shards[bisect.bisect_right(self._firsts, int(record_id)) - 1]
+        return shard.path, int(record_id) - shard.first
+
+    def _by_shard(self, ids):
+        which = np.searchsorted(self._firsts, ids, side="right") - 1
+        order = np.lexsort((ids, which))
+        bounds = np.flatnonzero(np.diff(which[order])) + 1
+        for group in np.split(order, bounds):
+            if len(group):
+                shard = self.shards[which[group[0]]]
+                yield shard, ids[group] - shard.first, group
+
+    def _read_range(self, job):
+        shard, positions, _, offsets, lengths = job
+        start = int(offsets[positions[0]])
+        end = int(offsets[positions[-1]] + lengths[positions[-1]])
+        data = self._file(shard.path).read_range(start, end - start)
+        return [self._frame(shard, int(p), data, int(offsets[p]) - start, int(lengths[p]),
+                            int(offsets[p])) for p in positions]
+
+    def _frame(self, shard, position, data, at, length, offset):
+        try:
+            if at + length > len(data):
+                raise frames.FrameError(offset, f"file ends inside the record ({len(data) - at}"
+                                                f" of {length} bytes)")
+            (n,) = struct.unpack_from("<Q", data, at)
+            if n + 16 != length:
+                raise frames.FrameError(offset, f"frame length {n + 16} is not the index's "
+                                                f"{length}")
+            head, record = data[at:at + 12], data[at + 12:at + 12 + n]
+            if frames.masked_crc(head[:8]) != struct.unpack("<I", head[8:])[0]:
+                raise frames.FrameError(offset, "length CRC mismatch")
+            if frames.masked_crc(record) != struct.unpack_from("<I", data, at + 12 + n)[0]:
+                raise frames.FrameError(offset, "data CRC mismatch (record bytes are corrupt)")
+            return record
+        except frames.FrameError as e:
+            what = f"{shard.path}: record {position} ({e})"
+            if not self.skip_corrupt:
+                raise CorruptRecord(f"{what}: the shard is damaged; rebuild the dataset, or "
+                                    "pass skip_corrupt=True to skip such records") from None
+            print(f"WARNING readers: skip_corrupt: {what}; skipped this record only",
+                  file=sys.stderr)
+            return None
+
+    def _map(self, fn, jobs):
+        if len(jobs) < 2 or not any(j[0].path.startswith("gs://") for j in jobs):
+            return [fn(j) for j in jobs]
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(GCS_THREADS)
+        return list(self._pool.map(fn, jobs))
+
+    def _file(self, path):
+        if path not in self._files:
+            self._files[path] = _GcsFile(path) if path.startswith("gs://") else _LocalFile(path)
+        return self._files[path]
+
+
+def _coalesce(offsets, lengths, positions):
+    """[lo, hi) slices of the sorted `positions` read as one range: a gap of more than
+    MAX_GAP bytes between two wanted records starts a new range."""
+    if not len(positions):
+        return []
+    ends = offsets[positions] + lengths[positions]
+    gaps = offsets[positions[1:]] - ends[:-1]
+    cuts = np.flatnonzero(gaps > MAX_GAP) + 1
+    edges = [0, *cuts.tolist(), len(positions)]
+    return list(zip(edges[:-1], edges[1:]))
+
+
+class _LocalFile:
+    def __init__(self, path):
+        self.path = path
+        try:
+            self._fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{path}: missing") from None
+
+    def read_range(self, offset, length):
+        return os.pread(self._fd, length, offset)
+
+    def read_all(self):
+        return self.read_range(0, os.fstat(self._fd).st_size)
+
+    def __del__(self):
+        fd, self._fd = getattr(self, "_fd", None), None
+        if fd is not None:
+            os.close(fd)
+
+
+class _GcsFile:
+    """One ranged read per call through tf.io.gfile (TensorFlow's own gs:// client)."""
+
+    def __init__(self, path):
+        import tensorflow as tf
+
+        self.path, self._gfile = path, tf.io.gfile
+        if not tf.io.gfile.exists(path):
+            raise FileNotFoundError(f"{path}: missing")
+
+    def read_range(self, offset, length):
+        with self._gfile.GFile(self.path, "rb") as f:
+            f.seek(offset)
+            return f.read(length)
+
+    def read_all(self):
+        with self._gfile.GFile(self.path, "rb") as f:
+            return f.read()

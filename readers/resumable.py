@@ -1,0 +1,165 @@
+"""The resumable training stream: this host's part of each global batch, in the epoch order of
+readers/order.py, starting at any position without reading what comes before it.
+
+Records come from readers/ranged.py (coalesced reads located by the `.index` files) through
+a Python generator that yields a window of records at a time (one call per ~1,024 records,
+so the Python side costs ~1% of a core); decoding is a per-record parallel map. The crop and
+flip of record r in epoch e are seeded by (seed, e, r), so a resumed run sees the same pixels
+as an uninterrupted one, on any number of hosts.
+"""
+
+import dataclasses
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+from readers import images
+from readers import order as order_lib
+from readers import ranged
+
+CHUNK = order_lib.WINDOW  # records per generator call (about one window of the order)
+
+
+@dataclasses.dataclass(frozen=True)
+class Stream:
+    """What one host reads: the order, how it is batched, where it starts, how many epochs."""
+    order: order_lib.EpochOrder
+    batching: order_lib.Batching
+    start: object  # a Position, or a callable returning one (read as each iteration begins)
+    epochs: int  # epochs to run from the start's epoch (the first may be partial); 0: forever
+
+    @property
+    def steps_per_epoch(self):
+        return self.batching.steps(self.order.records)
+
+    def position(self):
+        start = self.start() if callable(self.start) else self.start
+        if start.records % self.batching.global_batch or (
+                start.records > self.steps_per_epoch * self.batching.global_batch):
+            raise ValueError(
+                f"{start}: not a global batch boundary of this epoch ({self.steps_per_epoch} "
+                f"steps of {self.batching.global_batch} records)")
+        return start
+
+
+def chunks(stream, source):
+    """Yield (records, ids, epoch, first k) windows of this host's records, in order.
+
+    k counts this host's records within the epoch, so a gap after decoding names its record.
+    """
+    start = stream.position()
+    epoch, records = start.epoch, start.records
+    source.first = (epoch, records // stream.batching.hosts)
+    while not stream.epochs or epoch < start.epoch + stream.epochs:
+        ids = stream.batching.host_records(stream.order.records_of(epoch), records)
+        skipped = records // stream.batching.hosts
+        for i in range(0, len(ids), CHUNK):
+            part = ids[i:i + CHUNK]
+            got = source.read(part)
+            keep = [j for j, r in enumerate(got) if r is not None]
+            if len(keep) < len(got):
+                source.dropped.update(int(part[j]) for j in range(len(got)) if got[j] is None)
+            yield (np.array([got[j] for j in keep], dtype=object), part[keep],
+                   np.int64(epoch), np.arange(skipped + i, skipped + i + len(part))[keep])
+        epoch, records = epoch + 1, 0
+
+
+def decoded(stream, source, size, output, label_shift, crop_fraction, skip_corrupt,
+            with_keys):
+    """Unbatched (image, label[, key]) of this host's records, each decoded by a parallel
+    map; a record that does not decode is named (check_gaps).
+
+    Each window is decoded in its own small dataset under `ignore_errors`, so that only
+    decoding is ever ignored there: reading errors (a damaged frame, a bad position) raised
+    by the generator pass through loudly."""
+    fn = images.example_fn(True, size, output, label_shift, crop_fraction)
+    seed = stream.order.seed  # the order and the pixels share it
+
+    def decode(record, rid, epoch, k):
+        image, label = fn(record, element_seed(seed, epoch, rid))
+        keys = (images.parse_key(record),) if with_keys else ()
+        return (image, label) + keys + (epoch, k)
+
+    def window(records, ids, epoch, ks):
+        rows = tf.data.Dataset.from_tensor_slices((records, ids, tf.fill(tf.shape(ids), epoch),
+                                                   ks))
+        return rows.map(decode, num_parallel_calls=tf.data.AUTOTUNE,
+                        deterministic=True).ignore_errors(log_warning=True)
+
+    signature = (tf.TensorSpec([None], tf.string), tf.TensorSpec([None], tf.int64),
+                 tf.TensorSpec([], tf.int64), tf.TensorSpec([None], tf.int64))
+    ds = tf.data.Dataset.from_generator(lambda: chunks(stream, source),
+                                        output_signature=signature)
+    ds = ds.prefetch(1).flat_map(window)  # the next window is read while this one decodes
+    return check_gaps(ds, stream, source, skip_corrupt)
+
+
+def element_seed(seed, epoch, record_id):
+    """The stateless [2] seed of one record's crop and flip: (seed, epoch, record)."""
+    mixed = tf.bitwise.bitwise_xor(tf.cast(seed, tf.int64), epoch * 1_000_003)
+    return tf.stack([mixed, record_id])
+
+
+def check_gaps(ds, stream, source, skip_corrupt):
+    """After `ignore_errors`: a record missing from (…, epoch, k) failed to decode. Name it
+    (shard, position), then fail, or with skip_corrupt warn; records the frame check already
+    dropped (and named) pass silently."""
+    host_ids = _HostIds(stream)
+
+    def report(epoch, first, last):
+        names = []
+        for k in range(int(first), int(last)):
+            rid = host_ids.of(int(epoch), k)
+            if rid in source.dropped:
+                continue
+            path, position = source.where(rid)
+            names.append(f"{path}: record {position}")
+        if names and not skip_corrupt:
+            raise ValueError(f"{'; '.join(names)}: cannot parse it or decode its image "
+                             "(TensorFlow logged why above); rebuild the dataset, or pass "
+                             "skip_corrupt=True to skip such records")
+        for name in names:
+            print(f"WARNING readers: skip_corrupt: {name} is not a decodable image record; "
+                  "skipped", file=sys.stderr)
+        return np.int64(0)
+
+    def step(state, element):
+        e, k = element[-2], element[-1]
+        begun = state[0] >= 0  # the first element: where did the generator start?
+        first = tf.cond(begun, lambda: state, lambda: tf.numpy_function(
+            lambda: np.array(source.first, np.int64), [], tf.int64, stateful=True))
+        first = tf.ensure_shape(first, [2])
+        expected = tf.where(tf.equal(e, first[0]), first[1], tf.constant(0, tf.int64))
+        expected = tf.where(begun & tf.equal(e, state[0]), state[1], expected)
+        gap = tf.cond(k > expected, lambda: tf.numpy_function(
+            report, [e, expected, k], tf.int64, stateful=True), lambda: tf.constant(0, tf.int64))
+        with tf.control_dependencies([gap]):
+            state = tf.stack([e, k + 1])
+        return state, element[:-2]
+
+    return ds.scan(tf.constant([-1, 0], tf.int64), step)
+
+
+class _HostIds:
+    """k -> record number, per epoch, computed on demand (only when a record failed)."""
+
+    def __init__(self, stream):
+        self.stream, self._epoch, self._ids = stream, None, None
+
+    def of(self, epoch, k):
+        if epoch != self._epoch:
+            self._epoch = epoch
+            self._ids = self.stream.batching.host_records(self.stream.order.records_of(epoch))
+        return int(self._ids[k])
+
+
+def make_source(split_info, skip_corrupt):
+    shards, first = [], 0
+    for s in split_info.shards:
+        shards.append(ranged.Shard(s.path, first, s.num_examples,
+                                   -1 if s.num_bytes is None else s.num_bytes))
+        first += s.num_examples
+    source = ranged.RangedRecords(shards, skip_corrupt)
+    source.dropped = set()
+    return source
