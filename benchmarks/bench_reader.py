@@ -1,18 +1,25 @@
-"""Reader throughput and memory: the seed pipeline vs a decode-only ceiling vs make_dataset.
+"""The reader against same-work tf.data pipelines and a decode-only one, on photographs.
 
-    python benchmarks/bench_reader.py [--n 10000] [--data ROOT]
+    python benchmarks/bench_reader.py [--n 4096] [--epochs 1] [--runs 1] [--only NAME ...]
 
-Without --data it writes N synthetic ~500x375 JPEG records (~40 KB, as photos) into shards
-with a manifest. Each pipeline then runs one first epoch in its own subprocess, so its peak
-RSS is its own (TensorFlow's baseline included; printed separately).
-Pipelines: seed (the first reader: decoded pixels in the shuffle buffer), ceiling (read, parse,
-decode_jpeg: no crop, resize or batch), same (the reader's work alone: center-crop decode,
-resize, cast, batch), ours (make_dataset, training). Targets: ours >= 0.8x the decode-only
-ceiling and >= 1.0x the same-work one, peak RSS <= 1.5 GB.
+Writes N records (photographs from benchmarks/photos.py, cycling over --distinct of them;
+~40 KB, ~500 px) into 16 shards the way the build does (records spread over shards by a key
+hash, `.index` beside each shard), then runs each pipeline in its own subprocess, alternating
+(`--runs` rounds), so every pipeline's peak RSS is its own and load changes hit all alike.
+
+Pipelines (224 px, batch 128):
+  ceiling     TFRecordDataset -> parse -> decode_jpeg (decode only, no batch)
+  same        TFRecordDataset -> parse -> decode_and_crop_jpeg of a random crop -> resize ->
+              flip -> batch -> prefetch: the reader's training work, nothing else
+  stream      make_dataset(training=True): the stream order (interleave + shuffle buffer)
+  resumable   make_dataset(training=True, start=0): the resumable order
+  same_eval   as `same` with the center crop, no flip
+  eval        make_dataset(training=False)
+Each prints the time to its first batch (building included), the first epoch's images/s,
+CPU ms per image, peak RSS and, with --epochs > 1, the RSS after every epoch.
 """
 
 import argparse
-import io
 import json
 import os
 import resource
@@ -20,144 +27,147 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from dataset_format import layout, schema  # noqa: E402  (no TensorFlow at import)
+from dataset_format import frames, layout, schema  # noqa: E402  (no TensorFlow at import)
 
-PIPELINES = ("seed", "ceiling", "same", "ours")
+TRAIN = ("ceiling", "same", "stream", "resumable")
+EVAL = ("same_eval", "eval")
+PIPELINES = TRAIN + EVAL
 LABELS = [f"class{i:02d}" for i in range(10)]
 
 
-def write_data(root, n, num_shards, distinct=500):
-    """N records cycling over `distinct` synthetic JPEGs (smooth colour fields + noise)."""
-    import numpy as np
-    import tensorflow as tf
-    from PIL import Image
+def write_data(root, n, num_shards, distinct):
+    """N records over `distinct` photographs, shards by key hash, with .index files."""
+    from photos import _load_sources, photo_jpeg
 
-    rng = np.random.default_rng(0)
-    jpegs = []
-    for _ in range(min(n, distinct)):
-        low = rng.uniform(0, 255, (12, 16, 3)).astype(np.uint8)
-        img = np.asarray(Image.fromarray(low).resize((500, 375), Image.BICUBIC), np.float32)
-        img += rng.normal(0, 4.5, img.shape)
-        buf = io.BytesIO()
-        Image.fromarray(np.clip(img, 0, 255).astype(np.uint8)).save(buf, "JPEG", quality=90)
-        jpegs.append(buf.getvalue())
-
+    _load_sources()
+    jpegs = [photo_jpeg(i) for i in range(min(n, distinct))]
     version = "20260101T000000Z"
     vdir = layout.version_dir(root, version)
     os.makedirs(vdir)
+    keys = [f"{LABELS[i % len(LABELS)]}/{i:06d}.jpg" for i in range(n)]
+    by_shard = [[] for _ in range(num_shards)]
+    for i, key in enumerate(keys):
+        by_shard[zlib.crc32(key.encode()) % num_shards].append(i)
     shards = []
-    for s in range(num_shards):
+    for s, rids in enumerate(by_shard):
         name = layout.shard_name("bench", "train", s, num_shards)
-        rids = range(s, n, num_shards)
-        with tf.io.TFRecordWriter(layout.join(vdir, name)) as w:
-            for rid in rids:
-                enc, label = jpegs[rid % len(jpegs)], rid % len(LABELS)
-                w.write(tf.train.Example(features=tf.train.Features(feature={
-                    schema.ENCODED: tf.train.Feature(bytes_list=tf.train.BytesList(value=[enc])),
-                    schema.LABEL: tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
-                })).SerializeToString())
-        size = os.path.getsize(layout.join(vdir, name))
-        shards.append({"path": name, "num_examples": len(rids), "num_bytes": size})
+        entries, offset = [], 0
+        with open(layout.join(vdir, name), "wb") as f:
+            for rid in sorted(rids, key=lambda r: zlib.crc32(keys[r].encode(), 7)):
+                record = _example(jpegs[rid % len(jpegs)], rid % len(LABELS), keys[rid])
+                frame = frames.tfrecord_frame(record)
+                f.write(frame)
+                entries.append((offset, len(frame)))
+                offset += len(frame)
+        with open(layout.join(vdir, layout.index_name(name)), "wb") as f:
+            f.write(frames.index_bytes(entries))
+        shards.append({"path": name, "num_examples": len(rids), "num_bytes": offset})
+    split = {"num_examples": n, "num_bytes": sum(s["num_bytes"] for s in shards),
+             "shards": shards}
     manifest = {"format_version": layout.FORMAT_VERSION, "name": "bench", "version": version,
                 "labels": LABELS, "label_offset": 0, "features": schema.FEATURES,
-                "splits": {"train": {"num_examples": n,
-                                     "num_bytes": sum(s["num_bytes"] for s in shards),
-                                     "shards": shards}}}
+                "splits": {"train": split, "validation": split}}
     with open(layout.join(vdir, layout.MANIFEST), "w") as f:
         json.dump(manifest, f)
     with open(layout.join(root, layout.LATEST), "w") as f:
         json.dump(layout.latest_record(version), f)
-    mean_kb = sum(len(jpegs[r % len(jpegs)]) for r in range(n)) / n / 1024
-    print(f"wrote {n} records ({mean_kb:.0f} KB JPEGs) in {num_shards} shards to {root}")
+    kb = sum(len(j) for j in jpegs) / len(jpegs) / 1024
+    print(f"wrote {n} records ({kb:.0f} KB photographs, {len(jpegs)} distinct) in "
+          f"{num_shards} shards to {root}")
 
 
-def seed_pipeline(vdir):
-    """The seed reader, as it was: decoded float images in a 10,000-element shuffle buffer."""
+def _example(jpeg, label, key):
     import tensorflow as tf
 
-    files = tf.data.Dataset.list_files(os.path.join(vdir, "*-train.tfrecord-*"))
-    ds = files.interleave(tf.data.TFRecordDataset, num_parallel_calls=tf.data.AUTOTUNE)
-
-    def parse(record):
-        ex = tf.io.parse_single_example(record, {
-            "image/encoded": tf.io.FixedLenFeature([], tf.string),
-            "image/class/label": tf.io.FixedLenFeature([], tf.int64)})
-        image = tf.io.decode_jpeg(ex["image/encoded"], channels=3)
-        image = tf.cast(image, tf.float32) / 255.0
-        image = tf.image.resize(image, [224, 224])
-        return image, ex["image/class/label"]
-
-    ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
-    return ds.shuffle(10000).batch(128).prefetch(tf.data.AUTOTUNE)
+    return tf.train.Example(features=tf.train.Features(feature={
+        schema.ENCODED: tf.train.Feature(bytes_list=tf.train.BytesList(value=[jpeg])),
+        schema.LABEL: tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
+        schema.FILENAME: tf.train.Feature(bytes_list=tf.train.BytesList(
+            value=[key.encode()]))})).SerializeToString()
 
 
-def ceiling_pipeline(files):
-    """Read, parse and decode: what a reader cannot beat on this CPU."""
+def tf_pipeline(files, which, batch_size, image_size):
+    """ceiling / same / same_eval: plain tf.data, no checks, no shuffle."""
     import tensorflow as tf
 
     ds = tf.data.Dataset.from_tensor_slices(files).interleave(
         tf.data.TFRecordDataset, num_parallel_calls=tf.data.AUTOTUNE)
+    spec = schema.feature_spec([schema.ENCODED, schema.LABEL])
 
     def decode(record):
-        ex = tf.io.parse_single_example(record, schema.feature_spec([schema.ENCODED]))
-        return tf.io.decode_jpeg(ex[schema.ENCODED], channels=3)
-
-    return ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE)
-
-
-def same_work_pipeline(files, batch_size, image_size):
-    """The reader's work and nothing else: center-crop decode, resize, cast, batch (no shuffle,
-    no augmentation, no checks)."""
-    import tensorflow as tf
-
-    ds = tf.data.Dataset.from_tensor_slices(files).interleave(
-        tf.data.TFRecordDataset, num_parallel_calls=tf.data.AUTOTUNE)
-
-    def decode(record):
-        ex = tf.io.parse_single_example(record, schema.feature_spec([schema.ENCODED,
-                                                                     schema.LABEL]))
+        ex = tf.io.parse_single_example(record, spec)
         jpeg = ex[schema.ENCODED]
+        if which == "ceiling":
+            return tf.io.decode_jpeg(jpeg, channels=3)
         shape = tf.io.extract_jpeg_shape(jpeg)
-        side = tf.cast(0.875 * tf.cast(tf.minimum(shape[0], shape[1]), tf.float32), tf.int32)
-        window = tf.stack([(shape[0] - side) // 2, (shape[1] - side) // 2, side, side])
+        if which == "same":
+            begin, size, _ = tf.image.sample_distorted_bounding_box(
+                shape, tf.constant([[[0.0, 0.0, 1.0, 1.0]]]), min_object_covered=0.1,
+                aspect_ratio_range=(3 / 4, 4 / 3), area_range=(0.08, 1.0), max_attempts=10,
+                use_image_if_no_bounding_boxes=True)
+            window = tf.stack([begin[0], begin[1], size[0], size[1]])
+        else:
+            side = tf.cast(0.875 * tf.cast(tf.minimum(shape[0], shape[1]), tf.float32),
+                           tf.int32)
+            window = tf.stack([(shape[0] - side) // 2, (shape[1] - side) // 2, side, side])
         image = tf.io.decode_and_crop_jpeg(jpeg, window, channels=3)
-        image = tf.image.resize(image, [image_size, image_size])
-        return tf.cast(image * (1 / 255), tf.float32), tf.cast(ex[schema.LABEL], tf.int32)
+        image = tf.image.resize(tf.cast(image, tf.float32), [image_size, image_size])
+        if which == "same":
+            image = tf.image.random_flip_left_right(image)
+        return image * (1 / 255), tf.cast(ex[schema.LABEL], tf.int32)
 
     ds = ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE)
-    return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+    if which == "ceiling":
+        return ds
+    return ds.batch(batch_size, drop_remainder=which == "same").prefetch(tf.data.AUTOTUNE)
 
 
-def child(which, root, batch_size, image_size):
-    """Run one pipeline for one epoch; print a JSON line with images, seconds and peak RSS."""
+def child(which, root, batch_size, image_size, epochs):
+    """Run one pipeline; print a JSON line with its figures."""
     import tensorflow as tf
 
     import readers
 
-    base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    base_rss = _rss()
+    t0, cpu0 = time.perf_counter(), _cpu_seconds()
     ds_info = readers.info(root)
-    cpu0, t0 = _cpu_seconds(), time.perf_counter()
-    if which == "seed":
-        images = sum(int(x.shape[0]) for x, _ in seed_pipeline(ds_info.version_dir))
-    elif which == "ceiling":
-        # counted in-graph: iterating 10k single images in Python would measure Python
-        images = int(ceiling_pipeline(ds_info.split("train").files).reduce(
-            tf.constant(0, tf.int64), lambda n, img: n + tf.cast(tf.size(img) > 0, tf.int64)))
-    elif which == "same":
-        images = sum(int(x.shape[0]) for x, _ in same_work_pipeline(
-            ds_info.split("train").files, batch_size, image_size))
+    if which in ("ceiling", "same", "same_eval"):
+        ds = tf_pipeline(ds_info.split("train").files, which, batch_size, image_size)
     else:
-        ds = readers.make_dataset(root, "train", batch_size=batch_size, image_size=image_size,
-                                  training=True)
-        images = sum(int(x.shape[0]) for x, _ in ds)
-    seconds, cpu = time.perf_counter() - t0, _cpu_seconds() - cpu0
-    print(json.dumps({"which": which, "images": images, "seconds": seconds, "cpu": cpu,
-                      "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-                      "base_rss": base_rss}))
+        ds = readers.make_dataset(root, "validation" if which == "eval" else "train",
+                                  batch_size=batch_size, image_size=image_size,
+                                  training=which != "eval", seed=1,
+                                  start=0 if which == "resumable" else None)
+    if which == "ceiling":  # one image per element: batch in the graph, count in Python
+        ds = ds.map(lambda img: tf.size(img) > 0).batch(batch_size)
+    first = None
+    images, seconds, rss = 0, None, []
+    for _ in range(epochs):
+        for x in ds:
+            if first is None:
+                first = time.perf_counter() - t0
+            images += int(x.shape[0]) if which == "ceiling" else int(x[0].shape[0])
+        if seconds is None:
+            seconds, cpu, first_images = time.perf_counter() - t0, _cpu_seconds() - cpu0, images
+        rss.append(_rss())
+    print(json.dumps({"which": which, "images": first_images, "seconds": seconds, "cpu": cpu,
+                      "first_batch": first, "peak_rss": _peak_rss(), "base_rss": base_rss,
+                      "rss_by_epoch": rss}))
+
+
+def _rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _peak_rss():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _cpu_seconds():
@@ -167,32 +177,33 @@ def _cpu_seconds():
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data", help="an existing dataset root or version dir (split 'train')")
-    p.add_argument("--n", type=int, default=10000, help="records to generate")
+    p.add_argument("--data", help="an existing root written by this script")
+    p.add_argument("--n", type=int, default=4096, help="records to write")
+    p.add_argument("--distinct", type=int, default=2000, help="distinct photographs")
     p.add_argument("--shards", type=int, default=16)
     p.add_argument("--batch_size", type=int, default=128)
     p.add_argument("--image_size", type=int, default=224)
-    p.add_argument("--runs", type=int, default=1, help="runs of each pipeline (median shown)")
+    p.add_argument("--epochs", type=int, default=1, help="epochs per run (RSS per epoch)")
+    p.add_argument("--runs", type=int, default=1, help="alternating rounds (median shown)")
     p.add_argument("--only", choices=PIPELINES, action="append", help="run just these")
     p.add_argument("--child", choices=PIPELINES, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        return child(args.child, args.data, args.batch_size, args.image_size)
+        return child(args.child, args.data, args.batch_size, args.image_size, args.epochs)
 
     with tempfile.TemporaryDirectory(prefix="bench_reader_") as tmp:
-        root = args.data
-        if not root:
-            root = tmp
-            t0 = time.perf_counter()
-            write_data(root, args.n, args.shards)
-            print(f"  ({time.perf_counter() - t0:.0f} s)")
+        root = args.data or tmp
+        if not args.data:
+            write_data(root, args.n, args.shards, args.distinct)
         runs = {}
-        for _ in range(args.runs):  # interleaved, so load changes hit every pipeline alike
+        for _ in range(args.runs):
             for which in args.only or PIPELINES:
                 out = subprocess.run(
                     [sys.executable, os.path.abspath(__file__), "--child", which, "--data",
                      root, "--batch_size", str(args.batch_size), "--image_size",
-                     str(args.image_size)], capture_output=True, text=True)
+                     str(args.image_size), "--epochs", str(args.epochs)],
+                    capture_output=True, text=True, env=dict(os.environ,
+                                                             TF_CPP_MIN_LOG_LEVEL="2"))
                 if out.returncode:
                     sys.exit(f"{which} failed:\n{out.stderr[-3000:]}")
                 r = json.loads(out.stdout.strip().splitlines()[-1])
@@ -209,31 +220,27 @@ def _median(rows, key):
 
 def report(runs):
     gb = 1 << 30
-    print(f"\n{'pipeline':<10}{'images':>8}{'img/s':>8}{'(runs)':>24}{'CPU ms/img':>12}"
-          f"{'peak RSS':>10}{'TF baseline':>13}")
+    print(f"\n{'pipeline':<11}{'images':>7}{'img/s':>7}{'CPU ms/img':>11}{'1st batch':>10}"
+          f"{'peak RSS':>10}  RSS after each epoch (GB)")
     med = {}
     for which, rows in runs.items():
-        med[which] = {k: _median(rows, k) for k in ("rate", "cpu", "peak_rss", "base_rss")}
-        each = "/".join(f"{r['rate']:.0f}" for r in rows)
-        print(f"{which:<10}{rows[0]['images']:>8}{med[which]['rate']:>8.0f}{each:>24}"
-              f"{1000 * med[which]['cpu'] / rows[0]['images']:>12.2f}"
-              f"{med[which]['peak_rss'] / gb:>9.2f}G{med[which]['base_rss'] / gb:>12.2f}G")
-    print(f"({os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}: on a shared machine "
-          "img/s moves with the load; CPU ms/img much less; medians of the runs)")
-    ours = med.get("ours")
-    if not ours:
-        return
-    print()
-    checks = [("peak RSS <= 1.5 GB", ours["peak_rss"] / gb, "GB", ours["peak_rss"] <= 1.5 * gb)]
-    for which, target in (("ceiling", 0.8), ("same", 1.0), ("seed", 2.5)):
-        if which in med:
-            x = ours["rate"] / med[which]["rate"]
-            checks.append((f"vs {which} >= {target}x", x, "x", x >= target))
-    if "transform" in med:
-        x = med["transform"]["rate"] / ours["rate"]
-        checks.append(("transform vs ours >= 0.8x", x, "x", x >= 0.8))
-    for name, value, unit, ok in checks:
-        print(f"{'PASS' if ok else 'FAIL'}  {name:<28} {value:.2f}{unit}")
+        med[which] = {k: _median(rows, k) for k in ("rate", "cpu", "first_batch", "peak_rss")}
+        by_epoch = " ".join(f"{v / gb:.2f}" for v in rows[-1]["rss_by_epoch"])
+        print(f"{which:<11}{rows[0]['images']:>7}{med[which]['rate']:>7.0f}"
+              f"{1000 * med[which]['cpu'] / rows[0]['images']:>11.2f}"
+              f"{med[which]['first_batch']:>9.2f}s{med[which]['peak_rss'] / gb:>9.2f}G  "
+              f"{by_epoch}")
+    print(f"({os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; medians of "
+          f"{len(next(iter(runs.values())))} alternating runs)")
+    checks = []
+    for ours, base in (("stream", "same"), ("resumable", "same"), ("resumable", "stream"),
+                       ("eval", "same_eval")):
+        if ours in med and base in med:
+            a, b = med[ours], med[base]
+            checks.append(f"{ours} / {base}: throughput {a['rate'] / b['rate']:.2f}x, first "
+                          f"batch {a['first_batch'] / b['first_batch']:.2f}x, peak RSS "
+                          f"{a['peak_rss'] / b['peak_rss']:.2f}x")
+    print("\n".join(checks))
 
 
 if __name__ == "__main__":
