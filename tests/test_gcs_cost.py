@@ -3,6 +3,8 @@ in front of the storage emulator."""
 
 import random
 
+import pytest
+
 from tests.gcs_counting import kind_of
 
 
@@ -30,3 +32,67 @@ def test_one_client_read_is_one_get_of_the_objects_bytes(gcs, gcs_bucket, gcs_co
     totals = gcs_counter.totals()
     assert totals["media_get"] == 1 and totals["media_bytes"] == len(data)
     assert totals["requests"] - totals.get("bucket_get", 0) == 1
+
+
+def test_runs_keep_the_bytes_read_within_a_tenth_of_the_frames():
+    from beam_pipeline.store import ranges
+
+    spans = [(0, 100), (100, 50), (155, 40), (400, 100), (505, 10), (2000, 30), (1000, 5)]
+    runs = ranges.runs(spans)
+    assert [(r.start, r.end, len(r.spans)) for r in runs] == [
+        (0, 195, 3), (400, 515, 2), (2000, 2030, 1), (1000, 1005, 1)]
+    assert sum(r.end - r.start for r in runs) <= 1.1 * sum(n for _, n in spans)
+    assert [(r.start, r.end) for r in ranges.runs(spans, max_bytes=150)][:2] == [(0, 150),
+                                                                                (155, 195)]
+
+
+def test_stored_frames_read_back_by_range_locally(tmp_path):
+    from beam_pipeline.store import ranges
+
+    data = random.Random(4).randbytes(5000)
+    path = tmp_path / "shard"
+    path.write_bytes(data)
+    spans = [(0, 10), (10, 990), (3000, 7), (4990, 20)]
+    assert list(ranges.read_spans(str(path), spans)) == [
+        data[0:10], data[10:1000], data[3000:3007], data[4990:5000]]
+
+
+def _build(inputs, root, *extra):
+    from beam_pipeline import cli
+
+    args = ["--name", "pets", "--num_shards", "2", "--no_transform"]
+    result = cli.run([a for uri in inputs for a in ("--input", uri)] + ["--output", root]
+                     + args + list(extra))
+    assert result.status == "published", result
+    return result.manifest
+
+
+def _media(counter, inside):
+    """(GETs, bytes) of the media downloads whose object name holds `inside`."""
+    from urllib.parse import unquote
+
+    hits = [down for kind, _, target, down in counter.log
+            if kind == "media_get" and inside in unquote(target)]
+    return len(hits), sum(hits)
+
+
+@pytest.mark.slow
+def test_renamed_inputs_are_reframed_reading_each_record_once(gcs, gcs_bucket, tmp_path,
+                                                              make_images, gcs_counter):
+    """Every file under a new name: the build re-frames every stored record, downloading
+    about the records' bytes (ranged reads), not a 16 MiB window per record."""
+    make_images(tmp_path / "in", {"cat": 6, "dog": 6})
+    base = f"gs://{gcs_bucket}"
+    gcs.upload_tree(tmp_path / "in", f"{base}/in")
+    first = _build([f"{base}/in"], f"{base}/ds")
+    for path in sorted((tmp_path / "in").rglob("*.jpg")):
+        gcs.upload_bytes(f"{base}/moved/{path.parent.name}/r-{path.name}", path.read_bytes())
+    record_bytes = sum(s["num_bytes"] for split in first["splits"].values()
+                       for s in split["shards"])
+    before = gcs.read_json(f"{base}/ds/LATEST")["version"]
+    gcs_counter.reset()
+    second = _build([f"{base}/moved"], f"{base}/ds")
+    assert second["build"]["reframed"] == 12 and second["build"]["converted"] == 0
+    gets, down = _media(gcs_counter, f"/versions/{before}/pets-")
+    assert record_bytes <= down <= 1.1 * record_bytes, (down, record_bytes)
+    assert gets <= 12

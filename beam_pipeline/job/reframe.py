@@ -9,19 +9,38 @@ is byte-identical to what converting the input would give.
 
 import io
 
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
-
 from beam_pipeline.job import records
+from beam_pipeline.store import ranges
 from dataset_format import frames, schema
 from dataset_format.examples import parse_example
 
 
 def read_stored(source):
-    """A StoredFrame -> the record bytes of that TFRecord frame (CRCs checked)."""
-    with FileSystems.open(source.path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-        f.seek(source.offset)
-        frame = f.read(source.length)
+    """A StoredFrame -> the record bytes of that TFRecord frame (CRCs checked): one ranged
+    read of exactly the frame."""
+    return record_of(source, ranges.read_range(source.path, source.offset, source.length))
+
+
+def read_stored_run(sources):
+    """StoredFrames of one shard file that store/ranges.py reads as one run -> [(record
+    bytes, None) or (None, the error)], in order: one read for all of them."""
+    run = ranges.Run(sources[0].offset, sources[-1].offset + sources[-1].length,
+                     tuple((s.offset, s.length) for s in sources))
+    try:
+        frames_read = ranges.read_run(sources[0].path, run)
+    except Exception as e:  # each is converted from its input instead
+        return [(None, e)] * len(sources)
+    out = []
+    for source, frame in zip(sources, frames_read):
+        try:
+            out.append((record_of(source, frame), None))
+        except Exception as e:
+            out.append((None, e))
+    return out
+
+
+def record_of(source, frame):
+    """The bytes read for a StoredFrame -> its record (the frame's CRCs checked)."""
     if len(frame) != source.length:
         raise IOError(f"{source.path}: frame at {source.offset} is cut short "
                       f"({len(frame)} of {source.length} bytes)")

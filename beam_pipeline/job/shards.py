@@ -22,7 +22,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from beam_pipeline.store import catalog, files, gcs
+from beam_pipeline.store import catalog, files, gcs, ranges
 from beam_pipeline.dedup import perceptual
 from beam_pipeline.job import images, records, reframe, reuse
 from beam_pipeline.errors import error_record
@@ -274,25 +274,62 @@ def _fetch_for(ref, max_bytes=0):
 
 def _read_ahead(pool, refs, max_bytes=0, budget=None):
     """Yield (ref, bytes, error) in order while later reads are in flight: up to READ_AHEAD
-    of them, holding at most `budget` (READ_AHEAD_BYTES) listed bytes, or one image.
+    of them, holding at most `budget` (READ_AHEAD_BYTES) listed bytes, or one read.
 
     A local input file is opened ahead, with the kernel asked to read it in, and read here
     when its turn comes: a page-cache read costs less than handing it to a thread (that
-    hand-off was ~12% of a worker's CPU). gs:// objects and stored records use the pool.
+    hand-off was ~12% of a worker's CPU). gs:// objects and stored records use the pool;
+    stored records listed one after another that lie close together in one shard file are
+    one read (store/ranges.py).
     """
     budget = READ_AHEAD_BYTES if budget is None else budget
     pending, in_flight = collections.deque(), 0
-    for ref in refs:
-        while pending and (len(pending) >= READ_AHEAD or in_flight + ref.size > budget):
+    for group in _stored_runs(refs):
+        size = sum(ref.size for ref in group)
+        while pending and (len(pending) >= READ_AHEAD or in_flight + size > budget):
             done, future = pending.popleft()
-            in_flight -= done.size
-            yield (done, *future.result())
-        local = ref.source is None and "://" not in ref.uri
-        pending.append((ref, _LocalRead(ref.uri, max_bytes) if local
-                        else pool.submit(_fetch_for, ref, max_bytes)))
-        in_flight += ref.size
-    for ref, future in pending:
-        yield (ref, *future.result())
+            in_flight -= sum(ref.size for ref in done)
+            yield from _results(done, future)
+        pending.append((group, _submit(pool, group, max_bytes)))
+        in_flight += size
+    for done, future in pending:
+        yield from _results(done, future)
+
+
+def _submit(pool, group, max_bytes):
+    ref = group[0]
+    if len(group) > 1:
+        return pool.submit(reframe.read_stored_run, [r.source for r in group])
+    if ref.source is None and "://" not in ref.uri:
+        return _LocalRead(ref.uri, max_bytes)
+    return pool.submit(_fetch_for, ref, max_bytes)
+
+
+def _results(group, future):
+    got = future.result()
+    for ref, (data, error) in zip(group, got if len(group) > 1 else [got]):
+        yield ref, data, error
+
+
+def _stored_runs(refs):
+    """Refs -> lists of refs read together: consecutive stored records of one shard file that
+    form one run of store/ranges.py; every other ref alone."""
+    group, run, used = [], None, 0
+    for ref in refs:
+        source = ref.source
+        if (run is not None and source is not None and source.path == group[0].source.path
+                and ranges.joins(run, used, source.offset, source.length)):
+            group.append(ref)
+            run = ranges.Run(run.start, source.offset + source.length, ())
+            used += source.length
+            continue
+        if group:
+            yield group
+        group = [ref]
+        run = source and ranges.Run(source.offset, source.offset + source.length, ())
+        used = source.length if source else 0
+    if group:
+        yield group
 
 
 class _LocalRead:
