@@ -23,6 +23,7 @@ class StoredFrame:
     length: int
     phash: Optional[int] = None   # its catalog row's perceptual hashes (--near_duplicates):
     phash_center: Optional[int] = None  # whole, central 90% (None: a catalog from before it)
+    descriptor: Optional[str] = None  # its near_descriptor, base64 as catalog.iter_rows gives it
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -40,7 +41,8 @@ class ImageRef:
 
     def to_json(self):  # a list, not dataclasses.astuple: that deep-copies (10x slower)
         source = self.source and [self.source.path, self.source.offset, self.source.length,
-                                  self.source.phash, self.source.phash_center]
+                                  self.source.phash, self.source.phash_center,
+                                  self.source.descriptor]
         return json.dumps([self.key, self.uri, self.label, self.split, self.size, self.stamp,
                            self.sha256, source])
 

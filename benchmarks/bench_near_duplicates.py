@@ -512,8 +512,8 @@ def grouping_one(n, radius, bands, real_path, new_fraction=1.0):
     multi_index.choose_plan = lambda *a: chosen.append(choose(*a)) or chosen[-1]
     base = _memory_kb("VmRSS")
     t = time.perf_counter()
-    found = near_duplicates.find_groups(rows, radius, bands or None)
-    pairs = sum(len(g.pairs) for g in found)
+    found = near_duplicates.near_pairs(rows, radius, bands or None)
+    pairs = len(found)
     took = time.perf_counter() - t
     peak = _memory_kb("VmHWM")
     plan = "x".join(map(str, chosen[0].widths)) + f"/{chosen[0].sub_radius}"
@@ -610,7 +610,7 @@ def synthetic_centres(h, real_pairs, seed=SEED):
 
 
 def grouping_two_one(n, radius, hashes, real_path):
-    """find_groups on n images with `hashes` (1 or 2) hashes each, in a child process."""
+    """near_pairs on n images with `hashes` (1 or 2) hashes each, in a child process."""
     from beam_pipeline.dedup import near_duplicates
 
     pairs_path = real_path.replace(".npy", "-pairs.npy")
@@ -622,10 +622,10 @@ def grouping_two_one(n, radius, hashes, real_path):
             for k, v in enumerate(h.tolist()))
     base = _memory_kb("VmRSS")
     t = time.perf_counter()
-    found = near_duplicates.find_groups(rows, radius)
+    found = near_duplicates.near_pairs(rows, radius)
     took = time.perf_counter() - t
     peak = _memory_kb("VmHWM")
-    print(f"{took:.2f} {(peak - base) / 1024:.1f} {sum(len(g.pairs) for g in found)}")
+    print(f"{took:.2f} {(peak - base) / 1024:.1f} {len(found)}")
 
 
 def grouping2(radius=None):

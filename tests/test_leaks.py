@@ -11,9 +11,9 @@ import pytest
 import simplejpeg
 from PIL import Image, ImageOps
 
-from beam_pipeline.dedup import leaks, perceptual
-from beam_pipeline.dedup import near_duplicates as grouping
+from beam_pipeline.dedup import descriptor, leaks, perceptual
 from beam_pipeline.job import images
+from beam_pipeline.dedup import near_duplicates as grouping
 from dataset_format import layout
 from tests.helpers import build, check_invariants
 from tests.test_format_doc import check as check_documented
@@ -108,15 +108,22 @@ def read_jsonl(vdir):
 def test_planted_cross_split_pair_is_reported_everywhere(reported):
     from beam_pipeline.tools import verify
 
-    (group,) = read_jsonl(reported["version_dir"])
-    assert group["keys"] == ["test/cat/copy.png", "train/cat/p0.jpg"]
-    assert group["splits"] == ["test", "train"]
-    ((i, j, d),) = group["distances"]
-    assert (i, j) == (0, 1) and d <= grouping.DEFAULT_RADIUS and "excluded" not in group
+    (pair,) = read_jsonl(reported["version_dir"])
+    assert pair["keys"] == ["test/cat/copy.png", "train/cat/p0.jpg"]
+    assert pair["splits"] == ["test", "train"] and "excluded" not in pair and "why" not in pair
+    assert pair["hash_distance"] <= grouping.DEFAULT_RADIUS
+    assert pair["structure"] <= descriptor.MAX_STRUCTURE and pair["chroma"] <= descriptor.MAX_CHROMA
     m = reported["manifest"]
+    rejected = m["near_duplicates"]["rejected"]
     assert m["near_duplicates"] == {
-        "path": "near_duplicates.jsonl", "hash": "phash64x2", "radius": 10, "groups": 1,
-        "groups_across_splits": 1, "images": 2, "leaks": 1, "excluded": 0, "incremental": False}
+        "path": "near_duplicates.jsonl", "rejected_path": "near_duplicates_rejected.jsonl",
+        "hash": "phash64x2", "confirm": "luma16-chroma/1", "radius": 10,
+        "max_structure": descriptor.MAX_STRUCTURE, "max_chroma": descriptor.MAX_CHROMA,
+        "candidates": 1 + rejected, "pairs": 1, "rejected": rejected, "unconfirmable": 0,
+        "pairs_across_splits": 1, "components": 1, "images": 2, "leaks": 1, "excluded": 0,
+        "incremental": False}
+    with open(os.path.join(reported["version_dir"], leaks.REJECTED)) as f:
+        assert sum(1 for line in f if json.loads(line)["why"]) == rejected
     assert m["accounting"]["leaks"] == 0 and m["splits"]["test"]["num_examples"] == 4
     check_documented(m, {"always", "unless `--sink beam`", "with `--near_duplicates`"})
     table = pd.read_parquet(os.path.join(reported["version_dir"], layout.CATALOG))
@@ -138,8 +145,8 @@ def test_leaks_are_left_out_of_evaluation_and_counted(planted, tmp_path):
                                    failed=0, leaks=1)
     assert m["near_duplicates"]["excluded"] == 1
     assert m["splits"]["test"]["num_examples"] == 3 and m["splits"]["train"]["num_examples"] == 6
-    (group,) = read_jsonl(result["version_dir"])
-    assert group["excluded"] == ["test/cat/copy.png"]
+    (pair,) = read_jsonl(result["version_dir"])
+    assert pair["excluded"] == ["test/cat/copy.png"]
     table = pd.read_parquet(os.path.join(result["version_dir"], layout.CATALOG))
     assert "test/cat/copy.png" not in set(table["key"])
     check_invariants(result)
@@ -164,10 +171,11 @@ def test_a_ten_percent_crop_is_found_through_the_central_hash_and_left_out(tmp_p
     assert perceptual.hamming(original.phash, cropped.phash) == 16
     assert perceptual.hamming(original.phash_center, cropped.phash) == 0
     result = build(src, tmp_path / "ds", "--near_duplicates", "--drop_near_duplicate_leaks")
-    (group,) = read_jsonl(result["version_dir"])
-    assert group == {"keys": ["test/cat/crop.jpg", "train/cat/p31.jpg"],
-                     "splits": ["test", "train"], "distances": [[0, 1, 0]],
-                     "excluded": ["test/cat/crop.jpg"]}
+    (pair,) = read_jsonl(result["version_dir"])
+    assert pair == dict(pair, keys=["test/cat/crop.jpg", "train/cat/p31.jpg"],
+                        splits=["test", "train"], hash_distance=0,
+                        excluded=["test/cat/crop.jpg"])
+    assert pair["structure"] <= descriptor.MAX_STRUCTURE  # a window of the original lines up
     m = result["manifest"]
     assert m["accounting"] == dict(m["accounting"], listed=5, written=4, duplicates=0,
                                    failed=0, leaks=1)
@@ -193,23 +201,21 @@ def test_incremental_run_compares_new_images_with_old_ones_only(planted, tmp_pat
     write(f"{src}/test/cat/brighter.jpg",
           encoded(Image.fromarray(brighter.astype(np.uint8)), quality=80))
     seen = []
-    find_groups = grouping.find_groups
+    near_pairs = grouping.near_pairs
 
     def spy(rows, *args, **kw):
         def noted(rows):
             for r in rows:
                 seen.append((r.key, r.old))
                 yield r
-        return find_groups(noted(rows), *args, **kw)
+        return near_pairs(noted(rows), *args, **kw)
 
-    monkeypatch.setattr(grouping, "find_groups", spy)
+    monkeypatch.setattr(grouping, "near_pairs", spy)
     second = build(src, tmp_path / "ds", "--near_duplicates")
     assert second["manifest"]["incremental"]["from"] == first["version"]
     assert dict(seen)["test/cat/brighter.jpg"] is False
     assert sum(not old for _, old in seen) == 1 and len(seen) == 11  # the rest are old
-    (group,) = read_jsonl(second["version_dir"])
-    assert group["keys"] == ["test/cat/brighter.jpg", "test/cat/copy.png", "train/cat/p0.jpg"]
-    pairs = {(group["keys"][i], group["keys"][j]) for i, j, _ in group["distances"]}
+    pairs = {tuple(p["keys"]) for p in read_jsonl(second["version_dir"])}
     assert ("test/cat/copy.png", "train/cat/p0.jpg") in pairs  # carried from the first run
     assert ("test/cat/brighter.jpg", "train/cat/p0.jpg") in pairs  # new vs old
     assert second["manifest"]["near_duplicates"]["incremental"] is True
@@ -235,8 +241,8 @@ def test_rows_from_a_catalog_without_the_central_hash_group_by_their_whole_hash(
           encoded(Image.fromarray(brighter.astype(np.uint8)), quality=80))
     second = build(src, tmp_path / "ds", "--near_duplicates")
     assert second["manifest"]["incremental"]["from"] == first["version"]
-    (group,) = read_jsonl(second["version_dir"])
-    assert group["keys"] == ["test/cat/brighter.jpg", "test/cat/copy.png", "train/cat/p0.jpg"]
+    pairs = {tuple(p["keys"]) for p in read_jsonl(second["version_dir"])}
+    assert ("test/cat/brighter.jpg", "train/cat/p0.jpg") in pairs
     table = pd.read_parquet(os.path.join(second["version_dir"], layout.CATALOG))
     kept = table[table["key"] != "test/cat/brighter.jpg"]
     assert len(kept) == 10 and kept["phash_center"].isna().all() and kept["phash"].notna().all()

@@ -1,12 +1,13 @@
 """beam_pipeline.dedup.near_duplicates against brute force on seeded random hashes."""
 
-import hashlib
-import io
+import dataclasses
 import json
 import random
 
+import numpy as np
 import pytest
 
+from beam_pipeline.dedup import descriptor
 from beam_pipeline.dedup import multi_index as mi
 from beam_pipeline.dedup import near_duplicates as nd
 from beam_pipeline.dedup.near_duplicates import Row
@@ -87,20 +88,17 @@ def test_offset_tables_and_many_pieces(tmp_path, monkeypatch):
     assert found(rows, 6, 4, tmp_path) == brute(rows, 6)
 
 
-# sha256 (first 16 hex digits) of near_duplicates.jsonl as the previous engine (a text
-# spill sorted on disk, compared row by row in Python) wrote it for seeded_rows(3000, radius,
-# seed=99, old_every)
-PREVIOUS_ENGINE = {(10, 11, 0): (459, "e65533c03a5fa24a"), (10, 4, 3): (423, "1ca80cf33cdf7a5a"),
-                   (4, None, 0): (444, "448b88181fbbcaa4"), (6, 3, 2): (361, "3a74227dcb293415")}
-
-
-@pytest.mark.parametrize("radius, bands, old_every", sorted(PREVIOUS_ENGINE, key=str))
-def test_jsonl_equals_the_previous_engines(radius, bands, old_every, tmp_path):
+@pytest.mark.parametrize("radius, bands, old_every", [(10, 11, 0), (10, 4, 3), (4, None, 0),
+                                                   (6, 3, 2)])
+def test_near_pairs_lists_every_candidate_once_by_keys(radius, bands, old_every, tmp_path):
     rows = seeded_rows(3000, radius, seed=99, old_every=old_every)
-    buf = io.StringIO()
-    lines = nd.write_jsonl(nd.find_groups(rows, radius, bands, tmp_path), buf)
-    digest = hashlib.sha256(buf.getvalue().encode()).hexdigest()[:16]
-    assert (lines, digest) == PREVIOUS_ENGINE[(radius, bands, old_every)]
+    pairs = nd.near_pairs(rows, radius, bands, tmp_path)
+    assert [p.keys for p in pairs] == sorted(p.keys for p in pairs)
+    assert all(p.keys[0] < p.keys[1] for p in pairs)
+    assert {(*p.keys, p.hash_distance) for p in pairs} == found(rows, radius, bands, tmp_path)
+    # no descriptors (rows as a catalog from before them): listed, never confirmed
+    assert pairs and not any(p.confirmed for p in pairs)
+    assert {p.why for p in pairs} == {"no descriptor (a catalog row from before it)"}
 
 
 @pytest.mark.parametrize("bands", [None, 3])
@@ -114,60 +112,84 @@ def test_incremental_finds_exactly_the_pairs_with_a_new_row(bands, tmp_path):
     assert found(rows, 6, bands, tmp_path) == expected
 
 
-def test_groups_are_connected_sets_with_their_pairs():
+def textured(seed, side=48):
+    """A seeded textured image's descriptor: equal seeds, equal descriptors (confirmed)."""
+    rng = np.random.default_rng(seed)
+    small = rng.integers(0, 256, (6, 6, 3), dtype=np.uint8)
+    return descriptor.describe(np.kron(small, np.ones((8, 8, 1), np.uint8)))
+
+
+def test_pairs_are_confirmed_by_descriptors_and_leaks_need_a_direct_pair():
     h = 0x0123456789ABCDEF
-    rows = [Row("c.jpg", "test", h ^ 0b111), Row("a.jpg", "train", h),
-            Row("b.jpg", "train", h ^ 0b1), Row("z.jpg", "test", ~h & (2**64 - 1)),
-            Row("d.jpg", "validation", (h ^ 0xFF00000000000000)),
-            Row("e.jpg", "validation", (h ^ 0xFF00000000000000) ^ 0b10)]
-    groups = nd.find_groups(rows, radius=4)
-    assert [g.keys for g in groups] == [("a.jpg", "b.jpg", "c.jpg"), ("d.jpg", "e.jpg")]
-    first, second = groups
-    assert first.splits == ("train", "train", "test")
-    # a-b 1 bit, a-c 3, b-c 2: all within 4, so all three pairs verified
-    assert [(p.a, p.b, p.distance) for p in first.pairs] == [(0, 1, 1), (0, 2, 3), (1, 2, 2)]
-    assert first.spans_splits and first.leaks() == ("c.jpg",)
-    assert not second.spans_splits and second.leaks() == ()
+    same, other = textured(1), textured(2)
+    rows = [Row("c.jpg", "test", h ^ 0b111, descriptor=same), Row("a.jpg", "train", h,
+            descriptor=same), Row("b.jpg", "train", h ^ 0b1, descriptor=same),
+            Row("z.jpg", "test", ~h & (2**64 - 1), descriptor=same),
+            Row("d.jpg", "validation", h ^ 0xFF00000000000000, descriptor=other),
+            Row("e.jpg", "test", (h ^ 0xFF00000000000000) ^ 0b10, descriptor=same)]
+    pairs = nd.near_pairs(rows, radius=4)
+    # a-b 1 bit, a-c 3, b-c 2 (all confirmed); d-e 1 bit but their descriptors differ
+    assert [(p.keys, p.hash_distance, p.confirmed) for p in pairs] == [
+        (("a.jpg", "b.jpg"), 1, True), (("a.jpg", "c.jpg"), 3, True),
+        (("b.jpg", "c.jpg"), 2, True), (("d.jpg", "e.jpg"), 1, False)]
+    assert pairs[1].splits == ("train", "test") and pairs[1].leak() == "c.jpg"
+    assert pairs[0].leak() is None and pairs[3].leak() is None  # train-train; rejected
+    assert pairs[3].why == "structure differs" and pairs[3].structure > 0.25
+    assert nd.components(pairs) == [("a.jpg", "b.jpg", "c.jpg")]
 
 
-def test_chain_groups_keep_only_verified_pairs():
-    rows = [Row("a", "train", 0), Row("b", "test", 0b1111), Row("c", "test", 0xFF)]
-    (g,) = nd.find_groups(rows, radius=4)
-    assert g.keys == ("a", "b", "c")
-    assert [(p.a, p.b, p.distance) for p in g.pairs] == [(0, 1, 4), (1, 2, 4)]  # a-c is 8
+def test_a_chain_is_not_a_pair():
+    """a~b and b~c confirmed, a-c 8 bits apart: c leaks only through its own pair with a
+    train image, and a component lists all three without making a-c a pair."""
+    d = textured(3)
+    rows = [Row("a", "train", 0, descriptor=d), Row("b", "test", 0b1111, descriptor=d),
+            Row("c", "test", 0xFF, descriptor=d)]
+    pairs = nd.near_pairs(rows, radius=4)
+    assert [(p.keys, p.hash_distance) for p in pairs] == [(("a", "b"), 4), (("b", "c"), 4)]
+    assert {p.leak() for p in pairs} == {"b", None}  # c pairs only with b (test): no leak
+    assert nd.components(pairs) == [("a", "b", "c")]
 
 
 def test_signed_hashes_from_a_catalog_column_are_read_as_unsigned():
     rows = [Row("a", "train", -1), Row("b", "test", (1 << 64) - 2)]
-    (g,) = nd.find_groups(rows, radius=1)
-    assert g.pairs[0].distance == 1
+    (p,) = nd.near_pairs(rows, radius=1)
+    assert p.hash_distance == 1
 
 
-def test_jsonl_lines():
-    rows = [Row("x/2.jpg", "test", 5), Row("x/1.jpg", "train", 4)]
-    buf = io.StringIO()
-    assert nd.write_jsonl(nd.find_groups(rows, radius=2), buf) == 1
-    assert json.loads(buf.getvalue()) == {"keys": ["x/1.jpg", "x/2.jpg"],
-                                          "splits": ["train", "test"],
-                                          "distances": [[0, 1, 1]]}
+def test_jsonl_lines_round_trip():
+    d = textured(4)
+    rows = [Row("x/2.jpg", "test", 5, descriptor=d), Row("x/1.jpg", "train", 4, descriptor=d),
+            Row("y/1.jpg", "train", 0xFFFF << 40, descriptor=textured(5)),
+            Row("y/2.jpg", "test", 0xFFFF << 40)]
+    pairs = nd.near_pairs(rows, radius=2)
+    lines = [json.loads(p.to_json()) for p in pairs]
+    assert lines[0] == {"keys": ["x/1.jpg", "x/2.jpg"], "splits": ["train", "test"],
+                        "hash_distance": 1, "structure": 0.0, "chroma": 0.0}
+    assert lines[1]["why"] == "no descriptor (a catalog row from before it)"
+    assert lines[1]["structure"] is None
+    assert list(nd.read_pairs(p.to_json() for p in pairs)) == pairs
+    # the earlier group form is not read as pairs: a build after it compares everything
+    assert list(nd.read_pairs(['{"keys": ["a", "b"], "splits": ["train", "test"], '
+                               '"distances": [[0, 1, 3]]}'])) == []
 
 
 def test_keys_with_tabs_quotes_and_escapes_survive_the_spill():
     odd = ['a\t"b"\n.jpg', "c\\t.jpg", "d\\\\n\r.jpg", "e\u2028\udcff.jpg"]
     rows = [Row(k, "train", 9) for k in odd] + [Row("z.jpg", "te\\st", 9)]
-    (g,) = nd.find_groups(rows, radius=0)
-    assert g.keys == tuple(sorted(odd + ["z.jpg"])) and "te\\st" in g.splits
+    pairs = nd.near_pairs(rows, radius=0)
+    assert {k for p in pairs for k in p.keys} == set(odd + ["z.jpg"])
+    assert "te\\st" in {s for p in pairs for s in p.splits}
 
 
 @pytest.mark.parametrize("radius, bands", [(-1, None), (64, None), (3, 65)])
 def test_rejects_impossible_plans(radius, bands):
     with pytest.raises(ValueError):
-        nd.find_groups([Row("a", "train", 1)], radius, bands)
+        list(nd.find_pairs([Row("a", "train", 1)], radius, bands))
 
 
 def test_a_plan_too_wide_to_enumerate_is_refused():
     with pytest.raises(ValueError, match="values within the sub-radius"):
-        nd.find_groups(seeded_rows(20, 10, seed=1), 10, bands=1)
+        list(nd.find_pairs(seeded_rows(20, 10, seed=1), 10, bands=1))
 
 
 def stats(n, old=0, ones=None):
@@ -206,20 +228,22 @@ def test_identical_hashes_only(tmp_path):
 
 
 def test_no_rows_and_no_pairs(tmp_path):
-    assert nd.find_groups([], 10, directory=tmp_path) == []
-    assert nd.find_groups([Row("a", "train", 0), Row("b", "test", 2**64 - 1)], 10) == []
+    assert nd.near_pairs([], 10, directory=tmp_path) == []
+    assert nd.near_pairs([Row("a", "train", 0), Row("b", "test", 2**64 - 1)], 10) == []
     assert not list(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize("bands", [None, 4])
-def test_incremental_groups_equal_a_full_run(bands, tmp_path):
-    """Old rows grouped by an earlier run (its pairs carried over) plus new rows searched
-    against them give the groups a run over everything gives."""
-    rows = seeded_rows(400, 10, seed=11)
-    earlier = nd.find_groups(rows[:300], 10, bands, tmp_path)
-    known = list(nd.read_pairs(g.to_json() for g in earlier))
-    now = [Row(r.key, r.split, r.hash, old=i < 300) for i, r in enumerate(rows)]
-    assert nd.find_groups(now, 10, bands, tmp_path, known) == nd.find_groups(rows, 10, bands)
+def test_incremental_pairs_equal_a_full_run(bands, tmp_path):
+    """Old rows paired by an earlier run (its measured pairs carried over) plus new rows
+    searched against them give the pairs a run over everything gives."""
+    rows = [Row(r.key, r.split, r.hash, descriptor=textured(k % 7))
+            for k, r in enumerate(seeded_rows(400, 10, seed=11))]
+    earlier = nd.near_pairs(rows[:300], 10, bands, tmp_path)
+    known = list(nd.read_pairs(p.to_json() for p in earlier))
+    assert any(p.confirmed for p in known) and not all(p.confirmed for p in known)
+    now = [dataclasses.replace(r, old=i < 300) for i, r in enumerate(rows)]
+    assert nd.near_pairs(now, 10, bands, tmp_path, known) == nd.near_pairs(rows, 10, bands)
 
 
 def test_band_pieces_in_memory_stay_near_table_rows(tmp_path, monkeypatch):
@@ -298,15 +322,15 @@ def test_two_hashes_with_tiny_memory_limits(tmp_path, monkeypatch):
     assert not list(tmp_path.iterdir()), "scratch files left behind"
 
 
-def test_a_row_near_only_through_its_centre_joins_the_group():
+def test_a_row_near_only_through_its_centre_is_a_candidate():
     h = 0x0123456789ABCDEF
     rows = [Row("a.jpg", "train", h, center=h ^ 0xFFFF),
             Row("crop.jpg", "test", h ^ 0xFFFF ^ 0b11, center=h ^ 0xFFFF ^ 0b111000),
             Row("old.jpg", "test", h ^ 0b1)]  # no centre: a catalog row from before
-    (group,) = nd.find_groups(rows, radius=4)
-    assert group.keys == ("a.jpg", "crop.jpg", "old.jpg")
+    pairs = nd.near_pairs(rows, radius=4)
     # a-crop: centre vs whole 2 bits (whole vs whole 18); a-old 1; crop-old 15+: no pair
-    assert [(p.a, p.b, p.distance) for p in group.pairs] == [(0, 1, 2), (0, 2, 1)]
+    assert [(p.keys, p.hash_distance) for p in pairs] == [(("a.jpg", "crop.jpg"), 2),
+                                                           (("a.jpg", "old.jpg"), 1)]
 
 
 def test_two_hashes_per_row_and_no_pairs_between_rows(tmp_path):
@@ -317,4 +341,4 @@ def test_two_hashes_per_row_and_no_pairs_between_rows(tmp_path):
             for i, h in enumerate(rng.getrandbits(64) for _ in range(40))]
     assert all((a.hash ^ b.hash).bit_count() > 12 for i, a in enumerate(rows) for b in rows[i + 1:])
     assert list(nd.find_pairs(rows, 10, None, tmp_path)) == []
-    assert nd.find_groups(rows, 10, directory=tmp_path) == []
+    assert nd.near_pairs(rows, 10, directory=tmp_path) == []

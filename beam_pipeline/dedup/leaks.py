@@ -1,37 +1,43 @@
-"""Near-duplicates at commit: the stored images' perceptual hashes grouped within a Hamming
-radius -> near_duplicates.jsonl, and the evaluation images that leak a train image.
+"""Near-duplicates at commit: the stored images' perceptual hashes joined within a Hamming
+radius (candidates), each candidate confirmed or rejected by a second descriptor ->
+near_duplicates.jsonl (confirmed pairs) and near_duplicates_rejected.jsonl, and the
+evaluation images that leak a train image.
 
 Byte hashes (dedup/duplicates.py) miss the copies that inflate test scores most: the same
 photo resized, re-compressed, lightly cropped or re-exported. The writer stored two 64-bit
-pHashes per image in the catalog (--near_duplicates): of the whole image and of its central
-90%, so a crop of up to 10% stays near one of them; this step streams (key, split, phash,
-phash_center) from the shards' catalog fragments into the multi-index grouping
-(dedup/near_duplicates.py), where a pair's distance is the least of its four hash pairs; it
-keeps the hashes in a local file and sorts them a band and value range at a time, so memory
-stays flat.
+pHashes per image in the catalog (--near_duplicates), of the whole image and of its central
+90% (a crop of up to 10% stays near one of them), and a descriptor (dedup/descriptor.py: a
+16x16 luma thumbnail and the mean colour). This step streams (key, split, phash,
+phash_center, near_descriptor) from the shards' catalog fragments into the multi-index join
+(dedup/near_duplicates.py), where a pair's hash distance is the least of its four hash
+pairs, then compares the candidates' descriptors; memory stays flat.
 
 Incremental: rows of reused and copied shards are old; only pairs with a new row are
-searched, and the previous version's pairs between rows still unchanged are carried over,
-so near_duplicates.jsonl always describes the whole version. A row from a catalog written
-before the central hash (phash_center null) is grouped by its whole hash alone: its pairs
-with new rows are the least over the hashes both have.
+searched, and the previous version's measured pairs between rows still unchanged are
+carried over, so the files always describe the whole version. A row without a descriptor
+(a catalog written before it) can't be confirmed: its candidates are listed as rejected
+with that reason, and a --force rebuild hashes them again.
 
-A leak is an evaluation-split member of a group with a train member. With
---drop_near_duplicate_leaks they leave their shards (frames copied, nothing decoded, as
---drop_content_duplicates does) and count as `leaks` in the accounting; a train image never
-leaves, so with sticky splits no near-copy of a train image enters evaluation later.
+A leak is an evaluation image with a confirmed pair with a train image: a pair, never a
+chain of pairs. With --drop_near_duplicate_leaks leaks leave their shards (frames copied,
+nothing decoded, as --drop_content_duplicates does) and count as `leaks` in the accounting;
+a train image never leaves, so with sticky splits no near-copy of a train image enters
+evaluation later.
 """
 
 import tempfile
 
 from apache_beam.io.filesystems import FileSystems
 
+from beam_pipeline.dedup import descriptor
 from beam_pipeline.store import catalog, files
 from beam_pipeline.dedup import near_duplicates as grouping
 from dataset_format import layout
 
 NEAR_DUPLICATES = "near_duplicates.jsonl"
+REJECTED = "near_duplicates_rejected.jsonl"
 HASH = "phash64x2"  # dedup/perceptual.phash_pair: 64-bit pHashes of the whole and central 90%
+CONFIRM = "luma16-chroma/1"  # dedup/descriptor.py: structure and colour, as its limits say
 TRAIN = "train"
 OLD_KINDS = ("reuse", "copy")  # incremental shards whose rows the previous version grouped
 
@@ -39,52 +45,73 @@ OLD_KINDS = ("reuse", "copy")  # incremental shards whose rows the previous vers
 def report(results, spec):
     """ShardResults (cataloged, in order) -> (manifest entry, {shard file: positions to drop}).
 
-    Writes VDIR/near_duplicates.jsonl. Positions are collected only with
-    spec.drop_near_duplicate_leaks.
+    Writes VDIR/near_duplicates.jsonl and VDIR/near_duplicates_rejected.jsonl. Positions are
+    collected only with spec.drop_near_duplicate_leaks.
     """
     known = _previous_pairs(spec)
     incremental = known is not None
-    groups = grouping.find_groups(_rows(results, incremental), spec.near_duplicate_radius,
-                                  known_pairs=known or ())  # its own scratch directory
-    leaks = {k for g in groups for k in g.leaks(TRAIN)}
+    pairs = grouping.near_pairs(_rows(results, incremental), spec.near_duplicate_radius,
+                                known=known or ())  # its own scratch directory
+    confirmed = [p for p in pairs if p.confirmed]
+    leaks = {k for p in confirmed if (k := p.leak(TRAIN)) is not None}
     excluded = leaks if spec.drop_near_duplicate_leaks else set()
-    with tempfile.NamedTemporaryFile("w", suffix=".jsonl") as out:
-        for g in groups:
-            out.write(g.to_json(excluded=[k for k in g.keys if k in excluded]) + "\n")
-        out.flush()
-        files.copy_local_file(out.name, layout.join(spec.vdir, NEAR_DUPLICATES))
-    entry = {"path": NEAR_DUPLICATES, "hash": HASH, "radius": spec.near_duplicate_radius,
-             "groups": len(groups), "groups_across_splits": sum(g.spans_splits for g in groups),
-             "images": sum(len(g.keys) for g in groups), "leaks": len(leaks),
-             "excluded": len(excluded), "incremental": incremental}
+    _write(spec.vdir, NEAR_DUPLICATES,
+           (p.to_json(excluded=[k for k in p.keys if k in excluded]) for p in confirmed))
+    _write(spec.vdir, REJECTED, (p.to_json() for p in pairs if not p.confirmed))
+    groups = grouping.components(confirmed)
+    entry = {"path": NEAR_DUPLICATES, "rejected_path": REJECTED, "hash": HASH,
+             "confirm": CONFIRM, "radius": spec.near_duplicate_radius,
+             "max_structure": descriptor.MAX_STRUCTURE, "max_chroma": descriptor.MAX_CHROMA,
+             "candidates": len(pairs), "pairs": len(confirmed),
+             "rejected": len(pairs) - len(confirmed),
+             "unconfirmable": sum(p.structure is None for p in pairs),
+             "pairs_across_splits": sum(p.spans_splits for p in confirmed),
+             "components": len(groups), "images": sum(len(g) for g in groups),
+             "leaks": len(leaks), "excluded": len(excluded), "incremental": incremental}
     return entry, _positions(results, excluded)
 
 
-_ROW_COLUMNS = ["key", "split", "phash", "phash_center"]  # the catalog columns _rows reads
+def _write(vdir, name, lines):
+    with tempfile.NamedTemporaryFile("w", suffix=".jsonl") as out:
+        for line in lines:
+            out.write(line + "\n")
+        out.flush()
+        files.copy_local_file(out.name, layout.join(vdir, name))
+
+
+_ROW_COLUMNS = ["key", "split", "phash", "phash_center", "near_descriptor"]  # what _rows reads
 
 
 def _rows(results, incremental):
-    """Every stored image with a hash, as a grouping Row (old: grouped by the previous run)."""
+    """Every stored image with a hash, as a grouping Row (old: paired by the previous run)."""
     for r in results:
         old = incremental and r.kind in OLD_KINDS
         for table in catalog.iter_tables(r.catalog_temp, columns=_ROW_COLUMNS):
             columns = table.to_pydict()
-            for key, split, phash, center in zip(columns["key"], columns["split"],
-                                                 columns["phash"], columns["phash_center"]):
+            for key, split, phash, center, desc in zip(
+                    columns["key"], columns["split"], columns["phash"], columns["phash_center"],
+                    columns["near_descriptor"]):
                 if phash is not None:
-                    yield grouping.Row(key, split, phash, old, center)
+                    yield grouping.Row(key, split, phash, old, center, desc)
 
 
 def _previous_pairs(spec):
-    """The previous version's pairs (None when this build is not incremental, or the previous
-    version has no near_duplicates.jsonl: then every row is compared with every other)."""
+    """The previous version's measured pairs, confirmed and rejected (None when this build is
+    not incremental, or the previous version has no pairs file of this form: then every row
+    is compared with every other)."""
     if not spec.increment:
         return None
-    path = layout.join(spec.previous_vdir, NEAR_DUPLICATES)
-    if not files.exists(path):
-        return None
-    with FileSystems.open(path) as f:
-        return list(grouping.read_pairs(line.decode() for line in f))
+    found = []
+    for name in (NEAR_DUPLICATES, REJECTED):
+        path = layout.join(spec.previous_vdir, name)
+        if not files.exists(path):
+            return None
+        with FileSystems.open(path) as f:
+            lines = [line.decode() for line in f]
+        if any('"distances"' in line for line in lines):
+            return None  # groups from before pairs were confirmed: compare everything again
+        found.extend(grouping.read_pairs(lines))
+    return found
 
 
 def _positions(results, keys):

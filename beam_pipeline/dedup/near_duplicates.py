@@ -1,24 +1,31 @@
-"""Near-duplicate groups: every pair of stored images whose perceptual hashes differ in at most
-`radius` bits, without comparing everything with everything and without holding the catalog.
+"""Near-duplicate pairs: every pair of stored images whose perceptual hashes differ in at most
+`radius` bits (the candidates), confirmed by a second, independent descriptor
+(dedup/descriptor.py), without comparing everything with everything and without holding the
+catalog.
 
-The rows go to local disk once (hashes as uint64, keys as text lines); the exact join of the
-hashes (dedup/multi_index.py: multi-index hashing, a band plan chosen for the number of rows,
-sorted band pieces on disk) yields row ids of pairs, and keys are read back only for those.
+The rows go to local disk once (hashes as uint64, descriptors as fixed-size records, keys as
+text lines); the exact join of the hashes (dedup/multi_index.py: multi-index hashing, a band
+plan chosen for the number of rows, sorted band pieces on disk) yields row ids of candidate
+pairs, and keys and descriptors are read back only for those. A candidate is confirmed when
+the descriptors agree (structure and colour): the hash proposes, the descriptor disposes. On
+the benchmark's hard negatives (smooth gradients, discs on black, textures, flat fields) the
+hash alone paired unrelated images (docs/near_duplicates.md).
 
 Two hashes per image (whole and central 90%, dedup/perceptual.phash_pair): a row's `center`
 goes to the join as a second hash of the same row; a pair's distance is the least of its
 (up to four) hash pairs, a row never pairs with itself, and each pair of rows is yielded once.
 
-Incremental: rows are `old` (already in the previous catalog, grouped before) or new; only new
+Incremental: rows are `old` (already in the previous catalog, paired before) or new; only new
 rows look for partners, so a nightly run costs the new rows' buckets, not the catalog's.
 
-near_duplicates.jsonl, one group per line, groups ordered by their first key:
+near_duplicates.jsonl lists the confirmed pairs, one a line, ordered by their keys:
 
-    {"keys": ["a.jpg", "b.jpg"], "splits": ["train", "test"], "distances": [[0, 1, 6]]}
+    {"keys": ["a.jpg", "b.jpg"], "splits": ["train", "test"], "hash_distance": 6,
+     "structure": 0.031, "chroma": 0.8}
 
-`keys` sorted; `splits[i]` is the split of `keys[i]`; `distances` the verified pairs
-[i, j, hamming bits] (i < j, indices into `keys`) that joined the group - near-duplication is
-not transitive, so a group is the connected set, and a pair not listed may be further apart.
+near_duplicates_rejected.jsonl lists the other candidates in the same form, with "why". Pairs,
+not groups: near-duplication is not transitive, so every report and the leak rule act on
+measured pairs; `components` (connected sets of confirmed pairs) serve only the summary.
 """
 
 import dataclasses
@@ -28,6 +35,7 @@ import tempfile
 
 import numpy as np
 
+from beam_pipeline.dedup import descriptor
 from beam_pipeline.dedup import multi_index
 
 BITS = 64
@@ -42,38 +50,131 @@ class Row:
     hash: int          # unsigned 64-bit (a signed int64 from a catalog column is accepted)
     old: bool = False  # in the previous catalog: never compared with another old row
     center: int | None = None  # a second hash (the central 90%'s); None: the whole one only
-
-
-@dataclasses.dataclass(frozen=True, order=True, slots=True)
-class Pair:
-    a: int             # indices into the group's keys, a < b
-    b: int
-    distance: int
+    descriptor: bytes | None = None  # dedup/descriptor.py's; None: a catalog from before it
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Group:
-    keys: tuple
-    splits: tuple
-    pairs: tuple       # of Pair
+class NearPair:
+    """One candidate pair and the descriptor's verdict on it."""
+
+    keys: tuple            # (a, b), a < b
+    splits: tuple          # their splits, in the same order
+    hash_distance: int     # the least Hamming distance of their hashes
+    structure: float | None = None  # job/descriptor.distances; None: a row has no descriptor
+    chroma: float | None = None
+    confirmed: bool = False
+
+    @property
+    def why(self):
+        """Why a candidate was not confirmed ("" when it was)."""
+        if self.confirmed:
+            return ""
+        if self.structure is None:
+            return "no descriptor (a catalog row from before it)"
+        if self.structure > descriptor.MAX_STRUCTURE:
+            return "structure differs"
+        return "colour differs"
 
     @property
     def spans_splits(self):
-        return len(set(self.splits)) > 1
+        return self.splits[0] != self.splits[1]
 
-    def leaks(self, train="train"):
-        """Keys outside `train` in a group with a train member: what evaluation must not see."""
-        if train not in self.splits:
-            return ()
-        return tuple(k for k, s in zip(self.keys, self.splits) if s != train)
+    def leak(self, train="train"):
+        """The evaluation key of a confirmed pair with a train image, else None."""
+        if self.confirmed and self.spans_splits and train in self.splits:
+            return self.keys[1] if self.splits[0] == train else self.keys[0]
+        return None
 
     def to_json(self, excluded=()):
-        """One near_duplicates.jsonl line; `excluded`: keys left out of the version."""
+        """One near_duplicates(_rejected).jsonl line; `excluded`: keys left out of the version."""
         line = {"keys": list(self.keys), "splits": list(self.splits),
-                "distances": [[p.a, p.b, p.distance] for p in self.pairs]}
+                "hash_distance": self.hash_distance,
+                "structure": self.structure, "chroma": self.chroma}
+        if not self.confirmed:
+            line["why"] = self.why
         if excluded:
             line["excluded"] = list(excluded)
         return json.dumps(line)
+
+    @classmethod
+    def from_json(cls, line):
+        d = json.loads(line)
+        return cls(tuple(d["keys"]), tuple(d["splits"]), d["hash_distance"], d["structure"],
+                   d["chroma"], "why" not in d)
+
+
+def _verdicts(candidates):
+    """[(row a, row b, hash distance)] -> [NearPair], the descriptors compared in one batch."""
+    both = [k for k, (a, b, _) in enumerate(candidates)
+            if a.descriptor is not None and b.descriptor is not None]
+    structure, chroma = descriptor.distances([candidates[k][0].descriptor for k in both],
+                                             [candidates[k][1].descriptor for k in both])
+    ok = descriptor.confirmed(structure, chroma)
+    # rounded as the files keep them, so a pair read back equals the pair measured
+    measured = {k: (max(round(s, 4), 0.0), round(c, 2), o)
+                for k, s, c, o in zip(both, structure.tolist(), chroma.tolist(), ok.tolist())}
+    out = []
+    for k, (a, b, d) in enumerate(candidates):
+        if b.key < a.key:
+            a, b = b, a
+        out.append(NearPair((a.key, b.key), (a.split, b.split), d, *measured.get(k, (None, None,
+                                                                                      False))))
+    return out
+
+
+CONFIRM_BATCH = 8192  # candidate pairs whose descriptors are compared at once (~20 MB)
+
+
+def near_pairs(rows, radius=DEFAULT_RADIUS, bands=None, directory=None, known=()):
+    """Every candidate pair (`find_pairs`) with the descriptor's verdict, ordered by keys.
+
+    `known`: NearPairs an earlier run measured between two old rows (its
+    near_duplicates(_rejected).jsonl); kept, with the rows' current splits, when both keys
+    are still old rows and the pair is within `radius`.
+    """
+    known = list(known)
+    wanted, old_split = {k for p in known for k in p.keys}, {}
+
+    def noting_old(rows):
+        for r in rows:
+            if r.old and r.key in wanted:
+                old_split[r.key] = r.split
+            yield r
+
+    out, batch = [], []
+    for candidate in find_pairs(noting_old(rows), radius, bands, directory):
+        batch.append(candidate)
+        if len(batch) >= CONFIRM_BATCH:
+            out.extend(_verdicts(batch))
+            batch = []
+    out.extend(_verdicts(batch))
+    for p in known:  # find_pairs has read every row by now
+        if all(k in old_split for k in p.keys) and p.hash_distance <= radius:
+            out.append(dataclasses.replace(p, splits=tuple(old_split[k] for k in p.keys)))
+    return sorted(out, key=lambda p: p.keys)
+
+
+def components(pairs):
+    """The connected sets of keys of the confirmed pairs (for the summary: near-duplication
+    is not transitive, so a component is not a set of mutual near-duplicates)."""
+    parent = {}
+
+    def root(k):
+        parent.setdefault(k, k)
+        while parent[k] != k:
+            parent[k] = parent[parent[k]]
+            k = parent[k]
+        return k
+
+    for p in pairs:
+        if p.confirmed:
+            ra, rb = root(p.keys[0]), root(p.keys[1])
+            if ra != rb:
+                parent[max(ra, rb)] = min(ra, rb)
+    members = {}
+    for k in list(parent):
+        members.setdefault(root(k), []).append(k)
+    return sorted(tuple(sorted(m)) for m in members.values())
 
 
 def find_pairs(rows, radius=DEFAULT_RADIUS, bands=None, directory=None):
@@ -111,17 +212,20 @@ def _least(columns, two):
 
 class _Spilled:
     """The rows on local disk: hashes and old flags (multi_index.Spill), and one line per row
-    "key<TAB>split" (tab, newline and backslash escaped), read back only for found pairs.
+    "key<TAB>split" (tab, newline and backslash escaped), and one descriptor record per row
+    (descriptor.SIZE bytes and a presence byte), read back only for found pairs.
     With second hashes, `owner` maps each spilled hash to its row (hash ids ascending)."""
 
     def __init__(self, rows, scratch):
         self.spill = multi_index.Spill(scratch)
         self.keys_path = os.path.join(scratch, "keys.txt")
         self.owner_path = os.path.join(scratch, "owner.u64")
+        self.desc_path = os.path.join(scratch, "descriptors.bin")
         self.two, self.n = False, 0
         with open(self.keys_path, "w", encoding="utf-8", errors="surrogatepass",
-                  newline="\n") as kf, open(self.owner_path, "wb") as of:
-            hashes, olds, owners, lines, splits = [], [], [], [], {}
+                  newline="\n") as kf, open(self.owner_path, "wb") as of, \
+                open(self.desc_path, "wb") as df:
+            hashes, olds, owners, lines, splits, descs = [], [], [], [], {}, []
             add_hash, add_old, add_owner, add_line = (hashes.append, olds.append, owners.append,
                                                       lines.append)
             chunk = multi_index.SCAN_ROWS
@@ -140,12 +244,20 @@ class _Spilled:
                 if split not in splits:
                     splits[split] = _escape(split)
                 add_line(f"{key}\t{splits[split]}\n")
+                d = row.descriptor
+                descs.append(b"\1" + d if d is not None and len(d) == descriptor.SIZE
+                             else _NO_DESCRIPTOR)
                 if len(hashes) >= chunk:
                     self._flush(hashes, olds, owners, lines, kf, of)
+                    df.write(b"".join(descs))
+                    descs.clear()
             self._flush(hashes, olds, owners, lines, kf, of)
+            df.write(b"".join(descs))
         self.spill.close()
         self.two = self.spill.n > self.n
         self.owner = np.memmap(self.owner_path, np.uint64, "r") if self.two else None
+        self.descriptors = (np.memmap(self.desc_path, np.uint8, "r").reshape(-1, _DESC_RECORD)
+                            if self.n else None)
 
     def _flush(self, hashes, olds, owners, lines, kf, of):
         if hashes:
@@ -176,6 +288,8 @@ class _Spilled:
             has = (first + 1 < self.spill.n) & (self.owner[after] == ids.astype(np.uint64))
             centers = [c if k else None
                        for c, k in zip(self.spill.hashes[after].tolist(), has.tolist())]
+        records = self.descriptors[ids]
+        descs = [r[1:].tobytes() if r[0] else None for r in records]
         out, wanted = {}, enumerate(ids.tolist())
         at, nxt = next(wanted)
         with open(self.keys_path, encoding="utf-8", errors="surrogatepass",
@@ -183,11 +297,15 @@ class _Spilled:
             for i, line in enumerate(f):
                 if i == nxt:
                     key, split = (_unescape(s) for s in line[:-1].split("\t"))
-                    out[i] = Row(key, split, hashes[at], olds[at], centers[at])
+                    out[i] = Row(key, split, hashes[at], olds[at], centers[at], descs[at])
                     at, nxt = next(wanted, (None, None))
                     if nxt is None:
                         break
         return out
+
+
+_DESC_RECORD = 1 + descriptor.SIZE  # a presence byte, then the descriptor
+_NO_DESCRIPTOR = bytes(_DESC_RECORD)
 
 
 _ESCAPES = {"\\": "\\\\", "\t": "\\t", "\n": "\\n"}
@@ -207,77 +325,10 @@ def _unescape(text):
     return "".join(out)
 
 
-def find_groups(rows, radius=DEFAULT_RADIUS, bands=None, directory=None, known_pairs=()):
-    """Connected groups of the pairs `find_pairs` yields, ordered by first key.
-
-    `known_pairs`: (key a, key b, distance) found by an earlier run between two old rows
-    (read_pairs of its near_duplicates.jsonl); kept when both keys are still old rows.
-    """
-    known_pairs = list(known_pairs)
-    wanted, old_split = {k for a, b, _ in known_pairs for k in (a, b)}, {}
-
-    def noting_old(rows):
-        for r in rows:
-            if r.old and r.key in wanted:
-                old_split[r.key] = r.split
-            yield r
-
-    edges, split = [], {}
-    for a, b, d in find_pairs(noting_old(rows), radius, bands, directory):
-        split[a.key], split[b.key] = a.split, b.split
-        edges.append((a.key, b.key, d))
-    for a, b, d in known_pairs:  # find_pairs has read every row by now
-        if a in old_split and b in old_split and d <= radius:
-            split[a], split[b] = old_split[a], old_split[b]
-            edges.append((a, b, d))
-    return _connected(edges, split)
-
-
-def _connected(edges, split):
-    parent = {k: k for k in split}
-
-    def root(k):
-        while parent[k] != k:
-            parent[k] = parent[parent[k]]
-            k = parent[k]
-        return k
-
-    for a, b, _ in edges:
-        ra, rb = root(a), root(b)
-        if ra != rb:
-            parent[max(ra, rb)] = min(ra, rb)
-    members, group_edges = {}, {}
-    for k in parent:
-        members.setdefault(root(k), []).append(k)
-    for a, b, d in edges:
-        group_edges.setdefault(root(a), []).append((a, b, d))
-    groups = []
-    for r, keys in members.items():
-        keys.sort()
-        index = {k: i for i, k in enumerate(keys)}
-        pairs = []  # sorted as tuples: Pair's generated __lt__ costs ~10x more
-        for a, b, d in group_edges[r]:
-            i, j = index[a], index[b]
-            pairs.append((i, j, d) if i < j else (j, i, d))
-        pairs.sort()
-        groups.append(Group(tuple(keys), tuple(split[k] for k in keys),
-                            tuple(Pair(*p) for p in pairs)))
-    return sorted(groups, key=lambda g: g.keys[0])
-
-
 def read_pairs(lines):
-    """near_duplicates.jsonl lines -> (key a, key b, distance) of every verified pair."""
+    """near_duplicates(_rejected).jsonl lines -> NearPairs. Lines of the earlier group form
+    (a "distances" field) give none: their pairs were never confirmed, so a build after one
+    compares every row again."""
     for line in lines:
-        if line.strip():
-            g = json.loads(line)
-            for i, j, d in g["distances"]:
-                yield g["keys"][i], g["keys"][j], d
-
-
-def write_jsonl(groups, f):
-    """near_duplicates.jsonl (format in the module docstring); returns the number of lines."""
-    n = 0
-    for g in groups:
-        f.write(g.to_json() + "\n")
-        n += 1
-    return n
+        if line.strip() and '"distances"' not in line:
+            yield NearPair.from_json(line)

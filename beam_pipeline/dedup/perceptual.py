@@ -92,16 +92,22 @@ def _small_grey(pixels):
     """Grey pixels box-averaged as a scaled JPEG decode would have them. A scaled decode
     arrives small and grey (no Pillow); full-size RGB is averaged before its luma is taken
     (luma is linear: the same to rounding, and 1/64 of the conversions)."""
+    return reduced(pixels)[1]
+
+
+def reduced(pixels):
+    """(box-averaged pixels as a scaled decode would have them: HxW or HxWx3 uint8, their
+    grey): what both hashes and the descriptor (dedup/descriptor.py) are taken of, made once."""
     a = _checked(pixels)
     if a.size == 0:
         raise ValueError("cannot hash an empty image")
     factor = shrink_factor(*a.shape[:2])
     if factor == 1 and a.ndim == 2:
-        return a
+        return a, a
     img = Image.fromarray(a, "L" if a.ndim == 2 else "RGB")
     if factor > 1:
         img = img.reduce(factor)
-    return np.asarray(img.convert("L"))
+    return np.asarray(img), np.asarray(img.convert("L"))
 
 
 def thumbnail(pixels):
@@ -144,7 +150,11 @@ def phash_pair(pixels):
     hashes drift apart (docs/measurements.md: recall 92% -> 96-97% at radius 10, no false pair).
     The centre is cut from the same box-averaged grey pixels, so it costs a second pair of
     small matrix products (the matrices cached per side length, as the whole image's are)."""
-    g = _small_grey(pixels)
+    return phash_pair_of_grey(_small_grey(pixels))
+
+
+def phash_pair_of_grey(g):
+    """phash_pair of pixels already box-averaged and grey (`reduced`'s second value)."""
     return _packed(bits_of(_low(g))), _packed(bits_of(_low(central(g))))
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import simplejpeg
 from PIL import Image, ImageOps
 
-from beam_pipeline.dedup import perceptual
+from beam_pipeline.dedup import descriptor, perceptual
 from beam_pipeline.job import jpeg
 # EncodeOptions and ImageError are the entry's API too: callers import them from here.
 from beam_pipeline.job.pixels import EncodeOptions, ImageError, check_size, fit_size, resize
@@ -36,6 +36,7 @@ class Encoded:
     moments: tuple | None = None
     phash: int | None = None  # with_phash: perceptual.phash_pair of the stored pixels: whole,
     phash_center: int | None = None  # ... and central 90%
+    descriptor: bytes | None = None  # with_phash: descriptor.describe, the pairs' second opinion
 
 
 def pixel_moments(rgb):
@@ -145,7 +146,11 @@ def _encoded(pixels, opts, with_moments, with_phash=False):
 
 
 def _hashes(pixels, with_phash):
-    return perceptual.phash_pair(pixels) if with_phash else (None, None)
+    """(whole pHash, central pHash, descriptor) of the stored pixels, or Nones."""
+    if not with_phash:
+        return None, None, None
+    small, grey = perceptual.reduced(pixels)  # once, for both hashes and the descriptor
+    return (*perceptual.phash_pair_of_grey(grey), descriptor.describe_reduced(small, grey))
 
 
 def _convert_jpeg(data, opts, with_moments, with_phash):
@@ -158,10 +163,11 @@ def _convert_jpeg(data, opts, with_moments, with_phash):
                            *_hashes(pixels, with_phash))
         if with_phash:
             # A strict decode DCT-scaled to >= MIN_SIDE px validates as the full one does
-            # (entropy decoding is where corruption shows) and is all the hash needs.
+            # (entropy decoding is where corruption shows) and is all the hashes need; in
+            # RGB, for the descriptor's mean colour.
             small = jpeg.strict_decode(header, colorspace,
-                                       (perceptual.MIN_SIDE, perceptual.MIN_SIDE), "GRAY")
-            return Encoded(data, h, w, True, None, *perceptual.phash_pair(small))
+                                       (perceptual.MIN_SIDE, perceptual.MIN_SIDE), "RGB")
+            return Encoded(data, h, w, True, None, *_hashes(small, True))
         if opts.validate == "header":
             return Encoded(data, h, w, True)
         # Validation only needs the entropy decoding, where corruption shows, and

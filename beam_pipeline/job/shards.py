@@ -180,7 +180,8 @@ class WriteShardFn(beam.DoFn):
                     "offset": num_bytes, "length": length, "sha256": made.sha256,
                     "height": made.height, "width": made.width, "input_size": ref.size,
                     "input_stamp": ref.stamp, "input_sha256": made.input_sha256,
-                    "phash": made.phash, "phash_center": made.phash_center})
+                    "phash": made.phash, "phash_center": made.phash_center,
+                    "near_descriptor": made.descriptor})
                 index.add(num_bytes, length)
                 num_bytes += length
                 num_examples += 1
@@ -211,7 +212,7 @@ class WriteShardFn(beam.DoFn):
                 record, f = reframe.reframe(data, ref.key, label_id, ref.label)
                 return _Made((record,), len(record), f[schema.SHA256].decode(), f[schema.HEIGHT],
                              f[schema.WIDTH], ref.sha256, 0, None, ref.source.phash,
-                             ref.source.phash_center, reframed=True)
+                             ref.source.phash_center, ref.source.descriptor, reframed=True)
             except Exception as e:  # the earlier version's shard unreadable: convert instead
                 logging.warning("%s: converting %s again (%s)", ref.source.path, ref.uri, e)
                 data, read_error = fetch(ref.uri, self.encode_options.max_bytes, ref.stamp)
@@ -223,7 +224,7 @@ class WriteShardFn(beam.DoFn):
                         else hashlib.sha256(data).hexdigest())
         return _Made(parts, length, sha256, encoded.height, encoded.width, input_sha256,
                      encoded.passed_through, encoded.moments, _signed(encoded.phash),
-                     _signed(encoded.phash_center))
+                     _signed(encoded.phash_center), encoded.descriptor)
 
     def _convert(self, data, read_error):
         """Image bytes -> images.Encoded; ImageError for an unreadable or unusable input."""
@@ -259,6 +260,7 @@ class _Made:
     moments: object               # --transform: the stored pixels' moments, else None
     phash: Optional[int]          # --near_duplicates: the catalog's signed perceptual hashes:
     phash_center: Optional[int]   # of the whole image and of its central 90%
+    descriptor: Optional[bytes]   # ... and the pairs' second opinion (dedup/descriptor.py)
     reframed: bool = False
 
 

@@ -350,4 +350,4 @@ def input_sha256(uri):
 def stored_frame(previous_vdir, row):
     """A previous catalog row -> where its record's frame is."""
     return StoredFrame(layout.join(previous_vdir, row["file"]), row["offset"], row["length"],
-                       row.get("phash"), row.get("phash_center"))
+                       row.get("phash"), row.get("phash_center"), row.get("near_descriptor"))

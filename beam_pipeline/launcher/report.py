@@ -98,9 +98,13 @@ def near_duplicates_line(manifest):
     near = manifest.get("near_duplicates")
     if not near:
         return None
-    line = (f"near-duplicates (pHash within {near['radius']} bits): {near['groups']} group(s) "
-            f"of {near['images']} images, {near['groups_across_splits']} across splits, "
-            f"{near['leaks']} evaluation image(s) near a train image")
+    if "pairs" not in near:  # a version from before pairs were confirmed
+        return (f"near-duplicates (pHash within {near['radius']} bits, unconfirmed): "
+                f"{near['groups']} group(s); rebuild to confirm them")
+    line = (f"near-duplicates (pHash within {near['radius']} bits, confirmed by the "
+            f"descriptor): {near['pairs']} pair(s) of {near['candidates']} candidates, "
+            f"{near['pairs_across_splits']} across splits, {near['leaks']} evaluation "
+            f"image(s) paired with a train image")
     return line + (f", {near['excluded']} left out" if near["excluded"] else "")
 
 

@@ -9,6 +9,7 @@ Incremental regeneration and users' queries both read it:
     pd.read_parquet("ROOT/versions/V/catalog.parquet").query("split == 'test'")
 """
 
+import base64
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -34,9 +35,12 @@ SCHEMA = pa.schema([
     ("phash", pa.int64()),         # --near_duplicates: 64-bit perceptual hash as a signed
                                    # int64 (dedup/perceptual.py); null when not computed
     ("phash_center", pa.int64()),  # ... of the central 90%; null also in rows hashed before it
+    ("near_descriptor", pa.binary()),  # --near_duplicates: dedup/descriptor.py's bytes, the
+                                       # second opinion on a pair; null in rows from before it
 ])
 
 
+DESCRIPTOR = "near_descriptor"
 ROWS_PER_BATCH = 8192
 
 
@@ -54,6 +58,10 @@ class FragmentWriter:
         return self
 
     def append(self, row):
+        """One row: a dict of SCHEMA's columns (missing ones null); near_descriptor as bytes,
+        or as the base64 text iter_rows gives (rows carried through JSON)."""
+        if isinstance(row.get(DESCRIPTOR), str):
+            row = dict(row, **{DESCRIPTOR: base64.b64decode(row[DESCRIPTOR])})
         self.rows.append(row)
         if len(self.rows) >= ROWS_PER_BATCH:
             self._flush()
@@ -160,6 +168,10 @@ def iter_tables(path, columns=None, row_groups=None):
 
 
 def iter_rows(path):
-    """The rows of a catalog file as dicts, one row group at a time."""
+    """The rows of a catalog file as dicts, one row group at a time, ready for JSON (the
+    launcher carries kept rows as JSON lines): near_descriptor as base64 text."""
     for table in iter_tables(path):
-        yield from table.to_pylist()
+        for row in table.to_pylist():
+            if row.get(DESCRIPTOR) is not None:
+                row[DESCRIPTOR] = base64.b64encode(row[DESCRIPTOR]).decode()
+            yield row

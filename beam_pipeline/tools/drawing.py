@@ -66,9 +66,11 @@ def contact_sheet(samples, path, title="", cols=None):
     _save(sheet, path)
 
 def near_duplicate_sheet(pairs, path, title):
-    """Each pair on one row, side by side, captioned 'key (d bits)' and 'split WxH'."""
-    cells = [(split, key, f"{d} bits", image)
-             for d, *members in pairs for split, key, image in members]
+    """Each pair on one row, side by side, captioned with key, split and its caption
+    ('6 bits, s 0.03', or 'rejected 9 bits, s 0.41' for a candidate the descriptor turned
+    down)."""
+    cells = [(split, key, caption, image)
+             for caption, *members in pairs for split, key, image in members]
     contact_sheet(cells, path, title, cols=2)
 
 

@@ -5,9 +5,9 @@ two PNGs into DIR, three for a version built with --near_duplicates:
 
   contact_sheet.png        N records sampled across the splits, each titled with its class name
   class_counts.png         a bar chart of examples per class, one bar per split
-  near_duplicates.png      up to N near-duplicate pairs that span splits, side by side (the
-                           closest stored pair of each group, groups in near_duplicates.jsonl
-                           order), captioned with key, split and Hamming distance
+  near_duplicates.png      up to N confirmed near-duplicate pairs that span splits, side by
+                           side (near_duplicates.jsonl order), then the closest candidates the
+                           descriptor rejected, captioned with key, split and distances
 
 This module is the command and the summary text; samples.py picks records from the
 shards without a full read, drawing.py draws the PNGs.
@@ -16,7 +16,7 @@ shards without a full read, drawing.py draws the PNGs.
 import argparse
 import sys
 
-from beam_pipeline.launcher.report import class_table
+from beam_pipeline.launcher.report import class_table, near_duplicates_line
 from beam_pipeline.tools.drawing import class_counts_chart, contact_sheet, near_duplicate_sheet
 from beam_pipeline.tools.samples import cross_split_pairs, ordered_splits, sample
 from dataset_format import layout
@@ -45,10 +45,7 @@ def summary(manifest, version_dir=None):
                      f"duplicates {acc.get('duplicates')} + failed {acc.get('failed')}")
     near = manifest.get("near_duplicates")
     if near:
-        lines.append(f"near-duplicates (pHash within {near['radius']} bits): {near['groups']} "
-                     f"group(s), {near['groups_across_splits']} across splits, {near['leaks']} "
-                     f"evaluation image(s) near a train image ({near['excluded']} left out); "
-                     f"see {near['path']}")
+        lines.append(f"{near_duplicates_line(manifest)}; see {near['path']}")
     errors = manifest.get("errors") or {}
     if errors.get("count"):
         reasons = ", ".join(f"{r}: {n}" for r, n in

@@ -5,6 +5,7 @@ shard up to that position when there is none. Near-duplicate pairs find their me
 places in the catalog.
 """
 
+import heapq
 import io
 import json
 import random
@@ -67,30 +68,26 @@ def sample(version_dir, manifest, n, split=None, seed=0):
                     feature[schema.LABEL].int64_list.value[0], image.convert("RGB")))
     return out
 
-def cross_split_pairs(version_dir, manifest, n):
-    """Up to `n` (distance, member a, member b) pairs of stored images in different splits,
-    the closest pair of each group; a member is (split, key, image). Keys are found in the
-    catalog; members left out of the version (--drop_near_duplicate_leaks) are skipped."""
+def cross_split_pairs(version_dir, manifest, n, rejected=2):
+    """Up to `n` (caption, member a, member b) pairs of stored images in different splits: the
+    confirmed pairs first, then up to `rejected` of the closest candidates the descriptor
+    turned down (captioned "rejected"); a member is (split, key, image). Keys are found in
+    the catalog; members left out of the version (--drop_near_duplicate_leaks) are skipped."""
     import tensorflow as tf
 
     near = manifest.get("near_duplicates")
     if not near or not n:
         return []
-    wanted = []
-    with tf.io.gfile.GFile(layout.join(version_dir, near["path"]), "r") as f:
-        for line in f:
-            if len(wanted) >= n:
-                break
-            g = json.loads(line)
-            gone = set(g.get("excluded", ()))
-            across = [(d, g["keys"][i], g["keys"][j]) for i, j, d in g["distances"]
-                      if g["splits"][i] != g["splits"][j]
-                      and not {g["keys"][i], g["keys"][j]} & gone]
-            if across:
-                wanted.append(min(across))
+    wanted = _cross_split(tf.io.gfile, version_dir, near["path"], n - min(rejected, n // 2),
+                          "")
+    if near.get("rejected_path"):
+        closest = heapq.nsmallest(n - len(wanted), _cross_split(
+            tf.io.gfile, version_dir, near["rejected_path"], None, "rejected "))
+        wanted += closest
+    wanted = [w[1:] for w in wanted]
     where = _catalog_places(version_dir, {k for _, a, b in wanted for k in (a, b)})
     indexes, out = {}, []
-    for d, a, b in wanted:
+    for caption, a, b in wanted:
         members = []
         for key in (a, b):
             split, rel, position = where[key]
@@ -99,9 +96,33 @@ def cross_split_pairs(version_dir, manifest, n):
                 indexes[rel] = _read_index(tf.io.gfile, path)
             members.append((split, key, _image(_record_at(tf.io.gfile, path, position,
                                                           indexes[rel]))))
-        out.append((d, *members))
+        out.append((caption, *members))
     return out
 
+
+def _cross_split(gfile, version_dir, rel, n, prefix):
+    """[(hash distance, caption, key a, key b)] of the pairs across splits in a
+    near_duplicates(_rejected) file (the earlier group form: each group's closest pair); all
+    of them when n is None."""
+    found = []
+    with gfile.GFile(layout.join(version_dir, rel), "r") as f:
+        for line in f:
+            if n is not None and len(found) >= n:
+                break
+            g = json.loads(line)
+            gone = set(g.get("excluded", ()))
+            if "distances" in g:
+                across = [(d, f"{d} bits", g["keys"][i], g["keys"][j])
+                          for i, j, d in g["distances"]
+                          if g["splits"][i] != g["splits"][j]
+                          and not {g["keys"][i], g["keys"][j]} & gone]
+                if across:
+                    found.append(min(across))
+            elif g["splits"][0] != g["splits"][1] and not set(g["keys"]) & gone:
+                structure = "-" if g["structure"] is None else f"{g['structure']:.2f}"
+                found.append((g["hash_distance"],
+                              f"{prefix}{g['hash_distance']} bits, s {structure}", *g["keys"]))
+    return found
 
 def _catalog_places(version_dir, keys):
     """{key: (split, shard file, position)} of `keys`, from catalog.parquet."""

@@ -204,9 +204,10 @@ def _check_near_duplicates_file(gfile, vdir, manifest, problems):
         return
     with gfile.GFile(path, "r") as f:
         lines = sum(1 for l in f if l.strip())
-    if lines != near["groups"]:
-        problems.add(near["path"], f"{lines} lines, manifest near_duplicates.groups is "
-                                   f"{near['groups']}")
+    field = "pairs" if "pairs" in near else "groups"  # groups: before pairs were confirmed
+    if lines != near[field]:
+        problems.add(near["path"], f"{lines} lines, manifest near_duplicates.{field} is "
+                                   f"{near[field]}")
 
 
 def _check_tfds(gfile, vdir, manifest, problems):
@@ -314,8 +315,8 @@ def _warnings(manifest):
     kept = near.get("leaks", 0) - near.get("excluded", 0)
     if kept:
         warnings.append(f"{kept} evaluation image(s) are near-duplicates of train images "
-                        f"(pHash within {near['radius']} bits: resized, re-compressed or "
-                        f"lightly cropped copies inflate accuracy); see {near['path']} (side by "
+                        f"(confirmed pairs: resized, re-compressed or lightly cropped "
+                        f"copies inflate accuracy); see {near['path']} (side by "
                         "side: inspect_dataset's near_duplicates.png), or rebuild with "
                         "--drop_near_duplicate_leaks")
     return warnings

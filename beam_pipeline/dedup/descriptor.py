@@ -1,0 +1,153 @@
+"""The second opinion on a near-duplicate candidate: a 16x16 luma thumbnail and the image's mean
+colour, compared after aligning for a crop (no Beam, no TensorFlow).
+
+The 64-bit pHash (dedup/perceptual.py) sees a grey 32x32 thumbnail's lowest frequencies: on
+images with little texture (a smooth gradient, a disc on black, a flat field with faint
+texture) it is one bright region on a dark background and little else, so unrelated images
+pair up. This descriptor looks at what the hash throws away:
+
+- structure: the 16x16 thumbnail's finer layout, as the best normalised correlation between
+  one image's thumbnail (resampled to 12x12) and 19 windows of the other's (the whole, and
+  95% and 90% of each side at 9 positions each: a crop of up to 10% lines up with one of
+  them), both ways. Two crops of a lunar texture or two low-texture medical crops share the
+  hash's coarse shape but not this;
+- colour: the mean chroma (Cb, Cr), scaled by the two images' mean luma so brightness
+  +/-10% cancels. A grey gradient and a red retina disc share the shape but not the colour.
+
+A pair is confirmed when both are within their limits (`MAX_STRUCTURE`, `MAX_CHROMA`), chosen
+on the near-duplicate benchmark's hard negatives (benchmarks/bench_near_duplicates.py
+precision; docs/near_duplicates.md has the table). An image with almost no texture (a
+thumbnail whose luma varies by < `FLAT` levels) has no structure to confirm with, so no pair
+of it is confirmed: two plain walls can't be told apart by their pixels.
+
+Stored as `SIZE` bytes in the catalog (column near_descriptor): the thumbnail row-major, then
+mean Y, Cb, Cr (Cb and Cr offset by 128, as JPEG stores them).
+"""
+
+import functools
+
+import numpy as np
+from PIL import Image
+
+from beam_pipeline.dedup import perceptual
+
+SIDE = 16                 # the luma thumbnail's side
+WINDOW = 12               # windows are compared at this side
+SIZE = SIDE * SIDE + 3    # bytes stored per image
+MAX_STRUCTURE = 0.25      # 1 - best normalised correlation
+MAX_CHROMA = 3.0          # levels of Cb/Cr (of 255), after luma scaling
+FLAT = 2.0                # luma std (levels) below which a thumbnail is flat
+_SCALES = (1.0, 0.95, 0.9)
+
+
+# JPEG's RGB -> YCbCr (JFIF): the means of Y, Cb, Cr are this matrix times the mean RGB.
+_YCC = np.array([[0.299, 0.587, 0.114], [-0.168736, -0.331264, 0.5],
+                 [0.5, -0.418688, -0.081312]])
+
+
+def describe(pixels):
+    """HxW or HxWx3 uint8 pixels (any size; a DCT-scaled decode is enough) -> SIZE bytes."""
+    return describe_reduced(*perceptual.reduced(pixels))
+
+
+def describe_reduced(small, grey):
+    """`describe` of perceptual.reduced's (box-averaged pixels, their grey), which the
+    hashes take too: the writer reduces once."""
+    h, w = grey.shape
+    rows, cols = _box(h), _box(w)
+    if small.ndim == 2:
+        thumb = rows @ grey @ cols.T
+        means = (float(thumb.mean()), 128.0, 128.0)
+    else:  # the colour pixels box-averaged once: luma is linear, and a box average's mean
+        per_row = (rows @ small.reshape(h, -1)).reshape(SIDE, w, 3)  # is the image's
+        rgb = (per_row.transpose(0, 2, 1).reshape(-1, w) @ cols.T).reshape(SIDE, 3, SIDE)
+        mean_rgb = rgb.mean((0, 2))
+        thumb = np.tensordot(_YCC[0], rgb, (0, 1))
+        means = (_YCC @ mean_rgb + (0, 128, 128)).tolist()
+    return (np.round(thumb).astype(np.uint8).tobytes()
+            + bytes(int(round(min(max(m, 0), 255))) for m in means))
+
+
+@functools.lru_cache(maxsize=1024)
+def _box(n):
+    """SIDE x n: each output pixel the area-weighted mean of the input pixels it covers
+    (Pillow's BOX filter), as a matrix per side length: two small products, no Pillow
+    image (which cost ~3x more on a 63x47 decode)."""
+    edges = np.arange(SIDE + 1) * n / SIDE
+    m = np.zeros((SIDE, n))
+    for o in range(SIDE):
+        lo, hi = edges[o], edges[o + 1]
+        for k in range(int(lo), min(int(np.ceil(hi)), n)):
+            m[o, k] = min(hi, k + 1) - max(lo, k)
+        m[o] /= m[o].sum()
+    m.flags.writeable = False
+    return m
+
+
+def parse(descriptors):
+    """A sequence of SIZE-byte descriptors -> (N x SIDE x SIDE float thumbnails, N x 3 means)."""
+    raw = np.frombuffer(b"".join(descriptors), np.uint8).reshape(-1, SIZE)
+    return (raw[:, :SIDE * SIDE].reshape(-1, SIDE, SIDE).astype(np.float32),
+            raw[:, SIDE * SIDE:].astype(np.float32))
+
+
+@functools.lru_cache(maxsize=None)
+def _resamplers():
+    """(rows, cols), each windows x WINDOW x SIDE: Pillow's bilinear resampling of each
+    window of a thumbnail (a window is rows @ thumb @ cols.T), the whole image first. Two
+    small products per window: 1/14 of the work of one WINDOW**2 x SIDE**2 matrix."""
+    def matrix(lo, hi):
+        m = np.zeros((WINDOW, SIDE), np.float32)
+        for k in range(SIDE):
+            basis = np.zeros((1, SIDE), np.float32)
+            basis[0, k] = 1.0
+            out = Image.fromarray(basis, "F").resize(
+                (WINDOW, 1), Image.Resampling.BILINEAR, box=(lo, 0, hi, 1))
+            m[:, k] = np.asarray(out, np.float32)[0]
+        return m
+
+    rows, cols = [], []
+    for s in _SCALES:
+        steps = (0.0,) if s == 1.0 else (0.0, (1 - s) / 2, 1 - s)
+        for x in steps:
+            for y in steps:
+                rows.append(matrix(y * SIDE, (y + s) * SIDE))
+                cols.append(matrix(x * SIDE, (x + s) * SIDE))
+    return np.stack(rows), np.stack(cols)
+
+
+def _windows(thumbs):
+    """N thumbnails -> (N, windows, WINDOW*WINDOW) zero-mean windows scaled to unit variance
+    (variance floored at FLAT**2, so a flat window correlates weakly with anything)."""
+    rows, cols = _resamplers()
+    w = (rows[None] @ thumbs[:, None] @ cols.transpose(0, 2, 1)[None]).reshape(
+        len(thumbs), len(rows), WINDOW * WINDOW)
+    w -= w.mean(2, keepdims=True)
+    return w / np.maximum(w.std(2, keepdims=True), FLAT)
+
+
+def distances(a, b):
+    """Descriptors a[i] vs b[i] (two equal-length sequences of bytes) -> (structure, chroma)
+    arrays: structure 1 - the best correlation of either image's whole thumbnail with a
+    window of the other's; chroma the larger of the Cb, Cr differences once one image's are
+    scaled by the mean lumas' ratio (the less of the two ways round: symmetric)."""
+    if not len(a):
+        return np.zeros(0, np.float32), np.zeros(0, np.float32)
+    ta, ma = parse(a)
+    tb, mb = parse(b)
+    wa, wb = _windows(ta), _windows(tb)
+    n = WINDOW * WINDOW
+    r_ab = np.einsum("nk,nwk->nw", wa[:, 0], wb).max(1) / n
+    r_ba = np.einsum("nk,nwk->nw", wb[:, 0], wa).max(1) / n
+    structure = 1.0 - np.maximum(r_ab, r_ba)
+    return structure, np.minimum(_chroma(ma, mb), _chroma(mb, ma))  # either way round
+
+
+def _chroma(ma, mb):
+    scale = (mb[:, 0] + 1) / (ma[:, 0] + 1)
+    return np.abs((ma[:, 1:] - 128) * scale[:, None] - (mb[:, 1:] - 128)).max(1)
+
+
+def confirmed(structure, chroma):
+    """Which candidate pairs the descriptor confirms (arrays from `distances`)."""
+    return (structure <= MAX_STRUCTURE) & (chroma <= MAX_CHROMA)
