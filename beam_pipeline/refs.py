@@ -38,13 +38,15 @@ class ImageRef:
     stamp: str = ""               # change token: "mtime_ns:ctime_ns", or "gen:N" on gs://
     sha256: Optional[str] = None  # of the input bytes, when the launcher read them
     source: Optional[StoredFrame] = None  # re-frame this stored record instead of converting
+    md5: Optional[str] = None     # the gs:// listing's md5Hash (base64): identity without a
+                                  # download (none locally, nor for composite objects)
 
     def to_json(self):  # a list, not dataclasses.astuple: that deep-copies (10x slower)
         source = self.source and [self.source.path, self.source.offset, self.source.length,
                                   self.source.phash, self.source.phash_center,
                                   self.source.descriptor]
         return json.dumps([self.key, self.uri, self.label, self.split, self.size, self.stamp,
-                           self.sha256, source])
+                           self.sha256, source, self.md5])
 
     @classmethod
     def from_json(cls, line):

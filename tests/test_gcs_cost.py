@@ -6,6 +6,7 @@ import random
 import pytest
 
 from tests.gcs_counting import kind_of
+from tests.helpers import image_bytes
 
 
 def test_requests_are_classified_as_billed():
@@ -57,6 +58,12 @@ def test_stored_frames_read_back_by_range_locally(tmp_path):
         data[0:10], data[10:1000], data[3000:3007], data[4990:5000]]
 
 
+def _padded(jpeg, size):
+    """`jpeg` made exactly `size` bytes by a comment segment after its SOI marker."""
+    n = size - len(jpeg) - 4
+    return jpeg[:2] + b"\xff\xfe" + (n + 2).to_bytes(2, "big") + b"\1" * n + jpeg[2:]
+
+
 def _build(inputs, root, *extra):
     from beam_pipeline import cli
 
@@ -81,7 +88,8 @@ def test_renamed_inputs_are_reframed_reading_each_record_once(gcs, gcs_bucket, t
                                                               make_images, gcs_counter):
     """Every file under a new name: the build re-frames every stored record, downloading
     about the records' bytes (ranged reads), not a 16 MiB window per record."""
-    make_images(tmp_path / "in", {"cat": 6, "dog": 6})
+    make_images(tmp_path / "in", {"cat": 6, "dog": 5,
+                                  "dog/": {"big.jpg": _padded(image_bytes((9, 9, 9)), 2000)}})
     base = f"gs://{gcs_bucket}"
     gcs.upload_tree(tmp_path / "in", f"{base}/in")
     first = _build([f"{base}/in"], f"{base}/ds")
@@ -96,3 +104,14 @@ def test_renamed_inputs_are_reframed_reading_each_record_once(gcs, gcs_bucket, t
     gets, down = _media(gcs_counter, f"/versions/{before}/pets-")
     assert record_bytes <= down <= 1.1 * record_bytes, (down, record_bytes)
     assert gets <= 12
+    # The launcher matched the renamed files by the listing's md5: no input was read.
+    assert _media(gcs_counter, "/moved/") == (0, 0)
+
+    # A new image of a stored image's size, other bytes: told apart by md5, read once
+    # (by the writer that converts it), not also by the launcher.
+    new = _padded(image_bytes((7, 250, 9), (24, 16)), 2000)
+    gcs.upload_bytes(f"{base}/moved/cat/new.jpg", new)
+    gcs_counter.reset()
+    third = _build([f"{base}/moved"], f"{base}/ds")
+    assert third["build"]["converted"] == 1
+    assert _media(gcs_counter, "/moved/")[0] == 1

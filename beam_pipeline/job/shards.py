@@ -180,6 +180,7 @@ class WriteShardFn(beam.DoFn):
                     "offset": num_bytes, "length": length, "sha256": made.sha256,
                     "height": made.height, "width": made.width, "input_size": ref.size,
                     "input_stamp": ref.stamp, "input_sha256": made.input_sha256,
+                    "input_md5": ref.md5,
                     "phash": made.phash, "phash_center": made.phash_center,
                     "near_descriptor": made.descriptor})
                 index.add(num_bytes, length)

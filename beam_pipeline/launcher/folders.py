@@ -16,7 +16,7 @@ GLOB_CHARS = set("*?[")
 
 def list_directory(root):
     found, labels = 0, {}  # class folder -> its label, checked once
-    for rel, uri, size, stamp in walk(root):
+    for rel, uri, size, stamp, md5 in walk(root):
         if not _is_image_name(rel):
             continue
         if size is None:
@@ -34,7 +34,7 @@ def list_directory(root):
         found += 1
         label = labels.get(parts[0]) or labels.setdefault(
             parts[0], _folder_label(parts[0], root, rel))
-        yield ImageRef(rel, uri, label, split, size, stamp)
+        yield ImageRef(rel, uri, label, split, size, stamp, md5=md5)
     if not found:
         raise UserError(f"--input {root}: no image files found (expected {root}/<class>/<image>, "
                         f"extensions {', '.join(sorted(IMAGE_EXTENSIONS))})")
@@ -49,7 +49,7 @@ def list_glob(pattern):
     root = glob_root(pattern)
     regex = re.compile(_glob_regex(pattern))
     found = 0
-    for rel, uri, size, stamp in walk(root or "."):
+    for rel, uri, size, stamp, md5 in walk(root or "."):
         if not regex.fullmatch(f"{root}/{rel}" if root else rel):
             continue
         found += 1
@@ -58,7 +58,7 @@ def list_glob(pattern):
                                                          "while listing")
             continue
         label = _folder_label(posixpath.basename(posixpath.dirname(uri)), pattern, rel)
-        yield ImageRef(rel, uri, label, None, size, stamp)
+        yield ImageRef(rel, uri, label, None, size, stamp, md5=md5)
     if not found:
         raise UserError(f"--input {pattern}: no files match")
 

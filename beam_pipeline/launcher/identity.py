@@ -8,25 +8,29 @@ So a version equals a full build of the same files with the same split map.
 
 Change detection, for a key the previous version holds:
     same size and stamp (mtime_ns:ctime_ns; a gs:// generation) -> same bytes, not read
+    same size, another stamp, both with the listing's md5       -> md5 decides, not read
     same size, another stamp                                    -> read and hashed
     another size                                                -> changed
-For a new key, only a size some stored input has is worth hashing. --verify_inputs hashes
-every input whatever its stamp. Streams and external sorts only: flat memory.
+For a new key, a gs:// input and a stored one that both carry the listing's md5Hash are
+matched by (md5, size) without a download; only a size some stored input without an md5
+has is worth hashing. --verify_inputs hashes every input whatever its stamp or md5.
+Streams and external sorts only: flat memory.
+
+Why the md5 is enough: see same_bytes.py.
 """
 
 import collections
 import dataclasses
-import hashlib
-import itertools
 import json
 from json.encoder import encode_basestring_ascii as json_string  # = json.dumps(a str)
 
 from beam_pipeline.launcher import plan
+from beam_pipeline.launcher.same_bytes import (  # noqa: F401 (input_sha256: tests)
+    by_content, by_md5, first_match, hashed, input_sha256)
 from beam_pipeline.refs import ImageRef, StoredFrame
 from beam_pipeline.algorithms.spill import SortedSpill
 from dataset_format import layout
 
-HASH_THREADS = 16  # inputs read at once to hash them (gs:// latency)
 KINDS = ("unchanged", "changed", "added", "moved", "removed")
 
 
@@ -83,9 +87,6 @@ class Resolved:
 NO_ROW = ",null]"  # the end of a Resolved line without a previous row
 
 
-SUFFIX_DEPTHS = (2, 1)  # same bytes: prefer the row with the same class/name, then name
-
-
 def resolve(by_key, rows, splits, spill_dir, reuse=True, verify=False):
     """Listed refs (key order; split only where fixed) + the previous catalog's rows (None:
     no split map, e.g. a new root or --resplit) -> Resolved.
@@ -110,7 +111,7 @@ def resolve(by_key, rows, splits, spill_dir, reuse=True, verify=False):
             split = ref.split or row["split"]
             if reuse and _must_hash(ref, row, verify):
                 rehash.add(json_string(ref.key), f"[{line},{old}]")
-            elif _same_stamp(ref, row):
+            elif _same_stamp(ref, row) or _same_md5(ref, row):
                 ref = ref._replace(split=split, sha256=row.get("input_sha256"))
                 out.add_line(ref.key, split, ref.size, json.dumps(ref), old if reuse else None,
                              _same_bytes(ref, row))  # a Listed is a tuple: the same JSON
@@ -153,16 +154,23 @@ class _Previous:
         return self.spills[-1]
 
     def others(self):
-        """-> (by uri, sizes, by input sha256) spills, built from by_key once."""
+        """-> (by uri, sizes, by input sha256, by (md5, size), sizes of rows without an md5)
+        spills, built from by_key once."""
         if not hasattr(self, "by_uri"):
-            self.by_uri, self.sizes, self.by_sha = self._spill(), self._spill(), self._spill()
+            self.by_uri, self.sizes, self.by_sha, self.by_md5, self.md5_less = (
+                self._spill() for _ in range(5))
             for _, line in self.by_key:
                 row = json.loads(line)
+                size = f"{row['input_size']:020d}"
                 self.by_uri.add(json_string(row["uri"]), line)
-                self.sizes.add(f"{row['input_size']:020d}", "")
+                self.sizes.add(size, "")
                 if row.get("input_sha256"):
                     self.by_sha.add(row["input_sha256"], line)  # ties: by row text ~ key
-        return self.by_uri, self.sizes, self.by_sha
+                    if row.get("input_md5"):
+                        self.by_md5.add(f"{row['input_md5']} {size}", line)
+                    else:
+                        self.md5_less.add(size, "")
+        return self.by_uri, self.sizes, self.by_sha, self.by_md5, self.md5_less
 
     def __enter__(self):
         return self
@@ -170,11 +178,6 @@ class _Previous:
     def __exit__(self, *exc):
         for spill in self.spills:
             spill.close()
-
-
-def suffix(key, depth):
-    """The key's last `depth` path components (class/name, name)."""
-    return "/".join(key.split("/")[-depth:])
 
 
 def _same_bytes(ref, row):
@@ -187,10 +190,21 @@ def _same_stamp(ref, row):
     return ref.size == row["input_size"] and ref.stamp == row.get("input_stamp")
 
 
+def _md5_decides(ref, row):
+    """Both the listing and the stored row carry the input's md5Hash: it tells same bytes
+    from other bytes without a read."""
+    return bool(ref.md5) and bool(row.get("input_md5"))
+
+
+def _same_md5(ref, row):
+    return (_md5_decides(ref, row) and ref.size == row["input_size"]
+            and ref.md5 == row["input_md5"])
+
+
 def _must_hash(ref, row, verify):
-    """Same size, and a stamp that says nothing (changed, or --verify_inputs): read it."""
+    """Same size, and neither stamp nor md5 says (changed, or --verify_inputs): read it."""
     return (ref.size == row["input_size"] and bool(row.get("input_sha256"))
-            and (verify or not _same_stamp(ref, row)))
+            and (verify or not (_same_stamp(ref, row) or _md5_decides(ref, row))))
 
 
 def _hashed_pairs(out, spill):
@@ -215,13 +229,13 @@ def _new_keys(out, orphans, previous, splits, spill_dir, reuse, verify):
         out.add(dataclasses.replace(ref, split=ref.split or row["split"]),
                 old if reuse else None, "moved")
 
-    by_uri, sizes, by_sha = previous.others()
+    by_uri, sizes, by_sha, stored_md5, md5_less = previous.others()
     with SortedSpill(spill_dir) as rest, SortedSpill(spill_dir) as rehash:
         for line, old in first_match(orphans, by_uri):  # 1. the same file
             ref, row = ImageRef.from_json(line), old and json.loads(old)
             if row and _must_hash(ref, row, verify):
                 rehash.add(json_string(ref.uri), f"[{ref.to_json()},{old}]")
-            elif row and _same_stamp(ref, row):
+            elif row and (_same_stamp(ref, row) or _same_md5(ref, row)):
                 moved(dataclasses.replace(ref, sha256=row.get("input_sha256")), row, old)
             else:
                 rest.add(f"{ref.size:020d}", line)
@@ -230,63 +244,14 @@ def _new_keys(out, orphans, previous, splits, spill_dir, reuse, verify):
                 moved(ref, row, old)
             else:
                 rest.add(f"{ref.size:020d}", ref.to_json())
-        with _by_content(out, rest, sizes, by_sha, spill_dir, moved) as unmatched:
+        plain, missed = by_md5(rest, stored_md5, spill_dir, moved, verify)
+        with plain, missed, by_content(out, [(plain, sizes), (missed, md5_less)], by_sha,
+                                        spill_dir, moved) as unmatched:
             for _, line in unmatched:  # 3. new content
                 ref = ImageRef.from_json(line)
                 out.add(dataclasses.replace(
                     ref, split=ref.split or plan.assign_split(ref.key, splits)), None,
                     "added")
-
-
-def _by_content(out, rest, sizes, by_sha, spill_dir, moved):
-    """2. The same bytes under a new name: refs of a size some stored input has are hashed
-    and matched with the stored inputs of the same sha256 (the one with the same class/name,
-    else name, else the first). -> a spill of the refs still unmatched."""
-    unmatched, by_content = SortedSpill(spill_dir), SortedSpill(spill_dir)
-    with by_content:
-        def candidates():
-            for line, size_seen in first_match(rest, sizes):
-                ref = ImageRef.from_json(line)
-                if size_seen is None:
-                    unmatched.add("", line)
-                elif ref.sha256 is not None:  # hashed already (the same file, new stamp)
-                    by_content.add(ref.sha256, line)
-                else:
-                    yield ref, None
-
-        for (ref, _), digest in hashed(candidates()):
-            out.counts["hashed"] += 1
-            if digest is None:  # unreadable: new content as far as we know; the job says why
-                unmatched.add("", ref.to_json())
-            else:
-                by_content.add(digest, dataclasses.replace(ref, sha256=digest).to_json())
-        groups = itertools.groupby(by_sha, key=lambda item: item[0])
-        group_sha, rows = next(groups, (None, None))
-        for sha, lines in itertools.groupby(by_content, key=lambda item: item[0]):
-            while group_sha is not None and group_sha < sha:
-                group_sha, rows = next(groups, (None, None))
-            best = _best_rows(rows) if group_sha == sha else None
-            for _, line in lines:
-                ref = ImageRef.from_json(line)
-                old = best and (best.get((2, suffix(ref.key, 2))) or
-                                best.get((1, suffix(ref.key, 1))) or best[0])
-                if old is None:
-                    unmatched.add("", line)
-                else:
-                    moved(ref, json.loads(old), old)
-    return unmatched
-
-
-def _best_rows(rows):
-    """The stored rows of one input sha256 -> {(depth, key suffix): first row, 0: first row}
-    (one entry per distinct suffix: small unless the data is one image copied many times)."""
-    best = {}
-    for _, line in rows:
-        key = json.loads(line)["key"]
-        best.setdefault(0, line)
-        for depth in SUFFIX_DEPTHS:
-            best.setdefault((depth, suffix(key, depth)), line)
-    return best
 
 
 def join_by_key(new, old):
@@ -303,48 +268,6 @@ def join_by_key(new, old):
         else:
             yield a[0], a[1], b[1]
             a, b = next(new, None), next(old, None)
-
-
-def first_match(left, right):
-    """Two (sort key, line) streams sorted by key -> (left line, the first right line with
-    the same key, or None), one per left item."""
-    right = iter(right)
-    b = next(right, None)
-    for key, line in left:
-        while b is not None and b[0] < key:
-            b = next(right, None)
-        yield line, (b[1] if b is not None and b[0] == key else None)
-
-
-def hashed(items, threads=HASH_THREADS):
-    """(ImageRef, x) items -> ((ImageRef, x), sha256 of its input or None if unreadable),
-    in order, reading `threads` inputs at a time."""
-    import concurrent.futures
-
-    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-        pending = collections.deque()
-        for item in items:
-            pending.append((item, pool.submit(input_sha256, item[0].uri)))
-            if len(pending) > 2 * threads:
-                item, future = pending.popleft()
-                yield item, future.result()
-        for item, future in pending:
-            yield item, future.result()
-
-
-def input_sha256(uri):
-    """The sha256 of a file's bytes (read in 1 MiB pieces), or None when it cannot be read."""
-    from apache_beam.io.filesystem import CompressionTypes
-    from apache_beam.io.filesystems import FileSystems
-
-    digest = hashlib.sha256()
-    try:
-        with FileSystems.open(uri, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            while chunk := f.read(1 << 20):
-                digest.update(chunk)
-    except Exception:  # vanished since listing, or unreadable: the shard writer reports it
-        return None
-    return digest.hexdigest()
 
 
 def stored_frame(previous_vdir, row):

@@ -66,7 +66,8 @@ def plan_increment(resolved, previous_vdir, previous, spill_dir, target_shard_mb
             kept_in[row["file"]] += 1
             # Moved or touched with the same bytes: the catalog follows the file.
             row.update(uri=ref.uri, input_size=ref.size, input_stamp=ref.stamp,
-                       input_sha256=ref.sha256 or row.get("input_sha256"))
+                       input_sha256=ref.sha256 or row.get("input_sha256"),
+                       input_md5=ref.md5 or row.get("input_md5"))
             kept.add(f"{row['file']} {row['position']:010d}", json.dumps(row))
             continue
         if row is not None:

@@ -128,7 +128,7 @@ def _stat_batch(batch):
         elif st is None:
             yield error_record(full, "read", "not_found", "listed in the manifest but no such file")
         else:
-            yield ImageRef(key, full, label, split, *st)
+            yield ImageRef(key, full, label, split, *st[:2], md5=st[2] if len(st) > 2 else None)
 
 
 def _stat_local(path, where):
@@ -157,4 +157,4 @@ def _stat_remote(uri, where):
         raise walk.gcs_failure(e, f"{where}: {uri}", "read") from e
     if blob is None:
         return None
-    return blob.size or 0, stamps.gcs_stamp(blob)
+    return blob.size or 0, stamps.gcs_stamp(blob), blob.md5_hash

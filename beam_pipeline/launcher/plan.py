@@ -105,7 +105,7 @@ class Plan:
 
 
 # ImageRef.to_json's fields, read without building an ImageRef (a frozen dataclass: ~3 us)
-Listed = collections.namedtuple("Listed", "key uri label split size stamp sha256 source")
+Listed = collections.namedtuple("Listed", "key uri label split size stamp sha256 source md5")
 
 
 def plan_listing(items, fingerprint, known_labels, spill_dir, write_error):

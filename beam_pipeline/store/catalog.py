@@ -32,6 +32,8 @@ SCHEMA = pa.schema([
     ("input_size", pa.int64()),
     ("input_stamp", pa.string()),  # change token: "mtime_ns:ctime_ns", or "gen:N" on gs://
     ("input_sha256", pa.string()),  # of the input bytes: identity for a key not seen before
+    ("input_md5", pa.string()),    # the gs:// listing's md5Hash of the input (base64): the
+                                   # same identity without reading it; null locally
     ("phash", pa.int64()),         # --near_duplicates: 64-bit perceptual hash as a signed
                                    # int64 (dedup/perceptual.py); null when not computed
     ("phash_center", pa.int64()),  # ... of the central 90%; null also in rows hashed before it
