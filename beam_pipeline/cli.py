@@ -17,11 +17,13 @@ from beam_pipeline.store import lock
 @lock.release_on_exit  # the lock taken below is released however run() ends
 def run(argv=None):
     """Build one dataset version -> Published, Submitted or UpToDate (launcher/ types)."""
-    from beam_pipeline.launcher import options as opts, prepare, report, runner as runners
+    from beam_pipeline.launcher import (listing, options as opts, prepare, report,
+                                        runner as runners)
 
     pipeline_options, build = opts.parse(argv)
     runners.refuse_classic_template(pipeline_options)  # before anything is created
     prepare.require_tensorflow(build)
+    listing.check_exist(build.input)  # before the output root is created
     root = build.output.rstrip("/")
     prepare.check_writable(root)
     lock.acquire(root, wait=build.wait)  # one build per root: exit 2 (or --wait) if held
@@ -32,10 +34,10 @@ def run(argv=None):
             runners.write_no_op_job(pipeline_options, planned.version)
         return planned
     runner, waits = runners.choose(pipeline_options, planned.to_convert, build)
-    report.print_plan(root, planned)
+    report.print_plan(root, planned, notes=not waits)  # else in the summary
     result = runners.launch(pipeline_options, build, planned, runner, waits)
     if isinstance(result, runners.Published):
-        report.print_summary(root, result)
+        report.print_summary(root, result, planned.notes)
     return result
 
 

@@ -12,6 +12,7 @@ bucket get the same splits and shards. With several inputs each key is prefixed 
 input's name (the root's last path component; a manifest's file stem).
 """
 
+import os
 import posixpath
 
 from beam_pipeline.errors import UserError, error_record
@@ -42,6 +43,40 @@ def iter_inputs(specs, max_bytes=0):
                 elif name:
                     item = item.with_key(f"{name}/{item.key}")
             yield item
+
+
+def check_exist(specs):
+    """Every --input exists (a manifest file, a folder, a glob's folder, a gs:// object or
+    prefix with at least one object): a typo exits 2 before the output root is created."""
+    for spec in specs:
+        where = glob_root(spec) if GLOB_CHARS & set(spec) and not _is_manifest(spec) else spec
+        if where.startswith("gs://"):
+            found = _gcs_any(where, exact=_is_manifest(spec))
+        elif _is_manifest(spec):
+            found = os.path.isfile(where)
+        else:
+            found = os.path.isdir(where or ".")
+        if not found:
+            kind = "manifest" if _is_manifest(spec) else "directory"
+            raise UserError(f"--input {spec}: no such {kind}"
+                            + (f" ({where})" if where != spec else ""))
+
+
+def _gcs_any(uri, exact):
+    """The object `uri` exists (exact), or some object lies under the prefix."""
+    from beam_pipeline.launcher import walk
+    from beam_pipeline.store.gcs import gcs_blob
+
+    bucket, name = gcs_blob(uri)
+    try:
+        if exact:
+            return bucket.get_blob(name, retry=walk.gcs_retry()) is not None
+        prefix = name.rstrip("/") + "/" if name.strip("/") else ""
+        blobs = bucket.client.list_blobs(bucket, prefix=prefix, max_results=1,
+                                         retry=walk.gcs_retry())
+        return any(True for _ in blobs)
+    except Exception as e:
+        raise walk.gcs_failure(e, uri, "read" if exact else "list") from e
 
 
 def _is_utf8(text):

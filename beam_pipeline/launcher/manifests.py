@@ -38,7 +38,9 @@ def _manifest_rows(path):
                         row = json.loads(line)
                     except json.JSONDecodeError as e:
                         raise UserError(f"{path}:{n}: not valid JSON ({e.msg})") from e
-                    yield n, row if isinstance(row, dict) else {}
+                    row = row if isinstance(row, dict) else {}
+                    _check_strings(path, n, row)
+                    yield n, row
             return
         reader = csv.DictReader(text)
         if not reader.fieldnames or not {"uri", "label"} <= set(reader.fieldnames):
@@ -46,6 +48,16 @@ def _manifest_rows(path):
                             f"found {reader.fieldnames}")
         for n, row in enumerate(reader, 2):
             yield n, row
+
+
+def _check_strings(path, n, row):
+    """JSON values that are not strings are refused: str() would make a label ["dog"] the
+    class "['dog']", and 1 and "1" one class."""
+    for column in ("uri", "label", "split"):
+        value = row.get(column)
+        if value is not None and not isinstance(value, str):
+            raise UserError(f"{path}:{n}: {column} must be a JSON string, not "
+                            f"{json.dumps(value)}")
 
 
 def manifest_key(uri, full, base):

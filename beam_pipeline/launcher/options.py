@@ -1,6 +1,7 @@
 """The one options object: every build knob, shared by flags, YAML configs and templates."""
 
 import argparse
+import re
 import sys
 
 import yaml
@@ -25,9 +26,9 @@ class BuildOptions(PipelineOptions):
             raise UserError("--input is required (a directory, glob or .csv/.jsonl manifest)")
         if not self.output:
             raise UserError("--output is required (a local directory or gs://bucket/prefix)")
-        if "://" in self.output and not self.output.startswith("gs://"):
-            raise UserError(f"--output {self.output}: only local paths and gs:// are supported "
-                            "(the tested ones); use a gs:// bucket, or a local or mounted path")
+        check_location("--output", self.output)
+        for spec in self.input:
+            check_location("--input", spec)
         if not self.name or not all(c.isalnum() or c in "_." for c in self.name):
             raise UserError(f"--name {self.name!r}: use letters, digits, '_' or '.' "
                             "('-' separates the name from the split in file names)")
@@ -70,6 +71,38 @@ class BuildOptions(PipelineOptions):
         """The effective build options (recorded in the manifest and the fingerprint)."""
         own = {a.dest for a in _own_actions()}
         return {k: v for k, v in sorted(self.get_all_options().items()) if k in own}
+
+
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")  # what a uri starts with, as in RFC 3986
+_GCS = re.compile(r"gs://[^/\s]+(/|$)")  # a bucket, then the path
+
+
+def check_location(flag, location):
+    """A local path or gs://bucket/...; anything else that starts like a uri (s3://,
+    file:///, a mistyped gs:/bucket or GS://bucket) exits 2 here: it would otherwise be read
+    as a local folder named 'gs:' and built there."""
+    if _GCS.match(location) or not _SCHEME.match(location):
+        return
+    if location.lower().startswith("gs:"):
+        raise UserError(f"{flag} {location}: not a gs:// location; write gs://BUCKET/PATH")
+    raise UserError(f"{flag} {location}: only local paths and gs:// are supported (the tested "
+                    "ones); use a gs:// bucket, or a local or mounted path (./NAME for a local "
+                    "folder whose name has a colon)")
+
+
+# What an option changes, for reusing the previous version's records (prepare.can_reuse,
+# prepare.can_increment; README, "Incremental builds"). Every other option changes neither:
+# --max_error_rate, --keep_versions, --splits (new content only), --name, ... reuse all.
+RECORD_OPTIONS = frozenset({  # the stored records (bytes, which inputs pass, catalog hashes):
+    "max_side", "reencode", "jpeg_quality", "validate", "max_pixels",  # a change converts
+    "near_duplicates"})                                                # every image again
+LAYOUT_OPTIONS = frozenset({  # how records are cut into shards: a change builds in full from
+    "num_shards", "target_shard_mb", "write_index"})  # the stored records, decoding none
+
+
+def changed(previous_config, config, names):
+    """The options among `names` whose values differ between two build configs."""
+    return sorted(n for n in names if previous_config.get(n) != config.get(n))
 
 
 # Options that change where or whether a build happens, not what it produces.

@@ -40,6 +40,7 @@ class Planned:
     bytes: int
     rejected: int         # listing errors (errors.jsonl lines so far)
     to_convert: int       # images the job decodes (the rest are reused records)
+    notes: tuple = ()     # lines for the user about options that apply in part
 
 
 def prepare(build, root):
@@ -49,6 +50,7 @@ def prepare(build, root):
     from beam_pipeline.store import files, versions
 
     previous_version, previous = versions.latest(root)
+    versions.check_clock(root, previous_version)
     label_file = read_label_file(build.label_file) if build.label_file else None
     with tempfile.TemporaryDirectory(prefix="image-tfrecords-") as scratch:
         errors_path = os.path.join(scratch, "listing_errors.jsonl")
@@ -69,7 +71,21 @@ def prepare(build, root):
         files.copy_local_file(errors_path, spec.listing_errors_path)
         shards_index = write_shard_listings(spec.tmp_dir, tasks)
     return Planned(spec, shards_index, images=resolved.num_images, bytes=resolved.num_bytes,
-                   rejected=planned.errors, to_convert=to_convert)
+                   rejected=planned.errors, to_convert=to_convert,
+                   notes=_splits_note(build, previous, resolved.counts["stored"]))
+
+
+def _splits_note(build, previous, published):
+    """Changed --splits move no published image (a split is kept for life): say so."""
+    from beam_pipeline.launcher import plan
+
+    before = (previous or {}).get("config", {}).get("splits")
+    if (not before or build.resplit or not published
+            or plan.parse_splits(before) == plan.parse_splits(build.splits)):
+        return ()
+    return (f"--splits changed from {before} to {build.splits}: it applies to new images "
+            f"only; the {published} published image(s) listed keep their splits (--resplit "
+            "splits every image again)",)
 
 
 def _plan_listing(build, label_file, scratch, errors_path):
@@ -168,28 +184,31 @@ def _commit_spec(build, root, planned, labels, num_shards, increment):
 
 
 def can_reuse(build, previous):
-    """The previous version's records are what this build would store (same options, same
-    software: stored bytes depend on the codecs), so they may be reused or re-framed."""
+    """The previous version's records are what this build would store (the same
+    options.RECORD_OPTIONS, the same software: stored bytes depend on the codecs), so they may
+    be reused or re-framed."""
     from beam_pipeline.launcher import options as opts
     from dataset_format import layout
 
     if previous is None or build.resplit or "catalog" not in previous:
         return False
-
-    def same(config):
-        return {k: v for k, v in config.items() if k not in opts.NOT_FINGERPRINTED}
-
-    return (same(previous.get("config", {})) == same(build.build_config())
+    return (not opts.changed(previous.get("config", {}), build.build_config(),
+                             opts.RECORD_OPTIONS)
             and previous.get("key_scheme") == layout.KEY_SCHEME
             and previous.get("generator") == generator())
 
 
 def can_increment(build, previous, labels):
     """Build on the previous version's shards (when can_reuse says its records can be
-    reused) unless a full build is asked for, or its label ids no longer hold (a changed
-    --label_file may renumber them)."""
+    reused) unless a full build is asked for, the shard layout's options changed
+    (options.LAYOUT_OPTIONS: then a full build re-frames the stored records), or its label
+    ids no longer hold (a changed --label_file may renumber them)."""
+    from beam_pipeline.launcher import options as opts
+
     if build.full_rebuild or build.transform:
         return False  # (--transform needs every train image's pixels: a full build)
+    if opts.changed(previous.get("config", {}), build.build_config(), opts.LAYOUT_OPTIONS):
+        return False
     return list(labels[:len(previous["labels"])]) == list(previous["labels"])
 
 

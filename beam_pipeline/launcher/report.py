@@ -39,17 +39,21 @@ def print_up_to_date(root, version, why="fingerprint unchanged"):
           "nothing written. Use --force to rebuild.")
 
 
-def print_plan(root, planned):
+def print_plan(root, planned, notes=True):
+    """The plan line (and the plan's notes, unless the summary will print them)."""
     spec = planned.spec
     print(f"Building {root} version {spec.version}: {planned.images} images "
           f"({planned.bytes / 2**20:.1f} MiB) in "
           f"{', '.join(f'{s}: {n} shard(s)' for s, n in sorted(spec.num_shards.items()))}; "
           f"{planned.rejected} rejected while listing, {spec.duplicates} duplicate(s).",
           flush=True)
+    for note in planned.notes if notes else ():
+        print(f"  note: {note}", flush=True)
 
 
-def print_summary(root, published):
-    """The summary of a published version: accounting, the class table, hints, errors."""
+def print_summary(root, published, notes=()):
+    """The summary of a published version: accounting, the class table, hints, errors,
+    and the plan's `notes`."""
     manifest, vdir, seconds = published.manifest, published.version_dir, published.seconds
     acc = manifest["accounting"]
     print(f"\nPublished {manifest['name']} version {manifest['version']} in {seconds:.1f}s "
@@ -75,6 +79,8 @@ def print_summary(root, published):
     if manifest["errors"]["count"]:
         reasons = ", ".join(f"{k}: {v}" for k, v in sorted(manifest["errors"]["by_reason"].items()))
         print(f"  rejected {manifest['errors']['count']} ({reasons}); see {vdir}/errors.jsonl")
+    for note in notes:
+        print(f"  note: {note}")
     print(f"  files: {vdir}/ (readers take {root})")
     left = leftover_versions(root, manifest)
     if left:

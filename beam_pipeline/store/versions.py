@@ -14,6 +14,7 @@ import uuid
 
 from apache_beam.io.filesystems import FileSystems
 
+from beam_pipeline.errors import UserError
 from beam_pipeline.store import files, gcs, lock
 from dataset_format import layout
 
@@ -26,6 +27,18 @@ def new_version_id(now=None):
 
 
 CLAIM_PREFIX = "claim-"
+
+
+def check_clock(root, latest_version, now=None):
+    """Before any work: a version id from this machine's clock must come after the one
+    LATEST names, or the build could never publish (LATEST only moves forward) and would
+    fail at its end, as if another build had published meanwhile."""
+    ours = new_version_id(now)
+    if latest_version and ours < latest_version:
+        raise UserError(f"{root}: this machine's clock reads {ours} (UTC), before the latest "
+                        f"version, {latest_version}; a version built now could never be "
+                        "published (LATEST only moves forward). Set the clock (NTP) and build "
+                        "again")
 
 
 def claim_version(root, attempts=20):
