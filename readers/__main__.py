@@ -1,6 +1,7 @@
 """`python -m readers ROOT`: describe a dataset and read one batch back, as training would."""
 
 import argparse
+import re
 import time
 
 import tf_quiet
@@ -20,10 +21,24 @@ def main(argv=None):
     tf_quiet.install(args.verbose)  # before TensorFlow loads
     try:
         _read_one_batch(args)
-    except (FileNotFoundError, KeyError, ValueError) as e:  # no dataset, no such split, ...
+    except (OSError, KeyError, ValueError) as e:  # no dataset, no such split, ...
         if args.verbose:
             raise
         parser.exit(2, f"error: {e.args[0] if isinstance(e, KeyError) else e}\n")
+    except Exception as e:  # a missing, cut or corrupt shard: TensorFlow's OpError
+        if args.verbose or not type(e).__module__.startswith("tensorflow"):
+            raise
+        parser.exit(2, f"error: {_op_error_line(e)}\n")
+
+
+def _op_error_line(e):
+    """TensorFlow's error -> its one line: the reader's own assertion (which names the shard
+    and the records), else the first line of the message without TensorFlow's node names."""
+    text = getattr(e, "message", None) or str(e)
+    if "assertion failed: [" in text:
+        return text.split("assertion failed: [", 1)[1].split("]\n", 1)[0].rstrip("]")
+    line = text.strip().splitlines()[0] if text.strip() else type(e).__name__
+    return re.sub(r"\{\{[^}]*\}\}\s*", "", line).strip()
 
 
 def _read_one_batch(args):

@@ -51,6 +51,8 @@ def prepare(build, root):
 
     previous_version, previous = versions.latest(root)
     versions.check_clock(root, previous_version)
+    for v in versions.clean_leftovers(root):
+        print(f"{root}: deleted version {v}, never published (a run killed before LATEST)")
     label_file = read_label_file(build.label_file) if build.label_file else None
     with tempfile.TemporaryDirectory(prefix="image-tfrecords-") as scratch:
         errors_path = os.path.join(scratch, "listing_errors.jsonl")

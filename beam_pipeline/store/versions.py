@@ -91,15 +91,17 @@ def latest_id(root):
     return files.read_json(path)["version"] if files.exists(path) else None
 
 
-def list_versions(root):
-    """{version id: is complete} for every directory under ROOT/versions/.
+def list_versions(root, complete=True):
+    """{version id: is complete} for every directory under ROOT/versions/ (complete=False:
+    {version id: None}, without a look into each).
 
     Raises when any part of the listing fails: a cleanup that cannot see everything must
     delete nothing (a version it could not look into is not "incomplete").
     """
     prefix = layout.join(root, layout.VERSIONS)
     if "://" not in root:
-        return _list_local_versions(prefix)
+        found = _list_local_versions(prefix)
+        return found if complete else dict.fromkeys(found)
     # One listing page of version "directories", then one metadata read per version: not
     # a listing of every object of every version (a million at 100k shards x 10 versions).
     bucket, name = gcs.gcs_blob(prefix + "/")
@@ -107,7 +109,8 @@ def list_versions(root):
     list(pages)  # raises on failure; fills .prefixes
     found = {}
     for sub in sorted(pages.prefixes):
-        found[sub[len(name):].rstrip("/")] = bucket.blob(sub + layout.MANIFEST).exists()
+        found[sub[len(name):].rstrip("/")] = (bucket.blob(sub + layout.MANIFEST).exists()
+                                              if complete else None)
     return found
 
 
@@ -129,7 +132,45 @@ def _list_local_versions(prefix):
 
 
 def delete_version(root, version):
-    files.delete_tree(layout.version_dir(root, version))
+    """The manifest first: a run killed part way leaves an incomplete version (the next
+    cleanup's), never a manifest whose shards are gone."""
+    vdir = layout.version_dir(root, version)
+    manifest = layout.join(vdir, layout.MANIFEST)
+    if files.exists(manifest):
+        FileSystems.delete([manifest])
+    files.delete_tree(vdir)
+
+
+def clean_leftovers(root, now=None):
+    """Before a build claims its version (it holds the root's lock): what killed runs left.
+
+    * Versions newer than LATEST, complete or not, were never published (killed before
+      LATEST moved, even after writing manifest.json): deleted, so none lingers as a
+      complete version taking a --keep_versions slot. Locally all of them (the flock rules
+      out a live writer); on gs:// those claimed longer than lock.SUBMITTED_TTL ago (a build
+      whose lock was taken over may still be writing; it cannot publish).
+    * LATEST's own .tmp/, left by a run killed after publishing.
+    Nothing without a readable LATEST (a new root, or a damaged one: nothing is known to be
+    unpublished). Returns the deleted version ids.
+    """
+    try:
+        latest_version = latest_id(root)
+        found = list_versions(root, complete=False) if latest_version else {}
+    except Exception as e:  # an unreadable LATEST: the build says so where it reads it
+        logging.warning("leftovers of %s not cleaned: %s", root, " ".join(str(e).split())[:300])
+        return []
+    if not latest_version:
+        return []
+    now_id, deleted = new_version_id(now), []
+    for v in sorted(found):
+        if v > latest_version:
+            if "://" not in root or _seconds_between(v, now_id) > lock.SUBMITTED_TTL:
+                delete_version(root, v)
+                deleted.append(v)
+    tmp = layout.join(layout.version_dir(root, latest_version), ".tmp")
+    if "://" in root or os.path.isdir(tmp):
+        files.delete_tree(tmp)
+    return deleted
 
 
 class Fingerprint:

@@ -13,6 +13,7 @@ import sys
 from PIL import Image, ImageDraw
 
 CLASSES = ("circle", "square", "triangle")
+PER_CLASS = 40
 VARIANTS = ("jpeg", "jpeg", "jpeg", "png", "gray", "cmyk", "palette", "exif", "progressive",
             "gray16", "rgba", "gif")
 
@@ -87,10 +88,10 @@ def broken_files():
     }
 
 
-def generate(root, per_class=40, seed=0):
+def generate(root, per_class=None, seed=0):
     """Write ROOT/<class>/<n>.<ext>; returns the number of files written."""
-    rng = random.Random(seed)
-    count = 0
+    rng, count = random.Random(seed), 0
+    per_class = PER_CLASS if per_class is None else per_class
     for shape in CLASSES:
         os.makedirs(os.path.join(root, shape), exist_ok=True)
         for i in range(per_class):
@@ -106,7 +107,19 @@ def generate(root, per_class=40, seed=0):
     return count
 
 
+def main(argv=None):
+    """argparse, so `--help` prints help (it once wrote the images into a folder '--help')."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m beam_pipeline.tools.sample_data", allow_abbrev=False,
+        description=f"Write a small, deterministic image set into DIR: {PER_CLASS} images "
+        f"of each of {', '.join(CLASSES)} and {len(broken_files())} broken files.")
+    parser.add_argument("dir", help="folder to write DIR/<class>/<image> into")
+    args = parser.parse_args(argv)
+    print(f"wrote {generate(args.dir)} files to {args.dir}")
+    return 0
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python -m beam_pipeline.tools.sample_data DIR")
-    print(f"wrote {generate(sys.argv[1])} files to {sys.argv[1]}")
+    sys.exit(main())
