@@ -5,6 +5,7 @@ the job; the launcher only prepares, submits and, for runners that wait, reports
 module is the entry point: exit codes, one-line errors, logging, interpreter exit.
 """
 
+import contextlib
 import logging
 import os
 import sys
@@ -63,8 +64,11 @@ def main(argv=None):
         logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
         # So do Beam's own threads when an SDK worker process dies: same line.
         threading.excepthook = lambda a: logging.debug("thread %s: %r", a.thread, a.exc_value)
+    from beam_pipeline.launcher.quiet_stderr import without_tracebacks
+
     try:
-        result = run(argv)
+        with contextlib.nullcontext() if verbose else without_tracebacks():
+            result = run(argv)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
