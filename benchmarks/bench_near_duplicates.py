@@ -35,7 +35,7 @@ import simplejpeg
 from PIL import Image, ImageEnhance
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from beam_pipeline.dedup import perceptual  # noqa: E402
+from beam_pipeline.dedup import descriptor, perceptual  # noqa: E402
 
 SEED = 21
 SKIMAGE_PHOTOS = ["astronaut.png", "camera.png", "chelsea.png", "coffee.png", "coins.png",
@@ -394,6 +394,10 @@ def cost():
                                                                         small),
         "ours: pHash of full RGB pixels": per_image_us(perceptual.phash, rgb),
         "BUILT: phash_pair of full RGB pixels": per_image_us(perceptual.phash_pair, rgb),
+        "BUILT: descriptor.describe of the scaled RGB decode": per_image_us(
+            descriptor.describe, [simplejpeg.decode_jpeg(d, "RGB", min_width=perceptual.MIN_SIDE,
+                                                         min_height=perceptual.MIN_SIDE)
+                                  for d in datas]),
         "imagehash.phash of the scaled decode": per_image_us(imagehash.phash, pil_small),
         "imagehash.phash of the JPEG (open + full)": per_image_us(lib_full(imagehash.phash),
                                                                   datas),

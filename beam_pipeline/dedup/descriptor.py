@@ -52,18 +52,15 @@ def describe(pixels):
 
 def describe_reduced(small, grey):
     """`describe` of perceptual.reduced's (box-averaged pixels, their grey), which the
-    hashes take too: the writer reduces once."""
+    hashes take too: the writer reduces once. Small products of cached matrices, no Pillow
+    image: ~1/3 the time of Pillow's resize on a 63x47 decode."""
     h, w = grey.shape
-    rows, cols = _box(h), _box(w)
+    thumb = _box(h) @ grey @ _box(w).T
     if small.ndim == 2:
-        thumb = rows @ grey @ cols.T
         means = (float(thumb.mean()), 128.0, 128.0)
-    else:  # the colour pixels box-averaged once: luma is linear, and a box average's mean
-        per_row = (rows @ small.reshape(h, -1)).reshape(SIDE, w, 3)  # is the image's
-        rgb = (per_row.transpose(0, 2, 1).reshape(-1, w) @ cols.T).reshape(SIDE, 3, SIDE)
-        mean_rgb = rgb.mean((0, 2))
-        thumb = np.tensordot(_YCC[0], rgb, (0, 1))
-        means = (_YCC @ mean_rgb + (0, 128, 128)).tolist()
+    else:
+        flat = small.reshape(-1, 3)
+        means = (_YCC @ (np.ones(len(flat)) @ flat) / len(flat) + (0, 128, 128)).tolist()
     return (np.round(thumb).astype(np.uint8).tobytes()
             + bytes(int(round(min(max(m, 0), 255))) for m in means))
 
@@ -133,13 +130,17 @@ def distances(a, b):
     scaled by the mean lumas' ratio (the less of the two ways round: symmetric)."""
     if not len(a):
         return np.zeros(0, np.float32), np.zeros(0, np.float32)
-    ta, ma = parse(a)
-    tb, mb = parse(b)
-    wa, wb = _windows(ta), _windows(tb)
+    # Each distinct descriptor's windows once: in a dense set one image is in many pairs.
+    index = {}
+    ia = np.array([index.setdefault(d, len(index)) for d in a])
+    ib = np.array([index.setdefault(d, len(index)) for d in b])
+    thumbs, means = parse(list(index))
+    windows = _windows(thumbs)
     n = WINDOW * WINDOW
-    r_ab = np.einsum("nk,nwk->nw", wa[:, 0], wb).max(1) / n
-    r_ba = np.einsum("nk,nwk->nw", wb[:, 0], wa).max(1) / n
+    r_ab = np.einsum("nk,nwk->nw", windows[ia, 0], windows[ib]).max(1) / n
+    r_ba = np.einsum("nk,nwk->nw", windows[ib, 0], windows[ia]).max(1) / n
     structure = 1.0 - np.maximum(r_ab, r_ba)
+    ma, mb = means[ia], means[ib]
     return structure, np.minimum(_chroma(ma, mb), _chroma(mb, ma))  # either way round
 
 

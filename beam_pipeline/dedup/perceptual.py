@@ -104,6 +104,8 @@ def reduced(pixels):
     factor = shrink_factor(*a.shape[:2])
     if factor == 1 and a.ndim == 2:
         return a, a
+    if factor == 1:  # a scaled decode: its luma as Pillow's convert("L") rounds it, without
+        return a, _luma(a)  # making a Pillow image (~2x faster on a 63x47 decode)
     img = Image.fromarray(a, "L" if a.ndim == 2 else "RGB")
     if factor > 1:
         img = img.reduce(factor)
@@ -151,6 +153,13 @@ def phash_pair(pixels):
     The centre is cut from the same box-averaged grey pixels, so it costs a second pair of
     small matrix products (the matrices cached per side length, as the whole image's are)."""
     return phash_pair_of_grey(_small_grey(pixels))
+
+
+def _luma(rgb):
+    """Pillow's RGB -> L, bit for bit: (19595 R + 38470 G + 7471 B + 2**15) >> 16."""
+    c = rgb.astype(np.uint32)
+    return ((c[..., 0] * 19595 + c[..., 1] * 38470 + c[..., 2] * 7471 + 32768) >> 16).astype(
+        np.uint8)
 
 
 def phash_pair_of_grey(g):
