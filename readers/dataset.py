@@ -12,10 +12,12 @@ import logging
 import tensorflow as tf
 
 from dataset_format import dataset_info as info_lib
+from dataset_format import slices
 from readers import hosts as hosts_lib
 from readers import images
 from readers import order as order_lib
 from readers import resumable
+from readers import native
 from readers import shards
 
 log = logging.getLogger(__name__)
@@ -31,10 +33,17 @@ def make_dataset(path, split="train", batch_size=128, image_size=224, training=N
                  shuffle_buffer=None, repeat=False, drop_remainder=None, cycle_length=None,
                  deterministic=None, cache=False, label_offset=0, skip_corrupt=False,
                  transform=False, crop_fraction=CROP_FRACTION, version=None,
-                 read_buffer_bytes=READ_BUFFER_BYTES, start=None, with_keys=False):
+                 read_buffer_bytes=READ_BUFFER_BYTES, start=None, with_keys=False,
+                 native_batching="ragged"):
     """A `tf.data.Dataset` of `(images [B, H, W, 3], labels [B] int32)` for `model.fit`.
 
     path: dataset root, version dir, or a `readers.info()` result (pins the version).
+    split: a split name or a TFDS slice of one: "train[:10%]", "train[5000:]" (counts from
+      the manifest, rounded as TFDS rounds them).
+    batch_size: None gives unbatched (image, label) elements.
+    image_size: an int, (height, width), or None: each image whole at its stored size (no
+      crop or resize; a random flip in training), batched as `native_batching`: "ragged"
+      (tf.RaggedTensor) or "padded" (zeros to the batch's largest image).
     version: a version id under ROOT/versions/ to read instead of following LATEST.
     training: random-resized crop + flip and shuffling; default `split == "train"`.
       Otherwise a center crop of `crop_fraction` and the manifest's order.
@@ -72,23 +81,27 @@ def make_dataset(path, split="train", batch_size=128, image_size=224, training=N
     with_keys: (resumable order) yield (images, labels, keys), keys the records'
       `image/filename` (catalog.parquet's key).
 
-    The dataset carries `.dataset_info` (the version read: `.dataset_info.version`) and
-    `.plan` (readers.hosts.HostPlan: this host's share) for the training job to record.
+    The dataset carries `.dataset_info` (the version read: `.dataset_info.version`),
+    `.plan` (readers.hosts.HostPlan: this host's share), `.class_names` and
+    `.steps_per_epoch` (this host's batches an epoch). Attributes do not survive `.map()`:
+    take `readers.info(ROOT).class_names`, and `ds.cardinality()` for the steps.
     """
     ds_info = path if isinstance(path, info_lib.DatasetInfo) else info_lib.info(path, version)
     if version and ds_info.version != version:
         raise ValueError(f"{ds_info.version_dir}: is version {ds_info.version}, not {version}")
     if version:  # pinned by the caller, whichever way the DatasetInfo found it
         ds_info = dataclasses.replace(ds_info, followed_latest=False)
-    split_info = ds_info.split(split)
-    training = (split == "train") if training is None else bool(training)
-    if batch_size < 1:
-        raise ValueError(f"batch_size={batch_size} must be >= 1")
-    size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+    window = _window(ds_info, split)
+    split_info = ds_info.split(window.split)
+    training = (window.split == "train") if training is None else bool(training)
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"batch_size={batch_size} must be >= 1, or None (unbatched)")
+    size = (image_size, image_size) if isinstance(image_size, int) else (
+        image_size and tuple(image_size))
     output = _output(ds_info, dtype, value_range, transform)
     hosts = hosts_lib.detect(input_context)
     _check_pinned(ds_info, hosts)
-    plan = hosts_lib.plan(split_info, hosts, training)
+    plan = hosts_lib.plan(split_info, hosts, training, (window.start, window.stop))
     shards.check_files(plan.pieces)
     seed = _seed(seed, training)
     if deterministic is None:
@@ -98,6 +111,10 @@ def make_dataset(path, split="train", batch_size=128, image_size=224, training=N
         if not training:
             raise ValueError("start= and with_keys= read the resumable training order; "
                              "evaluation reads the manifest's order from the start")
+        if len(window) != sum(s.num_examples for s in split_info.shards) or (
+                batch_size is None or size is None):
+            raise ValueError("start= and with_keys= read a whole split in fixed-size batches: "
+                             "no split slice, batch_size=None or image_size=None")
         return _resumable(ds_info, split_info, hosts, input_context, batch_size, size, output,
                           label_offset - ds_info.label_offset, crop_fraction, seed or 0,
                           0 if start is None else start, repeat, skip_corrupt, with_keys)
@@ -116,7 +133,8 @@ def make_dataset(path, split="train", batch_size=128, image_size=224, training=N
         ds = ds.repeat(int(repeat))
     drop_remainder = training if drop_remainder is None else drop_remainder
     ds = _decode(ds, training, host_seed, size, output, label_offset - ds_info.label_offset,
-                 crop_fraction, skip_corrupt, deterministic, batch_size, drop_remainder)
+                 crop_fraction, skip_corrupt, deterministic, batch_size, drop_remainder,
+                 native_batching)
     if not skip_corrupt:  # one image per record: the interleave in _decode hides that
         ds = ds.apply(tf.data.experimental.assert_cardinality(
             _batches(plan, training, repeat, batch_size, drop_remainder)))
@@ -131,7 +149,18 @@ def make_dataset(path, split="train", batch_size=128, image_size=224, training=N
     ds = ds.with_options(_options(deterministic, split_here=hosts.count > 1))
     _log_plan(ds_info, split, plan, training)
     ds.dataset_info, ds.plan = ds_info, plan
+    ds.class_names = list(ds_info.labels)
+    ds.steps_per_epoch = _batches(plan, training, False, batch_size, drop_remainder)
     return ds
+
+
+def _window(ds_info, split):
+    """The one slices.Window a split spec reads (make_dataset reads one split)."""
+    found = slices.windows_of(split, ds_info)
+    if len(found) != 1:
+        raise ValueError(f"split {split!r}: make_dataset reads one split (or a slice of one); "
+                         "concatenate datasets to read several")
+    return found[0]
 
 
 def _records(plan, training, seed, skip_corrupt, cache, cycle_length, deterministic,
@@ -162,23 +191,31 @@ def _records(plan, training, seed, skip_corrupt, cache, cycle_length, determinis
 
 
 def _decode(ds, training, seed, size, output, label_shift, crop_fraction, skip_corrupt,
-            deterministic, batch_size, drop_remainder):
+            deterministic, batch_size, drop_remainder, native_batching):
     """(record, path, position) -> batches of (image, label), naming any record that fails."""
-    fn = images.example_fn(training, size, output, label_shift, crop_fraction)
     if training:
         # per-element [2] seeds for the stateless crop and flip; the same seed gives the
         # same seed stream, and each epoch (iteration) draws fresh ones.
         seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)
         ds = tf.data.Dataset.zip(ds, seeds).map(lambda r, s: r + (s,))
+    if size is None:
+        return native.decode_native(ds, native.native_fn(training, output, label_shift),
+                                    skip_corrupt, deterministic, batch_size, drop_remainder,
+                                    native_batching)
+    fn = images.example_fn(training, size, output, label_shift, crop_fraction)
     spec = (tf.TensorSpec([size[0], size[1], 3], output.dtype), tf.TensorSpec([], tf.int32))
-    return images.decode_batches(fn, skip_corrupt, spec, batch_size, drop_remainder)(
-        ds, deterministic)
+    group = batch_size or native.UNBATCHED_GROUP  # unbatched: decoded in groups, then split
+    ds = images.decode_batches(fn, skip_corrupt, spec, group,
+                               drop_remainder and batch_size is not None)(ds, deterministic)
+    return ds if batch_size else ds.unbatch()
 
 
 def _batches(plan, training, repeat, batch_size, drop_remainder):
     if repeat is True:
         return tf.data.INFINITE_CARDINALITY
     records = (plan.per_epoch if training else plan.records) * (int(repeat) if repeat else 1)
+    if batch_size is None:
+        return records
     return records // batch_size if drop_remainder else -(-records // batch_size)
 
 
@@ -264,6 +301,7 @@ def _resumable(ds_info, split_info, hosts, input_context, batch_size, size, outp
              "%d, %d steps an epoch", ds_info.version_dir, ds_info.version, split_info.name,
              hosts.index, hosts.count, batching.global_batch, steps)
     ds.dataset_info, ds.plan, ds.steps_per_epoch = ds_info, None, steps
+    ds.class_names = list(ds_info.labels)
     return ds
 
 

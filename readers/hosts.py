@@ -101,16 +101,20 @@ def _from_cluster(cluster, task_type, task_id, source):
     return Hosts(chiefs + workers, index, source)
 
 
-def plan(split_info, hosts, training):
-    """This pipeline's HostPlan for `split_info` (a dataset_format.dataset_info.SplitInfo)."""
+def plan(split_info, hosts, training, window=None):
+    """This pipeline's HostPlan for `split_info` (a dataset_format.dataset_info.SplitInfo);
+    `window` (start, stop): only those records of the split (a TFDS slice), in its order."""
     shards = [s for s in split_info.shards if s.num_examples > 0]
-    if not shards:
-        raise ValueError(f"split {split_info.name!r} has no records")
-    total = sum(s.num_examples for s in shards)
+    whole = sum(s.num_examples for s in shards)
+    first, last = window or (0, whole)
+    total = last - first
+    if not total:
+        raise ValueError(f"split {split_info.name!r} has no records"
+                         + (f" in [{first}:{last}]" if (first, last) != (0, whole) else ""))
     if hosts.count > total:
         raise ValueError(f"split {split_info.name!r} has {total} records for {hosts.count} "
                          "input pipelines: every pipeline needs at least one")
-    lo, hi = _bounds(total, hosts.count, hosts.index)
+    lo, hi = (first + b for b in _bounds(total, hosts.count, hosts.index))
     pieces, offset = [], 0
     for s in shards:
         start, end = max(lo, offset), min(hi, offset + s.num_examples)

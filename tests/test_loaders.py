@@ -228,3 +228,26 @@ def test_a_real_build_reads_as_tf_data_reads_it(built_dataset):
         assert source.class_names == labels
         streamed = [ex.key for ex in SequentialRecords(vdir, split)]
         assert streamed == [ex.key for ex in got]
+
+
+# --- docs/reader.md's examples, run as written ---------------------------------------------
+
+def _doc_examples():
+    """The python blocks of docs/reader.md's section on the loaders."""
+    text = (REPO / "docs" / "reader.md").read_text()
+    section = text.split("### PyTorch and JAX, without TensorFlow")[1].split("\n### ")[0]
+    return [block.split("\n", 1)[1] for block in section.split("```python")[1:]
+            for block in [block.split("```")[0]]]
+
+
+def test_docs_pytorch_and_grain_examples_run(root, capsys):
+    torch_example, grain_example = _doc_examples()
+    scope = {"ROOT": root}
+    exec(compile(torch_example, "docs/reader.md (PyTorch)", "exec"), scope)
+    assert tuple(scope["images"].shape) == (37 % 64, 3, 224, 224)  # one short batch of 37
+    assert scope["images"].dtype == scope["torch"].float32 and 0 <= scope["images"].min()
+    scope = {"ROOT": root}
+    exec(compile(grain_example, "docs/reader.md (Grain)", "exec"), scope)
+    assert len(scope["source"]) == 33  # round(0.9 * 37)
+    assert scope["batch"]["image"].shape == (1, 224, 224, 3)  # 33 = 32 + 1
+    assert "37 ['daisy', 'rose', 'tulip'] torch.Size([37, 3, 224, 224])" in capsys.readouterr().out

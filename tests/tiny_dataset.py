@@ -27,8 +27,8 @@ class _Stored(NamedTuple):
     width: int
 
 
-def jpeg(rid, label):
-    return image_bytes((6 * rid, 100 * label, 50), SIZE)
+def jpeg(rid, label, size=SIZE):
+    return image_bytes((6 * rid, 100 * label, 50), size)
 
 
 def key(split, rid):
@@ -41,8 +41,9 @@ def rids_in_order(split):
     return [rid for s in range(shards) for rid in range(s, n, shards)]
 
 
-def write(root, splits=SPLITS, name="flowers"):
-    """ROOT/versions/VERSION/{shards, .index, manifest.json} and ROOT/LATEST; returns ROOT."""
+def write(root, splits=SPLITS, name="flowers", size_of=lambda rid: SIZE):
+    """ROOT/versions/VERSION/{shards, .index, manifest.json} and ROOT/LATEST; returns ROOT.
+    size_of(rid): (width, height) of record rid's image."""
     root = pathlib.Path(root)
     vdir = pathlib.Path(layout.version_dir(str(root), VERSION))
     vdir.mkdir(parents=True)
@@ -54,7 +55,8 @@ def write(root, splits=SPLITS, name="flowers"):
             data, entries = b"", []
             for rid in range(s, n, num_shards):
                 label = rid % 3
-                stored = _Stored(jpeg(rid, label), SIZE[1], SIZE[0])
+                width, height = size_of(rid)
+                stored = _Stored(jpeg(rid, label, (width, height)), height, width)
                 frame = frames.tfrecord_frame(records.make_example(
                     stored, label, LABELS[label], key(split, rid)))
                 entries.append((len(data), len(frame)))
