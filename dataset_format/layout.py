@@ -17,6 +17,7 @@ ERRORS = "errors.jsonl"
 INDEX_SUFFIX = ".index"
 CATALOG = "catalog.parquet"
 TMP = ".tmp"  # a version's work files while it is built (deleted once it is published)
+FRAGMENT_SUFFIX = ".catalog.parquet"  # in TMP: a shard attempt's catalog fragment
 COMMIT_FAILED = "commit_failed.json"  # in TMP: a commit's deterministic failure, which its
                                       # retries raise again
 # 2: keys relative to their input (manifest["key_scheme"]) and catalog.parquet.

@@ -13,7 +13,7 @@ import dataclasses
 
 from beam_pipeline.job import commit, pipeline
 from beam_pipeline.job.shards import WriteShardFn
-from beam_pipeline.launcher import options, prepare
+from beam_pipeline.launcher import options, prepare, runner
 from beam_pipeline.store import lock
 
 
@@ -21,7 +21,7 @@ from beam_pipeline.store import lock
 class Job:
     """A planned version and what a Dataflow worker would be given to write it."""
 
-    build: object
+    encode_options: object
     planned: object
     tasks: list
 
@@ -34,8 +34,9 @@ class Job:
         spec = self.spec
         fn = WriteShardFn(spec.tmp_dir, spec.name, spec.num_shards,
                           {label: i for i, label in enumerate(spec.labels)},
-                          self.build.encode_options(), spec.write_index,
-                          previous_vdir=spec.previous_vdir, phash=spec.near_duplicates)
+                          self.encode_options, spec.write_index,
+                          previous_vdir=spec.previous_vdir, phash=spec.near_duplicates,
+                          resume_from=spec.resume_from)
         fn.setup()
         return fn
 
@@ -47,6 +48,27 @@ class Job:
             return result
         finally:
             fn.teardown()
+
+    def attempt_elsewhere(self, task, env):
+        """The same attempt on another worker: a separate process with environment `env`
+        (e.g. STORAGE_EMULATOR_HOST through another proxy) -> a Popen whose stdout will be
+        the ShardResult's JSON (`finish`)."""
+        import os
+        import pickle
+        import subprocess
+        import sys
+
+        from tests.helpers import REPO
+
+        import tempfile
+
+        with tempfile.NamedTemporaryFile("wb", suffix=".pickle", delete=False) as f:
+            pickle.dump((self, task), f)
+        code = ("import pickle, sys; job, task = pickle.load(open(sys.argv[1], 'rb')); "
+                "print(job.attempt(task).to_json())")
+        return subprocess.Popen([sys.executable, "-c", code, f.name], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, cwd=REPO,
+                                env=dict(os.environ, PYTHONPATH=str(REPO), **env))
 
     def commit(self, results):
         """The commit stage, given the committed attempt of each shard."""
@@ -62,5 +84,15 @@ def plan(argv):
     lock.acquire(root)
     planned = prepare.prepare(build, root)
     assert isinstance(planned, prepare.Planned), planned
-    lock.hand_off(root, planned.spec.version)
-    return Job(build, planned, list(pipeline.read_shard_index(planned.shards_index)))
+    lock.hand_off(root, planned.spec.version, max_seconds=runner._max_seconds(pipeline_options))
+    return Job(build.encode_options(), planned,
+               list(pipeline.read_shard_index(planned.shards_index)))
+
+
+def finish(proc, timeout=300):
+    """A Popen from Job.attempt_elsewhere -> its ShardResult (AssertionError on failure)."""
+    from beam_pipeline.job.contracts import ShardResult
+
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, err.decode()[-3000:]
+    return ShardResult.from_json(out.decode().strip().splitlines()[-1])

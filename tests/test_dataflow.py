@@ -338,6 +338,13 @@ def test_flex_launch_hands_the_lock_to_its_job_which_keeps_it_and_releases_it(
     assert "no job started" in capsys.readouterr().out
     holder, _, _ = lock_gcs.GcsLock(root)._read()
     assert holder["state"] == "submitted" and "job_heartbeat" not in holder
+    # configs/dataflow.yaml applied: workers at start, disk, and the run's bound (max_hours
+    # 20) both in the job and on the lock
+    job = gcs.read_json(argv[-1].split("=", 1)[1])
+    pool = job["environment"]["workerPools"][0]
+    assert (pool["numWorkers"], pool["diskSizeGb"]) == (10, 50)
+    assert "max_workflow_runtime_walltime_seconds=72000" in job["environment"]["serviceOptions"]
+    assert holder["deadline"] > holder["started"]
     version = holder["version"]
     assert gcs.exists(f"{root}/versions/{version}/.tmp/shards.jsonl")
     assert not gcs.exists(f"{root}/LATEST")

@@ -7,12 +7,14 @@ behind tests/faults.py's proxy (generation preconditions and generation reads en
 faults injected where a test says).
 """
 
+import time
+
 import pytest
 from google.api_core import exceptions
 
 from beam_pipeline.job import commit
 from beam_pipeline.store import gcs as gcs_store, lock, versions
-from tests.dataflow_sim import plan
+from tests.dataflow_sim import finish, plan
 from tests.faults import FaultProxy
 from tests.helpers import build, image_bytes, make_images
 
@@ -122,3 +124,68 @@ def test_a_cleanup_the_bucket_refuses_is_a_warning_in_the_summary_not_a_failed_b
             "policy, or no delete permission?); published anyway") in out
     proxy.fail_clear()
     assert versions.prune(root, third["version"], 1, 0) == [first["version"]]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("committed", ["winner", "loser"])
+def test_a_zombie_attempt_with_other_bytes_overwrites_nothing_and_the_manifest_matches_the_bucket(
+        inputs, gcs, committed):
+    """One shard's DoFn twice at once: this process, and a zombie on another worker (a
+    separate process) whose storage path refuses it one image (403: an image fault, so its
+    shard holds one record less). The first to finish puts the shard at its final name; the
+    other cannot overwrite it and keeps its own copy. Whichever attempt Dataflow commits,
+    the published manifest describes the object in the bucket."""
+    src, root = inputs
+    job = plan(["--input", src, "--output", root, *ARGS])
+    (task,) = job.tasks
+    with FaultProxy(gcs.endpoint) as zombie_storage:  # open until the end: the emulator's
+        zombie_storage.fail("in/dog/002.jpg", 403)     # mediaLinks name the proxy they came by
+        zombie = job.attempt_elsewhere(task, {"STORAGE_EMULATOR_HOST": zombie_storage.url})
+        mine = job.attempt(task)
+        theirs = finish(zombie)
+        check_zombie_outcome(job, gcs, mine, theirs, committed)
+
+
+def check_zombie_outcome(job, gcs, mine, theirs, committed):
+    assert (mine.num_examples, theirs.num_examples) == (6, 5)
+    assert [e["reason"] for e in theirs.errors] == ["unreadable"]
+    final = f"{job.spec.vdir}/{mine.path}"
+    winner, loser = sorted((mine, theirs), key=lambda r: r.temp != final)
+    assert winner.temp == final and loser.temp.startswith(f"{job.spec.tmp_dir}/")
+    bucket, name = final[len("gs://"):].split("/", 1)
+    in_bucket = gcs.client.bucket(bucket).get_blob(name)
+    assert (in_bucket.size, in_bucket.crc32c) == (winner.num_bytes, winner.crc32c)  # untouched
+    chosen = winner if committed == "winner" else loser
+    manifest = job.commit([chosen])
+    (entry,) = manifest["splits"]["train"]["shards"]
+    in_bucket = gcs.client.bucket(bucket).get_blob(name)  # commit renamed the loser's over it
+    assert (entry["num_bytes"], entry["crc32c"]) == (in_bucket.size, in_bucket.crc32c)
+    assert (entry["num_examples"], manifest["catalog"]["rows"]) == (chosen.num_examples,) * 2
+    assert manifest["errors"]["count"] == len(chosen.errors)
+
+
+@pytest.mark.slow
+def test_a_hung_job_past_max_hours_loses_the_lock_to_the_next_nights_launch(inputs, gcs):
+    """The job's workers keep beating the lock (a hung job: alive, never finishing). Before
+    its --max_hours the next launch exits with LockHeld; after it, the next launch takes
+    the lock, and the hung job, should it ever reach its commit, publishes nothing."""
+    src, root = inputs
+    bound = 6.0  # seconds: --max_hours 6/3600
+    hung = plan(["--input", src, "--output", root, *ARGS, "--max_hours", str(bound / 3600)])
+    started = time.monotonic()
+    lock.keep_alive(root, hung.spec.version)  # what its workers do while they live
+    try:
+        gcs.upload_bytes(f"{src}/owl/000.jpg", image_bytes((200, 200, 40)))  # the next night
+        with pytest.raises(lock.LockHeld) as held:
+            plan(["--input", src, "--output", root, *ARGS])
+        assert f"locked by version {hung.spec.version}" in str(held.value)
+        assert "(--max_hours) in any case" in str(held.value)
+        time.sleep(max(0.0, bound + 1 - (time.monotonic() - started)))
+        night2 = plan(["--input", src, "--output", root, *ARGS])  # takes the lock over
+        with pytest.raises(lock.LockLost):
+            hung.commit([hung.attempt(task) for task in hung.tasks])
+        manifest = night2.commit([night2.attempt(task) for task in night2.tasks])
+    finally:
+        lock.stop_keep_alive()
+    assert gcs.read_json(f"{root}/LATEST")["version"] == night2.spec.version
+    assert manifest["accounting"]["written"] == 7

@@ -16,6 +16,7 @@ METADATA = REPO / "configs" / "flex_template" / "metadata.json"
 DAG = REPO / "configs" / "airflow" / "image_tfrecords_dag.py"
 MAIN = REPO / "configs" / "flex_template" / "main.py"
 DOCKERFILE = REPO / "configs" / "flex_template" / "Dockerfile"
+DATAFLOW_YAML = REPO / "configs" / "dataflow.yaml"
 CRONTAB = REPO / "configs" / "crontab.example"
 DOCS = REPO / "docs" / "scheduling.md"
 
@@ -154,7 +155,11 @@ def test_dag_names_the_template_parameters_and_a_valid_launch_body():
              and getattr(n.func, "id", None) == "DataflowStartFlexTemplateOperator"]
     assert len(calls) == 1
     keywords = {k.arg for k in calls[0].keywords}
-    assert {"task_id", "project_id", "location", "body"} <= keywords
+    assert {"task_id", "project_id", "location", "body", "execution_timeout"} <= keywords
+    timeout = next(k.value for k in calls[0].keywords if k.arg == "execution_timeout")
+    assert getattr(timeout, "id", None) == "EXECUTION_TIMEOUT"  # max_hours + 1 h (the source)
+    assert float(params["max_hours"]) > 0, "a nightly run needs a bound"
+    assert 'hours=float(TEMPLATE_PARAMETERS["max_hours"]) + 1' in DAG.read_text()
     imports = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
                for a in n.names if n.module == "airflow.providers.google.cloud.operators.dataflow"}
     assert "DataflowStartFlexTemplateOperator" in imports
@@ -180,8 +185,10 @@ def test_launcher_entry_point_defaults_to_dataflow_and_runs_the_cli(monkeypatch)
     monkeypatch.delenv("IMAGE_TFRECORDS_WORKER_IMAGE", raising=False)
     for given, expected in (
             (["--input=gs://b/i", "--output=gs://b/o"],
-             ["--runner=DataflowRunner", "--input=gs://b/i", "--output=gs://b/o"]),
-            (["--runner=DirectRunner", "--input=x"], ["--runner=DirectRunner", "--input=x"])):
+             ["--runner=DataflowRunner", f"--config={DATAFLOW_YAML}", "--input=gs://b/i",
+              "--output=gs://b/o"]),
+            (["--runner=DirectRunner", "--config=x.yaml", "--input=x"],
+             ["--runner=DirectRunner", "--config=x.yaml", "--input=x"])):
         monkeypatch.setattr(sys, "argv", [str(MAIN)] + given)
         with pytest.raises(SystemExit) as exit_:
             runpy.run_path(str(MAIN), run_name="__main__")
@@ -193,11 +200,26 @@ def test_launcher_passes_the_worker_image_it_was_built_with():
     unless the launch names an image or ships an sdist (the sdist-workers target)."""
     launcher_argv = runpy.run_path(str(MAIN))["launcher_argv"]
     env = {"IMAGE_TFRECORDS_WORKER_IMAGE": "reg/worker:1"}
-    assert launcher_argv(["--input=x"], env) == [
+    assert launcher_argv(["--input=x"], env, configs=()) == [
         "--runner=DataflowRunner", "--input=x", "--sdk_container_image=reg/worker:1"]
     for own in ("--sdk_container_image=reg/other:2", "--setup_file=/template/setup.py"):
-        assert launcher_argv([own], env) == ["--runner=DataflowRunner", own]
-    assert launcher_argv(["--input=x"], {}) == ["--runner=DataflowRunner", "--input=x"]
+        assert launcher_argv([own], env, configs=()) == ["--runner=DataflowRunner", own]
+    assert launcher_argv(["--input=x"], {}, configs=()) == ["--runner=DataflowRunner", "--input=x"]
+
+
+def test_the_flex_launcher_takes_production_settings_from_configs_dataflow_yaml():
+    """One place for them: the image copies configs/dataflow.yaml beside main.py, which
+    loads it under the launch's own options; it bounds the run and starts workers at once."""
+    import yaml
+
+    launcher_argv = runpy.run_path(str(MAIN))["launcher_argv"]
+    beside = "/template/dataflow.yaml"
+    assert launcher_argv(["--input=x"], {}, configs=(beside, str(DATAFLOW_YAML))) == [
+        "--runner=DataflowRunner", f"--config={DATAFLOW_YAML}", "--input=x"]
+    assert "COPY configs/dataflow.yaml ${WORKDIR}/dataflow.yaml" in DOCKERFILE.read_text()
+    settings = yaml.safe_load(DATAFLOW_YAML.read_text())
+    assert settings["num_workers"] >= 1 and settings["max_hours"] > 0
+    assert settings["num_workers"] <= settings["max_num_workers"]
 
 
 def test_launcher_dockerfile_sets_no_setup_file_for_worker_image_launches():

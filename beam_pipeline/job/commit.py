@@ -62,6 +62,7 @@ class CommitSpec:
     near_duplicates: bool = False          # group the catalog's perceptual hashes
     near_duplicate_radius: int = DEFAULT_RADIUS  # Hamming bits
     drop_near_duplicate_leaks: bool = False
+    resume_from: tuple = ()   # failed runs' version dirs whose finished shards are reused
 
     @property
     def previous_vdir(self):

@@ -83,6 +83,7 @@ class ShardResult:
     catalog_temp: Optional[str] = None  # this shard's catalog fragment (None: --sink beam)
     index_temp: Optional[str] = None
     pixel_moments: Optional[PixelMoments] = None  # --transform shards written from images
+    resumed: bool = False               # taken from a failed run's finished shard (attempts.py)
 
     def slim(self):
         """This result without its variable-size parts (label counts, error records, pixel

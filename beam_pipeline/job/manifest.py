@@ -73,10 +73,12 @@ def build_manifest(spec, done, created_at, parts=()):
     if spec.increment:
         manifest["incremental"] = increment_summary(spec.increment, done.results)
     # Distinct processes that ran the shard writer (0 with --sink beam, which does not say).
-    # Images decoded and converted, and stored records re-framed under a new key or label.
+    # Images decoded and converted, and stored records re-framed under a new key or label;
+    # shards taken finished from a failed run (job/attempts.py).
     manifest["build"] = {"writer_processes": len({r.writer for r in done.results if r.writer}),
                          "converted": sum(r.converted for r in done.results),
-                         "reframed": sum(r.reframed for r in done.results)}
+                         "reframed": sum(r.reframed for r in done.results),
+                         "resumed_shards": sum(r.resumed for r in done.results)}
     for part in parts:
         manifest.update(part)
     return manifest

@@ -55,7 +55,8 @@ class ImagesToTFRecords(beam.PTransform):
                            phash=spec.near_duplicates,
                            # commit may rewrite shards: each attempt writes a temp name
                            direct=not (spec.drop_content_duplicates
-                                       or spec.drop_near_duplicate_leaks)))
+                                       or spec.drop_near_duplicate_leaks),
+                           resume_from=spec.resume_from))
                        .with_output_types(ShardResult))
             # -> ShardResult, one per shard (with --transform, + pixel_moments)
         parts = ()

@@ -24,7 +24,7 @@ from apache_beam.metrics import Metrics
 
 from beam_pipeline.store import catalog, files, gcs, ranges
 from beam_pipeline.dedup import perceptual
-from beam_pipeline.job import images, records, reframe, reuse
+from beam_pipeline.job import attempts, images, records, reframe, reuse
 from beam_pipeline.errors import error_record
 from beam_pipeline.job.contracts import PixelMoments, ShardResult
 from beam_pipeline.refs import ImageRef
@@ -102,18 +102,18 @@ def _disk_errors_name_the_dir(process):
 class WriteShardFn(beam.DoFn):
     """ShardTask -> ShardResult.
 
-    The shard (and its index) goes straight to its final name in the version directory,
-    which no reader looks at before commit writes manifest.json and LATEST. Its bytes are
-    a function of the listing, so a retried or duplicate (zombie) attempt writes the same
-    object, and an attempt that fails leaves nothing (files.create_final): commit renames
-    nothing. Only with `direct=False` (options that let commit rewrite any shard: dropping
-    content duplicates or near-duplicate leaks) does each attempt write a unique temp name
-    for commit to rename. The catalog fragment always goes to a temp name in `tmp_dir`.
+    Each attempt writes the shard, its index and its catalog fragment under names of its
+    own in `tmp_dir`, then (`direct`) puts shard and index at their final names in the
+    version directory, which no reader looks at before commit writes manifest.json and
+    LATEST: first attempt wins, no later one overwrites it (job/attempts.py). Only with
+    `direct=False` (options that let commit rewrite any shard: dropping content duplicates
+    or near-duplicate leaks) does commit rename the committed attempt's files instead.
+    A shard a failed run of the same plan finished (`resume_from`) is copied, not converted.
     """
 
     def __init__(self, tmp_dir, name, num_shards, label_ids, encode_options, write_index,
                  progress_dir=None, moments=False, previous_vdir=None, phash=False,
-                 direct=True):
+                 direct=True, resume_from=()):
         self.tmp_dir, self.name, self.num_shards = tmp_dir, name, num_shards
         self.vdir, self.direct = tmp_dir.rstrip("/").rsplit("/", 1)[0], direct
         self.phash = phash  # --near_duplicates: a perceptual hash per stored image
@@ -122,6 +122,7 @@ class WriteShardFn(beam.DoFn):
         self.label_ids = label_ids
         self.encode_options, self.write_index = encode_options, write_index
         self.progress_dir = progress_dir
+        self.resume_from = tuple(resume_from)  # failed runs' version dirs, newest first
         self.written = Metrics.counter("images", "written")
         self.failed = Metrics.counter("images", "failed")
         self.passed_through = Metrics.counter("images", "passed_through")
@@ -137,21 +138,30 @@ class WriteShardFn(beam.DoFn):
         final = layout.shard_name(self.name, task.split, task.shard, self.num_shards[task.split])
         attempt = uuid.uuid4().hex[:12]
         temp = layout.join(self.tmp_dir, f"{final}.{attempt}")
-        result = ShardResult(split=task.split, shard=task.shard, path=final,
-                             temp=layout.join(self.vdir, final) if self.direct else temp,
-                             catalog_temp=temp + ".catalog.parquet",
+        result = ShardResult(split=task.split, shard=task.shard, path=final, temp=temp,
+                             catalog_temp=temp + attempts.FRAGMENT_SUFFIX,
                              kind=task.kind, origin=task.origin,
                              writer=f"{socket.gethostname()}:{os.getpid()}")  # counted by commit
         if task.kind != "images":  # incremental: a previous shard reused or its records copied
+            if self.direct:
+                result = dataclasses.replace(result, temp=layout.join(self.vdir, final))
             yield reuse.run(task.kind, result, task.listing, self.previous_vdir,
                             self.write_index)
             return
+        shard_recipe = attempts.recipe(
+            task.listing, name=final, labels=self.label_ids, encode=self.encode_options,
+            index=self.write_index, phash=self.phash, moments=self.moments)
+        found = attempts.find_finished(self.resume_from, final, shard_recipe)
+        resumed = found and attempts.resume(found, result, self.vdir)
+        if resumed:
+            yield resumed
+            return
         progress = _Progress(self.progress_dir, f"{final}.{attempt}")
-        result = self._write_images(result, read_listing(task.listing), progress)
+        result = self._write_images(result, read_listing(task.listing), progress, shard_recipe)
         progress.flush(force=True)
-        yield result
+        yield attempts.place(result, self.vdir) if self.direct else result
 
-    def _write_images(self, result, refs, progress):
+    def _write_images(self, result, refs, progress, shard_recipe=None):
         """Convert `refs` in listing order (which is shard order: the output is deterministic)
         into the temp shard, its catalog fragment and index -> the finished ShardResult."""
         split, shard, final, temp = result.split, result.shard, result.path, result.temp
@@ -193,14 +203,16 @@ class WriteShardFn(beam.DoFn):
                     moments = moments.plus(*made.moments)
                 counts[ref.label] = counts.get(ref.label, 0) + 1
                 progress.tick()
+            result = dataclasses.replace(
+                result, num_examples=num_examples, num_bytes=num_bytes, label_counts=counts,
+                errors=tuple(errors), passed_through=passed_through, converted=converted,
+                reframed=reframed, crc32c=frames.crc32c_text(out.crc),
+                catalog_temp=catalog_temp, index_temp=index_temp, pixel_moments=moments)
+            catalog_rows.record(attempts.record(result, shard_recipe))  # what a resume needs
         self.written.inc(num_examples)  # counted per shard: per image they cost ~1% of CPU
         self.passed_through.inc(passed_through)
         self.failed.inc(len(errors))
-        return dataclasses.replace(
-            result, num_examples=num_examples, num_bytes=num_bytes, label_counts=counts,
-            errors=tuple(errors), passed_through=passed_through, converted=converted,
-            reframed=reframed, crc32c=frames.crc32c_text(out.crc),
-            catalog_temp=catalog_temp, index_temp=index_temp, pixel_moments=moments)
+        return result
 
     def _make(self, ref, data, read_error):
         """One listed image -> _Made: its stored record re-framed (ref.source: no decode),

@@ -95,6 +95,10 @@ def add_build_args(parser):
     add("--keep_superseded_hours", type=float, default=48.0,
         help="--keep_versions never deletes a version superseded less than this long ago "
              "(a training job may have pinned it).")
+    add("--max_hours", type=float, default=0.0,
+        help="Bound on a build's wall time; 0 = none. On Dataflow the service cancels a job "
+             "still running after this long (max_workflow_runtime_walltime_seconds), and "
+             "the root's lock handed to the job expires then, so the next build takes it.")
     add("--wait", type=boolean, nargs="?", const=True, default=False,
         help="When another build holds --output, wait for it instead of exiting with status 2.")
     add("--verbose", type=boolean, nargs="?", const=True, default=False,

@@ -38,6 +38,7 @@ class BuildOptions(PipelineOptions):
             (0 <= self.max_error_rate <= 1,
              f"--max_error_rate {self.max_error_rate}: must be between 0 and 1"),
             (self.keep_versions >= 0, f"--keep_versions {self.keep_versions}: must be >= 0"),
+            (self.max_hours >= 0, f"--max_hours {self.max_hours}: must be >= 0"),
             (self.keep_superseded_hours >= 0,
              f"--keep_superseded_hours {self.keep_superseded_hours}: must be >= 0"),
             (0 <= self.max_delta_share <= 1,
@@ -107,7 +108,7 @@ def changed(previous_config, config, names):
 
 # Options that change where or whether a build happens, not what it produces.
 NOT_FINGERPRINTED = {"input", "output", "force", "keep_versions", "keep_superseded_hours",
-                     "verbose", "wait",
+                     "verbose", "wait", "max_hours",
                      "full_rebuild", "max_delta_share", "resplit", "verify_inputs"}
 
 

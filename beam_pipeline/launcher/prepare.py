@@ -169,6 +169,7 @@ def _commit_spec(build, root, planned, labels, num_shards, increment):
     from dataset_format import layout
 
     version = versions.claim_version(root)  # unique even when two runs start in one second
+    previous = versions.latest_id(root)
     tmp_dir = layout.join(layout.version_dir(root, version), ".tmp")  # = CommitSpec.tmp_dir
     return CommitSpec(
         root=root, version=version, name=build.name, labels=tuple(labels),
@@ -182,7 +183,8 @@ def _commit_spec(build, root, planned, labels, num_shards, increment):
         near_duplicates=build.near_duplicates,
         near_duplicate_radius=build.near_duplicate_radius,
         drop_near_duplicate_leaks=build.drop_near_duplicate_leaks,
-        lock_token=lock.token(root), keep_superseded_hours=build.keep_superseded_hours)
+        lock_token=lock.token(root), keep_superseded_hours=build.keep_superseded_hours,
+        resume_from=versions.failed_runs(root, previous, version))
 
 
 def can_reuse(build, previous):

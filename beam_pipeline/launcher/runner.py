@@ -108,6 +108,7 @@ def launch(pipeline_options, build, planned, runner, waits):
 
     spec = planned.spec
     pipeline_options.view_as(SetupOptions).save_main_session = False
+    bound_runtime(pipeline_options, runner)
     progress_dir = layout.join(spec.tmp_dir, "progress") if waits else None
     start = time.monotonic()
     p = beam.Pipeline(options=pipeline_options)
@@ -133,7 +134,7 @@ def _submit(p, pipeline_options, spec, runner):
     # The job outlives us, whether it starts now or from the job file written at
     # --template_location (the Flex launcher submits that file once we exit): hand it the
     # lock; its workers keep it alive and its commit stage releases it.
-    lock.hand_off(root, version)
+    lock.hand_off(root, version, max_seconds=_max_seconds(pipeline_options))
     result = p.run()
     if template:  # Dataflow wrote the job file and started nothing: there is no job id
         print(f"Wrote the {runner} job file {template} (no job started). Launching it "
@@ -143,6 +144,26 @@ def _submit(p, pipeline_options, spec, runner):
     print(f"Submitted to {runner}: version {version} is published to {root}/LATEST by the "
           f"job's last step. Job id: {job_id}")
     return Submitted(version, result, job_id)
+
+
+def _max_seconds(pipeline_options):
+    """--max_hours in seconds (None: unbounded)."""
+    hours = pipeline_options.get_all_options().get("max_hours") or 0
+    return round(hours * 3600) if hours > 0 else None
+
+
+def bound_runtime(pipeline_options, runner):
+    """--max_hours on Dataflow: the service cancels the job after that long (a hung job
+    would otherwise run, and keep the root's lock alive, for as long as its workers live)."""
+    from apache_beam.options.pipeline_options import GoogleCloudOptions
+
+    seconds = _max_seconds(pipeline_options)
+    if seconds and runner.split(".")[-1] == "DataflowRunner":
+        cloud = pipeline_options.view_as(GoogleCloudOptions)
+        cloud.dataflow_service_options = [
+            o for o in (cloud.dataflow_service_options or [])
+            if not o.startswith("max_workflow_runtime_walltime_seconds=")
+        ] + [f"max_workflow_runtime_walltime_seconds={seconds}"]
 
 
 FLEX_LAUNCHER_ENV = "FLEX_TEMPLATE_PYTHON_PY_FILE"  # set in every Flex Template launcher image

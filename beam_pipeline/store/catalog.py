@@ -68,6 +68,10 @@ class FragmentWriter:
         if len(self.rows) >= ROWS_PER_BATCH:
             self._flush()
 
+    def record(self, metadata):
+        """Key-value metadata for the file's footer ({str: str}; job/attempts.py)."""
+        self.writer.add_key_value_metadata(metadata)
+
     def _flush(self):
         self.writer.write_table(pa.Table.from_pylist(self.rows, schema=SCHEMA))
         self.rows = []

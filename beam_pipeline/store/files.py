@@ -90,6 +90,62 @@ def delete_tree(directory):
     gcs.delete_prefix(directory)  # batched: not Beam's three round trips per object
 
 
+def place_once(source, path):
+    """Put the finished file `source` at `path` unless a file is there already: True when
+    this call put it, False when `path` existed (it is left as it was). Locally a hard link
+    (atomic: EEXIST), on gs:// a server-side copy with ifGenerationMatch=0. `source` stays.
+
+    A shard reaches its final name this way, so a second attempt of it (a retry, a zombie)
+    can never overwrite the first one's bytes (job/shards.py)."""
+    if path.startswith("gs://"):
+        from beam_pipeline.store import gcs
+
+        return gcs.copy_if_absent(source, path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    try:
+        os.link(source, path)
+    except FileExistsError:
+        return False
+    fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(fd)  # the link survives a power cut
+    finally:
+        os.close(fd)
+    return True
+
+
+def size_and_crc32c(path):
+    """(size, CRC-32C as the manifest writes it) of a file, or None when there is none:
+    a gs:// object's from its metadata, a local file's read in 8 MiB pieces."""
+    if path.startswith("gs://"):
+        from beam_pipeline.store import gcs
+
+        return gcs.size_and_crc32c(path)
+    import google_crc32c
+
+    from dataset_format import frames
+
+    crc, size = 0, 0
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(8 << 20):
+                crc, size = google_crc32c.extend(crc, chunk), size + len(chunk)
+    except FileNotFoundError:
+        return None
+    return size, frames.crc32c_text(crc)
+
+
+def delete_quietly(path):
+    """Delete one file if it is there (a temp file; a failure is left to the clean-up)."""
+    if path.startswith("gs://"):
+        from beam_pipeline.store import gcs
+
+        gcs.delete_quietly(path)
+        return
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
 @contextlib.contextmanager
 def create_final(path):
     """Write `path` whole or not at all, under its final name: a writer that raises (or a

@@ -128,6 +128,51 @@ def open_write(uri):
         "wb", ignore_flush=True, content_type="application/octet-stream", retry=DEFAULT_RETRY)
 
 
+def copy_if_absent(source, target):
+    """Server-side copy of the object `source` to `target` unless `target` exists (one
+    rewrite with ifGenerationMatch=0, in the bucket: no bytes through this process).
+    True when this call created it, False when an object was there."""
+    from google.api_core import exceptions
+    from google.cloud.storage.retry import DEFAULT_RETRY
+
+    (src_bucket, src_name), (dst_bucket, dst_name) = gcs_blob(source), gcs_blob(target)
+    dest, token = dst_bucket.blob(dst_name), None
+    try:  # conditional, so retried safely; a retry of a copy that took effect says 412
+        while True:
+            token, _, _ = dest.rewrite(src_bucket.blob(src_name), token=token,
+                                       if_generation_match=0, retry=DEFAULT_RETRY)
+            if token is None:
+                return True
+    except exceptions.PreconditionFailed:
+        return False
+
+
+def size_and_crc32c(uri):
+    """(size, CRC-32C as base64) of an object from its metadata, or None when absent."""
+    from google.cloud.storage.retry import DEFAULT_RETRY
+
+    bucket, name = gcs_blob(uri)
+    blob = bucket.get_blob(name, retry=DEFAULT_RETRY)
+    return None if blob is None else (blob.size or 0, blob.crc32c)
+
+
+def delete_quietly(uri):
+    """Delete one object; missing is fine, a failure only logged (a temp file that commit's
+    clean-up of .tmp/ deletes anyway)."""
+    import logging
+
+    from google.api_core import exceptions
+    from google.cloud.storage.retry import DEFAULT_RETRY
+
+    bucket, name = gcs_blob(uri)
+    try:
+        bucket.delete_blob(name, retry=DEFAULT_RETRY)
+    except exceptions.NotFound:
+        pass
+    except Exception as e:
+        logging.warning("could not delete %s (%s); the clean-up of .tmp/ will", uri, e)
+
+
 DELETE_BATCH, DELETE_PARALLEL = 100, 8  # objects per batch request; batches in flight
 
 _per_thread = threading.local()

@@ -99,6 +99,13 @@ def describe(root, holder, age):
     return f"{root} is being built by {who} ({beat})"
 
 
+def past_deadline(holder, now):
+    """A handed-off lock whose job ran past --max_hours (`deadline`, server time) has
+    expired whatever its beats say."""
+    deadline = holder.get("deadline")
+    return bool(deadline and now is not None and _iso(now) > deadline)
+
+
 def ttl(holder):
     """Seconds after its last write that a lock with this body expires."""
     if holder.get("state") != "submitted":
@@ -112,6 +119,8 @@ def _held_message(root, holder, age):
         expiry = (f"{JOB_TTL / 60:g} min after its job's last heartbeat"
                   if holder.get("job_heartbeat") else
                   f"{SUBMITTED_TTL / 60:g} min after submission unless its workers start")
+        if holder.get("deadline"):
+            expiry += f", and at {holder['deadline']} (--max_hours) in any case"
         return (f"{describe(root, holder, age)}; nothing done. Pass --wait to wait, or if that "
                 f"job failed delete {lock_path(root)} (it expires {expiry})")
     return f"{describe(root, holder, age)}; nothing done. Pass --wait to wait for it"
@@ -182,11 +191,13 @@ def _lost_message(root, holder):
     return f"lost the lock on {root} ({now}); nothing published"
 
 
-def hand_off(root, version):
-    """Before submitting a job that outlives the launcher: the job's commit releases it."""
+def hand_off(root, version, max_seconds=None):
+    """Before submitting a job that outlives the launcher: the job's commit releases it.
+    With `max_seconds` (--max_hours) the lock also expires that long after the hand-off,
+    however its job beats it: a hung job cannot block the next night."""
     for held in getattr(_local, "held", []):
         if held.root == root.rstrip("/"):
-            held.hand_off(version)
+            held.hand_off(version, max_seconds)
 
 
 def release_submitted(root, version):

@@ -3,6 +3,7 @@ age is judged on the server's clock alone. No process holds it, so it expires; t
 beats it while it runs, and the workers of a job it was handed to beat it (JobBeat) until
 the commit releases it. The protocol: lock.py."""
 
+import datetime
 import json
 import logging
 import random
@@ -78,10 +79,13 @@ class GcsLock(lock._Heartbeat):
         holder, generation, updated = self._read()
         if holder is None:
             return self.try_acquire()  # released just now
-        age = self._age(updated)
-        if age is not None and age > lock.ttl(holder):  # a killed build's lock: take it over by CAS
-            logging.warning("taking over the expired lock %s: %s", lock.lock_path(self.root),
-                            lock.describe(self.root, holder, age))
+        now = gcs.server_time(self.bucket, self.name) if updated is not None else None
+        age = (now - updated).total_seconds() if now is not None else None
+        expired = age is not None and age > lock.ttl(holder)  # a killed build's lock
+        if expired or lock.past_deadline(holder, now):  # ... or a job past --max_hours
+            logging.warning("taking over the expired lock %s: %s%s", lock.lock_path(self.root),
+                            lock.describe(self.root, holder, age),
+                            "" if expired else f" (past its deadline {holder['deadline']})")
             if self._write(body, generation):
                 return None
             return self.try_acquire()
@@ -98,11 +102,14 @@ class GcsLock(lock._Heartbeat):
             except Exception as e:  # a heartbeat is retried on the next beat
                 logging.warning("lock heartbeat on %s failed: %s", self.root, e)
 
-    def hand_off(self, version):
+    def hand_off(self, version, max_seconds=None):
         self.stop.set()
         if self.thread:
             self.thread.join()
         body = lock._body(self.token, self.started, state="submitted", version=version)
+        if max_seconds:  # on the server's clock, as every expiry here
+            now = gcs.server_time(self.bucket, self.name)
+            body["deadline"] = lock._iso(now + datetime.timedelta(seconds=max_seconds))
         self.handed_off = self._write(body, self.generation)
 
     def release(self, force=False):

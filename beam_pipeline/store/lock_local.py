@@ -83,7 +83,7 @@ class LocalLock(lock._Heartbeat):
             except OSError:
                 pass
 
-    def hand_off(self, version):
+    def hand_off(self, version, max_seconds=None):
         pass  # a flock cannot outlive the launcher; local roots are held while it runs
 
     def release(self, force=False):

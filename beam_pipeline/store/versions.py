@@ -114,6 +114,22 @@ def list_versions(root, complete=True):
     return found
 
 
+RESUME_FROM = 3  # failed runs a build looks into for finished shards (newest first)
+
+
+def failed_runs(root, latest, own):
+    """Unpublished versions newer than `latest` (runs that failed, were cancelled, or were
+    killed since), newest first, but `own`: where a build looks for finished shards of the
+    same plan (job/attempts.py). None when the versions cannot be listed."""
+    try:
+        found = list_versions(root)
+    except Exception as e:
+        logging.warning("no resume: cannot list the versions of %s (%s)", root, e)
+        return ()
+    return tuple(layout.version_dir(root, v) for v, done in sorted(found.items(), reverse=True)
+                 if not done and v != own and (latest is None or v > latest))[:RESUME_FROM]
+
+
 def _list_local_versions(prefix):
     try:
         entries = sorted(os.scandir(prefix), key=lambda e: e.name)

@@ -65,15 +65,20 @@ TEMPLATE_PARAMETERS = {
     "wait": "false",
     "keep_versions": "7",
     "keep_superseded_hours": "48",
+    "max_hours": "20",  # Dataflow cancels the job after this; the lock expires then too
     "verbose": "false",
 }
 
-# FlexTemplateRuntimeEnvironment: where and on what the job runs. The worker image is built
-# into the launcher image (WORKER_IMAGE); add "sdkContainerImage" only to override it.
+# The task gives up an hour after the job's own bound (max_hours): the job is cancelled by
+# Dataflow at max_hours, so this only catches a launch that never returns.
+EXECUTION_TIMEOUT = datetime.timedelta(hours=float(TEMPLATE_PARAMETERS["max_hours"]) + 1)
+
+# FlexTemplateRuntimeEnvironment: where the job's temp files go, and labels. Machine type,
+# worker counts, disk and experiments come from configs/dataflow.yaml in the launcher image
+# (the one place for them); add "machineType", "numWorkers", "maxWorkers" or
+# "sdkContainerImage" here only to override it for this DAG.
 ENVIRONMENT = {
     "tempLocation": "{{ var.value.image_tfrecords_temp_location }}",
-    "machineType": "n2-standard-4",
-    "maxWorkers": 16,
     "additionalUserLabels": {"dataset": "image-tfrecords"},
 }
 
@@ -100,4 +105,5 @@ with DAG(
             }
         },
         wait_until_finished=True,
+        execution_timeout=EXECUTION_TIMEOUT,
     )

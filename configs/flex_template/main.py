@@ -7,6 +7,10 @@ This is the ordinary CLI: cheap checks, listing and the unchanged-inputs fingerp
 then the job file the launcher submits, whose last stage commits and publishes. An
 unchanged dataset gets a no-op job file, so that launch succeeds too (exit 0 either way).
 
+Production settings live in one place, configs/dataflow.yaml (the image holds it beside
+this file): workers, disk, autoscaling, experiments, --max_hours. A template parameter or a
+launch option names a value again only to override it.
+
 Workers need the package: the worker image named by --sdk_container_image (default: the
 image the launcher was built with, IMAGE_TFRECORDS_WORKER_IMAGE), or a --setup_file sdist.
 """
@@ -21,9 +25,18 @@ def given(argv, flag):
     return any(a == flag or a.startswith(flag + "=") for a in argv)
 
 
-def launcher_argv(argv, environ):
-    """The CLI's argv: always Dataflow, and the worker image unless the launch names one."""
+HERE = os.path.dirname(os.path.abspath(__file__))
+# In the launcher image dataflow.yaml sits beside this file; in the repository, one up.
+CONFIGS = (os.path.join(HERE, "dataflow.yaml"), os.path.join(HERE, "..", "dataflow.yaml"))
+
+
+def launcher_argv(argv, environ, configs=CONFIGS):
+    """The CLI's argv: configs/dataflow.yaml's settings under the launch's own, always
+    Dataflow, and the worker image unless the launch names one."""
     argv = list(argv)
+    config = next((c for c in configs if os.path.exists(c)), None)
+    if config and not given(argv, "--config"):
+        argv = [f"--config={os.path.normpath(config)}"] + argv
     if not given(argv, "--runner"):
         argv = ["--runner=DataflowRunner"] + argv  # never the DirectRunner on the launcher VM
     image = environ.get("IMAGE_TFRECORDS_WORKER_IMAGE")
