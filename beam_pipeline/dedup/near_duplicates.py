@@ -122,7 +122,7 @@ def _verdicts(candidates):
     return out
 
 
-CONFIRM_BATCH = 8192  # candidate pairs whose descriptors are compared at once (~20 MB)
+CONFIRM_BATCH = 2048  # candidate pairs compared at once: ~45 MB of float32 windows
 
 
 def near_pairs(rows, radius=DEFAULT_RADIUS, bands=None, directory=None, known=()):
