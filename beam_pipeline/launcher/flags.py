@@ -67,17 +67,18 @@ def add_build_args(parser):
         help="Store one copy of byte-identical images (the key that sorts first); count the "
              "others as duplicates. Without it they are only reported (duplicates.jsonl).")
     add("--near_duplicates", type=boolean, nargs="?", const=True, default=False,
-        help="Store two perceptual hashes per image, of the whole and of its central 90%% "
-             "(catalog columns phash, phash_center), and report groups of near-duplicates, "
-             "e.g. resized, re-compressed or lightly cropped copies (near_duplicates.jsonl; "
-             "verify warns when one spans train and an evaluation split). Off by default: it "
-             "adds ~1/5 to the per-image cost of a default build.")
+        help="Store two perceptual hashes and a descriptor per image (catalog columns "
+             "phash, phash_center, near_descriptor) and report pairs of near-duplicates, e.g. "
+             "resized, re-compressed or lightly cropped copies: the hashes propose, the "
+             "descriptor confirms (near_duplicates.jsonl; verify warns when a pair spans train "
+             "and an evaluation split). Off by default: it adds ~1/5 to the per-image cost "
+             "of a default build.")
     add("--near_duplicate_radius", type=int, default=NEAR_DUPLICATE_RADIUS,
-        help="Hamming distance (bits of 64) within which two images are near-duplicates "
-             "(the least over their hashes' four pairs).")
+        help="Hamming distance (bits of 64) within which two images are candidates for the "
+             "descriptor to confirm (the least over their hashes' four pairs).")
     add("--drop_near_duplicate_leaks", type=boolean, nargs="?", const=True, default=False,
-        help="With --near_duplicates: leave out evaluation images that are near-duplicates "
-             "of a train image, counted as leaks. Without it they are only reported.")
+        help="With --near_duplicates: leave out evaluation images with a confirmed pair "
+             "with a train image, counted as leaks. Without it they are only reported.")
     add("--full_rebuild", type=boolean, nargs="?", const=True, default=False,
         help="Convert every image again instead of reusing the previous version's records.")
     add("--resplit", type=boolean, nargs="?", const=True, default=False,
