@@ -16,7 +16,7 @@ Incremental: rows of reused and copied shards are old; only pairs with a new row
 searched, and the previous version's measured pairs between rows still unchanged are
 carried over, so the files always describe the whole version. A row without a descriptor
 (a catalog written before it) can't be confirmed: its candidates are listed as rejected
-with that reason, and a --force rebuild hashes them again.
+with that reason, and a --full_rebuild describes them.
 
 A leak is an evaluation image with a confirmed pair with a train image: a pair, never a
 chain of pairs. With --drop_near_duplicate_leaks leaks leave their shards (frames copied,
