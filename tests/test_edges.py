@@ -250,6 +250,7 @@ def test_gcs_403_on_a_manifest_object_exits_2_naming_it(proxy, gcs_objects, caps
 
     base, _ = gcs_objects
     proxy.fail("in/cat/b?.jpg", 403)
+    proxy.fail("prefix=in/cat/", 403)  # no list permission either: each row is read
     with pytest.raises(UserError, match=re.escape(
             f"{base}/lists/cats.csv:4: {base}/in/cat/b?.jpg: permission denied (403)")):
         listed(f"{base}/lists/cats.csv")

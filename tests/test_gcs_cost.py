@@ -106,6 +106,16 @@ def test_renamed_inputs_are_reframed_reading_each_record_once(gcs, gcs_bucket, t
     assert gets <= 12
     # The launcher matched the renamed files by the listing's md5: no input was read.
     assert _media(gcs_counter, "/moved/") == (0, 0)
+    # Commit read each shard's catalog fragment twice (duplicates, merge), one GET each.
+    from urllib.parse import unquote
+
+    import collections
+
+    reads = collections.Counter(
+        unquote(target).split("?")[0].rsplit("/", 1)[1] for kind, _, target, _ in gcs_counter.log
+        if kind in ("media_get", "metadata_get") and ".catalog.parquet" in unquote(target))
+    shards = sum(len(s["shards"]) for s in second["splits"].values())
+    assert 1 <= len(reads) <= shards and set(reads.values()) == {2}, reads
 
     # A new image of a stored image's size, other bytes: told apart by md5, read once
     # (by the writer that converts it), not also by the launcher.
@@ -115,3 +125,30 @@ def test_renamed_inputs_are_reframed_reading_each_record_once(gcs, gcs_bucket, t
     third = _build([f"{base}/moved"], f"{base}/ds")
     assert third["build"]["converted"] == 1
     assert _media(gcs_counter, "/moved/")[0] == 1
+
+
+@pytest.mark.slow
+def test_manifest_rows_are_stated_by_listing_their_folders(gcs, gcs_bucket, tmp_path,
+                                                           make_images, gcs_counter):
+    """A manifest of gs:// uris: its folders are listed, not each row read (a metadata GET
+    per row per night); a row naming no object is still not_found."""
+    make_images(tmp_path / "in", {"cat": 8, "dog": 8})
+    base = f"gs://{gcs_bucket}"
+    gcs.upload_tree(tmp_path / "in", f"{base}/in")
+    rows = ["uri,label"] + [f"{base}/in/{c}/{i:03d}.jpg,{c}" for c in ("cat", "dog")
+                            for i in range(8)] + [f"{base}/in/dog/missing.jpg,dog"]
+    gcs.upload_bytes(f"{base}/lists/all.csv", ("\n".join(rows) + "\n").encode())
+    first = _build([f"{base}/lists/all.csv"], f"{base}/ds", "--max_error_rate", "0.2")
+    assert first["accounting"]["written"] == 16 and first["errors"]["by_reason"] == {
+        "not_found": 1}
+    gcs_counter.reset()
+    from beam_pipeline import cli
+
+    again = cli.run(["--input", f"{base}/lists/all.csv", "--output", f"{base}/ds", "--name",
+                     "pets", "--num_shards", "2", "--no_transform", "--max_error_rate", "0.2"])
+    assert again.status == "up_to_date", again
+    from urllib.parse import unquote
+
+    per_input = [e for e in gcs_counter.log if "/in/" in unquote(e[2]) and e[0] != "list"]
+    assert per_input == []  # missing.jpg too: the folder's listing says it is not there
+    assert gcs_counter["list"] == 2, gcs_counter.log  # one per folder

@@ -60,8 +60,9 @@ def _write_prefixes(fragments, path):
     group -> [(fragment number, row group number, rows)] in the order written."""
     written = []
     with open(path, "wb") as out:
-        for f, fragment in enumerate(fragments):
-            for g, table in enumerate(catalog.iter_tables(fragment, columns=["sha256"])):
+        groups_of = catalog.fragment_row_groups(fragments, columns=["sha256"])
+        for f, tables in enumerate(groups_of):  # gs://: one GET each, read ahead
+            for g, table in enumerate(tables):
                 _prefixes(table["sha256"]).tofile(out)
                 written.append((f, g, table.num_rows))
     return written

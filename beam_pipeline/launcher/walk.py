@@ -91,7 +91,7 @@ def _walk_gcs(root):
         delimiter = "/" if depth < GCS_FANOUT_DEPTH else None
         pages = client.list_blobs(bucket, prefix=prefix, delimiter=delimiter, fields=FIELDS,
                                   retry=gcs_retry()).pages
-        for page in _named(pages, f"gs://{bucket_name}/{prefix}", "list"):
+        for page in named_pages(pages, f"gs://{bucket_name}/{prefix}", "list"):
             for blob in page:
                 if not blob.name.endswith("/"):
                     yield "item", (blob.name[len(base):], f"gs://{bucket_name}/{blob.name}",
@@ -109,7 +109,7 @@ def gcs_retry():
     return DEFAULT_RETRY
 
 
-def _named(pages, where, what):
+def named_pages(pages, where, what):
     """Pages of a listing, with a failure that outlived the retries named: 403 is the user's
     to fix (exit 2), anything else fails the build (exit 1)."""
     try:
