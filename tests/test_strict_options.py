@@ -157,3 +157,20 @@ def test_options_that_change_no_record_reuse_every_record_and_the_others_do_not(
                  ["--near_duplicates"]):
         assert rebuild(*args)[:2] == (images(), 0), args
         base += args
+
+
+@pytest.mark.slow
+def test_a_beam_sink_build_is_refused_on_a_root_with_a_split_map(tmp_path, capsys):
+    """Before: one `--sink beam` build (no catalog) erased the split map for every later
+    night: the next build split every image by its key hash again."""
+    src, root = tmp_path / "in", tmp_path / "out"
+    make_images(src, {"cat": 3, "dog": 3})
+    first = build(src, root, "--num_shards", "1")
+    line = one_line(capsys, ["--input", src, "--output", root, "--sink", "beam", "--force"])
+    assert line == (f"error: --sink beam writes no catalog, so it would erase the split map of "
+                    f"{root} (the splits its published images keep for life); build the "
+                    "comparison into another --output, or add --resplit to start the split map "
+                    "over")
+    assert os.listdir(root / layout.VERSIONS) == [first["version"]]
+    beam = build(src, root, "--num_shards", "1", "--sink", "beam", "--resplit")
+    assert beam["manifest"]["config"]["sink"] == "beam"

@@ -51,6 +51,7 @@ def prepare(build, root):
 
     previous_version, previous = versions.latest(root)
     versions.check_clock(root, previous_version)
+    refuse_catalogless(build, root, previous)
     for v in versions.clean_leftovers(root):
         print(f"{root}: deleted version {v}, never published (a run killed before LATEST)")
     label_file = read_label_file(build.label_file) if build.label_file else None
@@ -256,6 +257,21 @@ def require_tensorflow(build):
         raise UserError(f"{flag} needs {' and '.join(missing)}, which is not installed: "
                         "pip install -c constraints.txt '.[transform]' (and on Dataflow, a "
                         "worker image built with --build-arg EXTRAS=transform)")
+
+
+def has_split_map(previous):
+    """Whether the latest version holds the splits its images keep for life (its catalog)."""
+    return bool(previous) and "catalog" in previous
+
+
+def refuse_catalogless(build, root, previous):
+    """`--sink beam` writes no catalog: published over a root with a split map, it would
+    leave the next build none, and every image would be split again by its key hash."""
+    if build.sink == "beam" and has_split_map(previous) and not build.resplit:
+        raise UserError(f"--sink beam writes no catalog, so it would erase the split map of "
+                        f"{root} (the splits its published images keep for life); build the "
+                        "comparison into another --output, or add --resplit to start the "
+                        "split map over")
 
 
 def check_writable(root):

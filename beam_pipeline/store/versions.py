@@ -183,7 +183,7 @@ def clean_leftovers(root, now=None):
             if "://" not in root or _seconds_between(v, now_id) > lock.SUBMITTED_TTL:
                 delete_version(root, v)
                 deleted.append(v)
-    tmp = layout.join(layout.version_dir(root, latest_version), ".tmp")
+    tmp = layout.join(layout.version_dir(root, latest_version), layout.TMP)
     if "://" in root or os.path.isdir(tmp):
         files.delete_tree(tmp)
     return deleted
