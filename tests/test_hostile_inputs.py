@@ -100,9 +100,10 @@ def check_version(result, good, bad):
     assert rows.keys() == good.keys()
     assert all(rows[k][1] == hashlib.sha256(good[k]).hexdigest() for k in good)
     entry = result["manifest"]["near_duplicates"]  # noise photographs: none at all
-    assert (entry["groups"], entry["leaks"]) == (0, 0)
-    with open(os.path.join(result["version_dir"], entry["path"])) as f:
-        assert f.read() == ""
+    assert (entry["candidates"], entry["pairs"], entry["leaks"]) == (0, 0, 0)
+    for path in (entry["path"], entry["rejected_path"]):
+        with open(os.path.join(result["version_dir"], path)) as f:
+            assert f.read() == ""
     records = [r for rs in read_records(result["version_dir"]).values() for r in rs]
     assert sorted(r["image/filename"].decode() for r in records) == sorted(good)
     return rows
