@@ -33,6 +33,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from common import Record, add_record_argument  # noqa: E402
 LABELS = 1000
 NAME = "bench"
 
@@ -145,9 +147,12 @@ def main():
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--root", help=argparse.SUPPRESS)
     parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
+    add_record_argument(parser)
     args = parser.parse_args()
     if args.child:
         return child(args)
+    record = Record("bench_commit", {k: v for k, v in vars(args).items()
+                                    if k not in ("child", "root", "n")})
     sys.path.insert(0, REPO)
     from tests.gcs_emulator import run_emulator
 
@@ -160,6 +165,7 @@ def main():
           "storage emulator on loopback, loaded 2-core machine")
     print(f"{'shards':>8} {'setup s':>8} {'commit s':>9} {'ms/shard':>9} "
           f"{'RSS before':>11} {'peak RSS':>9} {'KiB/shard':>10}")
+    rows = []
     with tempfile.TemporaryDirectory() as work, run_emulator(work) as emulator:
         for n in args.shards:
             start = time.perf_counter()
@@ -175,6 +181,9 @@ def main():
             print(f"{n:>8} {setup:>8.1f} {got['seconds']:>9.1f} "
                   f"{1000 * got['seconds'] / n:>9.2f} {got['rss_before_mib']:>9.0f}Mi "
                   f"{got['peak_rss_mib']:>7.0f}Mi {1024 * growth / n:>10.2f}", flush=True)
+            rows.append({"shards": n, "setup_s": setup, **got,
+                         "kib_per_shard": 1024 * growth / n})
+    record.save({"slim_results": new, "runs": rows})
 
 
 if __name__ == "__main__":

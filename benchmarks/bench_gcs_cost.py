@@ -22,7 +22,6 @@ Python process on loopback: compare counts and bytes, not seconds.
 import argparse
 import csv
 import io
-import json
 import os
 import subprocess
 import sys
@@ -34,6 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
 sys.path.insert(0, HERE)
+from common import Record, add_record_argument  # noqa: E402
 
 
 def photos(n, first=0):
@@ -182,8 +182,9 @@ def main():
     parser.add_argument("--photos", type=int, default=300)
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--code", action="append", help="checkouts to compare (default: this)")
-    parser.add_argument("--json", help="also write every figure to this file")
+    add_record_argument(parser)
     args = parser.parse_args()
+    record = Record("bench_gcs_cost", args)
     codes = args.code or [REPO]
     from tests.gcs_counting import counting
     from tests.gcs_emulator import run_emulator
@@ -207,9 +208,7 @@ def main():
         for night, figures in results[code].items():
             shown = {k: _fmt(v) for k, v in figures.items() if k != "totals"}
             print(f"  {night}: {shown}\n    requests by kind: {figures['totals']}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+    record.save(results)
 
 
 def _fmt(value):

@@ -21,6 +21,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import Record, add_record_argument  # noqa: E402
 
 
 def beam_read(uri):
@@ -77,7 +79,9 @@ def main():
     parser.add_argument("--size_kb", type=int, default=40)
     parser.add_argument("--threads", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3)
+    add_record_argument(parser)
     args = parser.parse_args()
+    record = Record("bench_gcs_reads", args)
     from tests.gcs_emulator import run_emulator
 
     with tempfile.TemporaryDirectory() as work, run_emulator(work) as emulator:
@@ -103,6 +107,8 @@ def main():
               f"{requests:.2f} HTTP requests and {connections:.2f} new connections per read")
     ratio = statistics.median(rates["one client"]) / statistics.median(rates["beam FileSystems"])
     print(f"  one client / FileSystems: {ratio:.2f}x")
+    record.save({"reads_per_s": rates, "requests_and_connections_per_read": per_read,
+                 "one_client_vs_filesystems": ratio})
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import _make, build_command, files_of, jpeg_tree, run_measured  # noqa: E402
+from common import (Record, _make, add_record_argument, build_command, files_of,  # noqa: E402
+                    jpeg_tree, run_measured)
 
 
 
@@ -81,7 +82,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--n", type=int, default=10000)
     ap.add_argument("--repeat", type=int, default=1)
+    add_record_argument(ap)
     args = ap.parse_args()
+    record = Record("bench_incremental", args)
     step = max(1, args.n // 100)
     base = jpeg_tree(args.n)
     bigger = jpeg_tree(args.n + step)  # the same first N files plus `step` more
@@ -113,6 +116,14 @@ def main():
           f"{'PASS' if rekeyed['build']['converted'] <= 1 else 'FAIL'}")
     print(f"\n+1%: {json.dumps({k: added[k] for k in ('reused', 'rewritten', 'added_shards')})}")
     print(f"-1%: {json.dumps({k: deleted[k] for k in ('reused', 'rewritten', 'added_shards')})}")
+    record.save({
+        "full_s": full,
+        "added": {"seconds": add, "vs_full": add / full, "incremental": added},
+        "deleted": {"seconds": delete, "vs_full": delete / full, "incremental": deleted},
+        "moved": {"seconds": move, "vs_full": move / full, "incremental": moved["incremental"],
+                  "build": moved["build"]},
+        "moved_new_keys": {"seconds": rekey, "vs_full": rekey / full,
+                           "build": rekeyed["build"]}})
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import DATA, run_measured  # noqa: E402
+from common import DATA, Record, add_record_argument, run_measured  # noqa: E402
 
 PY = sys.executable
 CLASSES = 100
@@ -64,7 +64,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--sizes", default="50000,400000", help="the two sizes compared")
     ap.add_argument("--also", default="", help="more sizes to report, e.g. 1000000")
+    add_record_argument(ap)
     args = ap.parse_args()
+    record = Record("bench_launcher", args)
     sizes = [int(s) for s in args.sizes.split(",")]
     extra = [int(s) for s in args.also.split(",") if s]
     rows = []
@@ -73,13 +75,14 @@ def main():
         rows.append((n, seconds, rss))
         print(f"{n:>10,} inputs: {seconds:7.1f} s, peak RSS {rss / 2**20:6.0f} MB "
               f"({n / seconds:,.0f} inputs/s)", flush=True)
-    if len(rows) < 2:
-        return
-    (n0, _, r0), (n1, _, r1) = rows[0], rows[1]
-    ratio = r1 / r0
-    print(f"\npeak RSS {n1:,} vs {n0:,} inputs: {ratio:.2f}x "
-          f"(target <= 1.15x: {'PASS' if ratio <= 1.15 else 'FAIL'}); "
-          f"before this change: 570 vs 261 MB = 2.18x")
+    figures = {"runs": [{"inputs": n, "seconds": s, "peak_rss_mb": rss / 2**20}
+                        for n, s, rss in rows]}
+    if len(rows) >= 2:
+        (n0, _, r0), (n1, _, r1) = rows[0], rows[1]
+        figures["peak_rss_ratio"] = ratio = r1 / r0
+        print(f"\npeak RSS {n1:,} vs {n0:,} inputs: {ratio:.2f}x "
+              f"(target <= 1.15x: {'PASS' if ratio <= 1.15 else 'FAIL'})")
+    record.save(figures)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Near-duplicate precision on hard negatives: the hash alone against the hash confirmed by
 the built descriptor (dedup/descriptor.py) and the alternatives it was chosen over.
 
-    python benchmarks/bench_near_duplicate_precision.py [--radii 6,8,10,12] [--json PATH]
+    python benchmarks/bench_near_duplicate_precision.py [--radii 6,8,10,12] [--record PATH]
 
 The positives are bench_near_duplicates.py's: ~22 photos that scikit-image, scikit-learn and
 matplotlib ship, each a scene and 5 crops, each stored as an original and 6 variants (crop
@@ -42,6 +42,7 @@ from PIL import Image, ImageFilter
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import bench_near_duplicates as corpus_lib  # noqa: E402
+from common import Record, add_record_argument  # noqa: E402
 from beam_pipeline.dedup import descriptor, perceptual  # noqa: E402
 from beam_pipeline.dedup import near_duplicates  # noqa: E402
 
@@ -272,8 +273,9 @@ def false_by_class(keep, cand, label, cls, i, j):
 def main(argv=None):
     parser = argparse.ArgumentParser()
     parser.add_argument("--radii", default="6,8,10,12")
-    parser.add_argument("--json", default=None, help="also write the figures here as JSON")
+    add_record_argument(parser)
     args = parser.parse_args(argv)
+    record = Record("bench_near_duplicate_precision", args)
     radii = [int(r) for r in args.radii.split(",")]
     t0 = time.time()
     datas, cls, kind, i, j, label = dataset()
@@ -318,11 +320,7 @@ def main(argv=None):
                                              implied=s[3], false=fp, us_per_pair=took)
         print(f"  {name:<52} {limit:<15} single {s[0]:.1%} combo {s[1]:.1%} direct "
               f"{s[2]:.2%} implied {s[3]:.2%} ({took:.0f} us/pair incl. describing) false {fp}")
-    if args.json:
-        import json
-
-        with open(args.json, "w") as f:
-            json.dump(figures, f, indent=1)
+    record.save(figures)
 
 
 if __name__ == "__main__":

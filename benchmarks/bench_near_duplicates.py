@@ -7,6 +7,7 @@ scales.
     python benchmarks/bench_near_duplicates.py grouping [RADIUS [BANDS]]  # time, RSS, 50k-400k
     python benchmarks/bench_near_duplicates.py grouping2 [RADIUS]  # 1 vs 2 hashes an image
     python benchmarks/bench_near_duplicates.py            # all five
+    python benchmarks/bench_near_duplicates.py cost --record PATH   # the JSON record's path
 
 Needs the "bench" extra (imagehash as the yardstick; the photos scikit-image, scikit-learn
 and matplotlib ship). Everything generated is seeded.
@@ -674,8 +675,18 @@ if __name__ == "__main__":
     elif what == "_group2":
         grouping_two_one(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
     else:
+        from common import Record, printed
+
+        args = sys.argv[2:]
+        path = args.pop(args.index("--record") + 1) if "--record" in args else None
+        args = [a for a in args if a != "--record"]
+        record, figures = Record("bench_near_duplicates", {"mode": what, "args": args,
+                                                           "record": path}), {}
         for name, fn in (("accuracy", accuracy), ("cost", cost), ("build", build),
                          ("grouping", grouping), ("grouping2", grouping2)):
             if what in (name, "all"):
                 print(f"== {name}")
-                fn(*map(int, sys.argv[2:]))
+                with printed() as lines:  # its modes print their tables; kept as printed
+                    fn(*map(int, args))
+                figures[name] = lines
+        record.save(figures)

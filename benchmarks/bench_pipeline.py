@@ -24,7 +24,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import build_command, files_of, run_measured  # noqa: E402
+from common import Record, add_record_argument, build_command, files_of, run_measured  # noqa: E402
 from photos import photo_tree  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -145,7 +145,9 @@ def main():
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--only", default=",".join(VARIANTS),
                     help=f"comma-separated variants among {','.join(VARIANTS)}")
+    add_record_argument(ap)
     args = ap.parse_args()
+    record = Record("bench_pipeline", args)
     sizes = sorted(int(s) for s in args.sizes.split(","))
     variants = [v for v in VARIANTS if v in args.only.split(",")]
     trees = {n: photo_tree(n) for n in sizes}
@@ -162,6 +164,15 @@ def main():
                     lambda out: commands(impl, v, trees[n], out), args.repeat)
     report(res, sizes, variants)
     print(f"load average at the end: {os.getloadavg()[0]:.1f}")
+    big = sizes[-1]
+    record.save({
+        "images": {"kind": "photographs", "mib_at_largest": round(mb, 1)},
+        "runs": {v: {impl: {str(n): res[v, impl][n] for n in sizes}
+                     for impl in ("script", "floor", "ours")} for v in variants},
+        "wall_vs_script": {v: res[v, "script"][big]["seconds"] / res[v, "ours"][big]["seconds"]
+                           for v in variants},
+        "cpu_vs_script": {v: res[v, "script"][big]["cpu"] / res[v, "ours"][big]["cpu"]
+                          for v in variants}})
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from common import Record, add_record_argument  # noqa: E402
 from dataset_format import frames, layout, schema  # noqa: E402  (no TensorFlow at import)
 
 TRAIN = ("ceiling", "same", "stream", "resumable")
@@ -187,9 +188,11 @@ def main(argv=None):
     p.add_argument("--runs", type=int, default=1, help="alternating rounds (median shown)")
     p.add_argument("--only", choices=PIPELINES, action="append", help="run just these")
     p.add_argument("--child", choices=PIPELINES, help=argparse.SUPPRESS)
+    add_record_argument(p)
     args = p.parse_args(argv)
     if args.child:
         return child(args.child, args.data, args.batch_size, args.image_size, args.epochs)
+    record = Record("bench_reader", {k: v for k, v in vars(args).items() if k != "child"})
 
     with tempfile.TemporaryDirectory(prefix="bench_reader_") as tmp:
         root = args.data or tmp
@@ -209,7 +212,7 @@ def main(argv=None):
                 r = json.loads(out.stdout.strip().splitlines()[-1])
                 r["rate"] = r["images"] / r["seconds"]
                 runs.setdefault(which, []).append(r)
-    report(runs)
+    record.save({"runs": runs, "medians": report(runs)})
 
 
 def _median(rows, key):
@@ -241,6 +244,7 @@ def report(runs):
                           f"batch {a['first_batch'] / b['first_batch']:.2f}x, peak RSS "
                           f"{a['peak_rss'] / b['peak_rss']:.2f}x")
     print("\n".join(checks))
+    return med
 
 
 if __name__ == "__main__":

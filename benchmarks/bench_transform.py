@@ -21,7 +21,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import ENV, REPO, build_command, jpeg_tree  # noqa: E402
+from common import ENV, REPO, Record, add_record_argument, build_command, jpeg_tree  # noqa: E402
 
 TARGET = 1.25  # re-encode build with --transform / without
 BUILDS = (("re-encode", False), ("re-encode", True), ("pass-through", False),
@@ -89,7 +89,9 @@ def main(argv=None):
     parser.add_argument("--repeat", type=int, default=1, help="builds per mode (median)")
     parser.add_argument("--accuracy", action="store_true",
                         help="also compare the statistics with NumPy over the stored images")
+    add_record_argument(parser)
     args = parser.parse_args(argv)
+    record = Record("bench_transform", args)
 
     src = jpeg_tree(args.n)
     times = {b: [] for b in BUILDS}
@@ -133,7 +135,10 @@ def main(argv=None):
             print(f"  |mean diff| max {max(abs(a - b) for a, b in zip(t['mean'], mean)):.2g} "
                   f"levels; std diff max "
                   f"{max(abs(a - b) / b for a, b in zip(t['std'], std)):.2g} relative")
+            result["numpy"] = {"mean": [float(v) for v in mean], "std": [float(v) for v in std]}
+        result["manifest"] = {"mean": t["mean"], "std": t["std"]}
         print(json.dumps(result))
+        record.save(result)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
