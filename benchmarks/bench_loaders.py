@@ -38,7 +38,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
-from common import DATA, ENV, build_command, files_of  # noqa: E402
+from common import DATA, ENV, Record, add_record_argument, build_command, files_of  # noqa: E402
 from photos import photo_tree  # noqa: E402
 
 SIZE = 224
@@ -188,7 +188,9 @@ def main():
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch", type=int, default=64)
+    add_record_argument(parser)
     args = parser.parse_args()
+    record = Record("bench_loaders", args)
 
     photos = photo_tree(args.n)
     vdir, shards = built(photos, args.n)
@@ -215,6 +217,11 @@ def main():
         print(f"{name:<12} {rate:>9.0f} {rate / rate0:>8.2f}x {cpu:>13.2f} {cpu / cpu0:>8.2f}x "
               f"{first:>14.2f}")
     print(f"load {os.getloadavg()[0]:.2f} at the end")
+    record.save({"images": n, "shards": len(shards),
+                 "runs": {name: [dict(zip(("images_per_s", "first_batch_s", "cpu_ms_per_image"),
+                                          r)) for r in results[name]] for name in PIPELINES},
+                 "medians": {name: dict(zip(("images_per_s", "first_batch_s", "cpu_ms_per_image"),
+                                            med[name])) for name in PIPELINES}})
 
 
 if __name__ == "__main__":
