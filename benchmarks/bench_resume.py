@@ -21,7 +21,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import ENV, build_command, jpeg_tree  # noqa: E402
+from benchmarks.common import (ENV, Record, add_record_argument, build_command,  # noqa: E402
+                               jpeg_tree)
 from dataset_format import layout  # noqa: E402
 
 
@@ -73,7 +74,9 @@ def main():
     parser.add_argument("--images", type=int, default=4000)
     parser.add_argument("--shards", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=1)
+    add_record_argument(parser)
     args = parser.parse_args()
+    record = Record("bench_resume", args)
     src = jpeg_tree(args.images)
     extra = ["--name", "bench", "--num_shards", str(args.shards), "--splits", "train=1.0",
              "--no_transform"]
@@ -100,6 +103,8 @@ def main():
     print(f"{'run':<32} {'wall s':>7} {'x full':>7} {'converted':>10} {'resumed':>8}")
     for name, seconds, ratio, converted, resumed, note in rows:
         print(f"{name:<32} {seconds:7.1f} {ratio:7.2f} {converted:10d} {resumed:8d} {note}")
+    record.save({"runs": [dict(zip(("run", "seconds", "vs_full", "converted", "resumed_shards",
+                                    "note"), row)) for row in rows]})
 
 
 if __name__ == "__main__":
