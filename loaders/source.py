@@ -7,10 +7,13 @@ found by its shard's `.index` line: one ranged read (pread locally, one GET on g
 """
 
 import bisect
+import collections
 import operator
 import threading
 
 from loaders import records
+
+OPEN_FILES = 64  # per process: a split of thousands of shards stays under the fd limit
 
 
 class RecordSource:
@@ -36,7 +39,7 @@ class RecordSource:
         self._offsets = records.Offsets(records.file_records(self.info, self.spans))
         self._decoder = records.Decoder(decode, records.label_shift(self.info, label_offset),
                                         transform)
-        self._files, self._lock = {}, threading.Lock()
+        self._files, self._lock = collections.OrderedDict(), threading.Lock()
 
     @property
     def class_names(self):
@@ -59,14 +62,19 @@ class RecordSource:
         return self._decoder(data, span.path, position, offset)
 
     def _file(self, path):
-        found = self._files.get(path)
-        if found is None:
-            from dataset_format import storage
+        """The open shard, the least recently used of OPEN_FILES closed when a read needs
+        another (a reader still holding it keeps it open until it is done)."""
+        with self._lock:
+            found = self._files.get(path)
+            if found is None:
+                from dataset_format import storage
 
-            with self._lock:
-                found = self._files.get(path) or storage.open_ranged(path)
-                self._files[path] = found
-        return found
+                found = self._files[path] = storage.open_ranged(path)
+                if len(self._files) > OPEN_FILES:
+                    self._files.popitem(last=False)
+            else:
+                self._files.move_to_end(path)
+            return found
 
     def __getstate__(self):
         state = dict(self.__dict__)
@@ -75,7 +83,7 @@ class RecordSource:
 
     def __setstate__(self, state):
         self.__dict__.update(state)
-        self._files, self._lock = {}, threading.Lock()
+        self._files, self._lock = collections.OrderedDict(), threading.Lock()
 
     def __repr__(self):
         return (f"RecordSource({self.info.version_dir!r}, split={self.split!r}, "

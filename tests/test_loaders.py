@@ -62,6 +62,18 @@ def test_source_reads_each_record_by_position(root):
         source[37]
 
 
+def test_source_keeps_few_files_open(root, monkeypatch):
+    from loaders import source as source_lib
+
+    monkeypatch.setattr(source_lib, "OPEN_FILES", 2)
+    source = RecordSource(root, "train")
+    order = list(range(len(source)))
+    np.random.default_rng(0).shuffle(order)
+    fds = len(os.listdir("/proc/self/fd"))
+    assert [_rid_of(source[i]) for i in order] == [TRAIN[i] for i in order]
+    assert len(source._files) == 2 and len(os.listdir("/proc/self/fd")) <= fds + 2
+
+
 def test_source_bytes_labels_and_slices(root):
     raw = RecordSource(root, "validation", decode=False, label_offset=1)
     rids = tiny_dataset.rids_in_order("validation")
