@@ -42,7 +42,3 @@ def decode_native(ds, fn, skip_corrupt, deterministic, batch_size, drop_remainde
         return ds.ragged_batch(batch_size, drop_remainder=drop_remainder)
     return ds.padded_batch(batch_size, drop_remainder=drop_remainder)
 
-
-def records_per_element(batch_size):
-    """How many records one element holds: 1 unbatched."""
-    return 1 if batch_size is None else batch_size

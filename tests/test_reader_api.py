@@ -97,6 +97,8 @@ def test_native_size_ragged_and_padded(sizes_root):
     for image, (h, w), rid in zip(first.numpy(), want, TRAIN):
         assert _rid(image[:h, :w]) == rid and not image[h:].any() and not image[:, w:].any()
     assert labels.numpy().tolist() == [r % 3 for r in TRAIN[:4]]
+    with pytest.raises(ValueError, match=r"native_batching='dense': use one of \('ragged'"):
+        _eval(sizes_root, "train", batch_size=4, image_size=None, native_batching="dense")
     unbatched = _eval(sizes_root, "train[:3]", batch_size=None, image_size=None)
     assert [tuple(i.shape) for i, _ in unbatched] == [h_w + (3,) for h_w in want[:3]]
 
