@@ -36,9 +36,9 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
                                  rule)
 from PIL import Image
 
-from beam_pipeline.job import images, records, reframe
+from beam_pipeline.job import images, records
 from beam_pipeline.launcher import plan
-from dataset_format import frames, layout, schema
+from dataset_format import examples, frames, layout, schema
 from tests.helpers import build, check_invariants
 
 CLASSES = ("cat", "dog", "owl")
@@ -323,7 +323,7 @@ def stored_examples(vdir, manifest):
                 offset = 0
                 while (found := frames.read_frame(f, offset)) is not None:
                     record, length = found
-                    key = reframe.parse_example(record)[schema.FILENAME].decode()
+                    key = examples.parse_example(record)[schema.FILENAME].decode()
                     assert key not in out, f"{key} stored twice"
                     out[key] = (split, record)
                     offset += length

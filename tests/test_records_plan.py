@@ -1,4 +1,5 @@
-"""Unit tests for beam_pipeline.job.records (Example + TFRecord framing) and beam_pipeline.launcher.plan."""
+"""Unit tests for beam_pipeline.job.records and dataset_format.examples (Example + TFRecord
+framing) and beam_pipeline.launcher.plan."""
 
 import collections
 import hashlib
@@ -12,7 +13,7 @@ from beam_pipeline.launcher import plan
 from beam_pipeline.job import records
 from beam_pipeline.job.images import Encoded
 from beam_pipeline.refs import SPLIT_NAMES, ImageRef
-from dataset_format import frames, schema
+from dataset_format import examples, frames, schema
 
 
 def _encoded(colour=(10, 200, 30), size=(20, 12)):
@@ -277,7 +278,8 @@ def test_serialize_example_equals_tensorflow_deterministic_serialization():
     for ours in cases:
         example = tf.train.Example.FromString(ours)
         assert example.SerializeToString(deterministic=True) == ours
-    negative = records.serialize_example({"a": -5, "b": b"\x00\xff"})
+    negative = examples.serialize_example({"a": -5, "b": b"\x00\xff"})
     parsed = tf.train.Example.FromString(negative)
     assert parsed.features.feature["a"].int64_list.value == [-5]
     assert parsed.SerializeToString(deterministic=True) == negative
+    assert examples.parse_example(negative) == {"a": -5, "b": b"\x00\xff"}  # the way back

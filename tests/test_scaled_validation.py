@@ -13,7 +13,8 @@ import pytest
 import simplejpeg
 from PIL import Image, ImageDraw
 
-from beam_pipeline.job import images, records
+from beam_pipeline.job import images
+from dataset_format import examples
 
 
 def _photo(seed, quality):
@@ -75,8 +76,9 @@ def test_serialize_example_equals_tensorflow_for_long_fields(size):
     import tensorflow as tf
 
     payload = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
-    ours = records.serialize_example({"image/encoded": payload, "n": -(2**63), "m": 2**63 - 1,
-                                      "t": b"x" * (size % 300)})
+    features = {"image/encoded": payload, "n": -(2**63), "m": 2**63 - 1, "t": b"x" * (size % 300)}
+    ours = examples.serialize_example(features)
+    assert examples.parse_example(ours) == features  # both directions of one wire format
     assert tf.train.Example.FromString(ours).SerializeToString(deterministic=True) == ours
     parsed = tf.train.Example.FromString(ours).features.feature
     assert parsed["image/encoded"].bytes_list.value == [payload]

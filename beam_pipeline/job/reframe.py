@@ -9,10 +9,9 @@ is byte-identical to what converting the input would give.
 
 import io
 
-from beam_pipeline.job import records
 from beam_pipeline.store import ranges
 from dataset_format import frames, schema
-from dataset_format.examples import parse_example
+from dataset_format.examples import parse_example, serialize_example
 
 
 def read_stored(source):
@@ -55,4 +54,4 @@ def reframe(record, key, label_id, label):
     features = parse_example(record)
     features.update({schema.FILENAME: key.encode(), schema.LABEL: label_id,
                      schema.TEXT: label.encode()})
-    return records.serialize_example(features), features
+    return serialize_example(features), features
