@@ -123,9 +123,9 @@ def main(argv=None):
                                 "ratio": round(ratio, 3)}
 
         sys.path.insert(0, REPO)
-        from dataset_format import layout
+        from dataset_format import dataset_info
 
-        vdir, manifest = layout.load_manifest(kept)
+        vdir, manifest = dataset_info.load_manifest(kept)
         t = manifest["transform"]
         print(f"  manifest mean {t['mean']}  std {t['std']}  ({t['statistics']['resolution']})")
         if args.accuracy:

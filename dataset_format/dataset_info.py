@@ -1,10 +1,18 @@
-"""What a built dataset holds, read from its manifest (docs/format.md) without touching the shards."""
+"""What a built dataset holds, read from its manifest (docs/format.md) without touching the shards.
+
+Finding a version (LATEST, or a pinned id) and reading its manifest go through
+dataset_format/storage.py, so local paths and gs:// behave the same without TensorFlow or
+Apache Beam.
+"""
 
 import dataclasses
+import json
 import posixpath
 from typing import Dict, Optional, Tuple
 
-from dataset_format import layout
+from dataset_format import layout, storage
+from dataset_format.layout import (FORMAT_VERSION, LATEST, MANIFEST, READABLE_FORMAT_VERSIONS,
+                                   VERSIONS, join, version_dir)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +101,41 @@ def info(path, version=None):
     ROOT/versions/, e.g. "20261201T101500Z") pins one. Pass the result to `make_dataset` so
     later reads see this version while a new one is being published.
     """
-    vdir, manifest = layout.load_manifest(path, version)
+    vdir, manifest = load_manifest(path, version)
     followed = version is None and vdir.rstrip("/") != str(path).rstrip("/")
     return from_manifest(vdir, manifest, followed_latest=followed)
+
+
+def resolve(path, version=None):
+    """The version directory for a dataset root (via LATEST, read once; or `version`, an id
+    under ROOT/versions/) or a version directory itself."""
+    path = str(path).rstrip("/")
+    if version:
+        vdir = version_dir(path, version)
+        if storage.exists(join(vdir, MANIFEST)):
+            return vdir
+        if storage.exists(join(path, MANIFEST)) and posixpath.basename(path) == version:
+            return path  # already that version's directory
+        raise FileNotFoundError(
+            f"{vdir}: no {MANIFEST}: version {version!r} does not exist under {path} "
+            f"(pruned, or not published yet?); the versions are the directories in "
+            f"{join(path, VERSIONS)}/")
+    if storage.exists(join(path, MANIFEST)):
+        return path
+    latest = join(path, LATEST)
+    if storage.exists(latest):
+        record = json.loads(storage.read_text(latest))
+        return posixpath.dirname(join(path, record["manifest"]))
+    raise FileNotFoundError(
+        f"{path}: not a dataset (no {MANIFEST} and no {LATEST}); "
+        "pass the --output root of a finished build or one of its versions/ directories")
+
+
+def load_manifest(path, version=None):
+    """(version_dir, manifest dict) for a dataset root or version directory."""
+    vdir = resolve(path, version)
+    manifest = json.loads(storage.read_text(join(vdir, MANIFEST)))
+    if manifest.get("format_version") not in READABLE_FORMAT_VERSIONS:
+        raise ValueError(f"{vdir}/{MANIFEST}: format_version {manifest.get('format_version')!r} "
+                         f"is newer than this reader knows ({FORMAT_VERSION}); upgrade it")
+    return vdir, manifest

@@ -1,25 +1,53 @@
 """Where things live in a dataset root (docs/format.md, "Layout"); the one module that owns file names.
 
-Reads through dataset_format/storage.py, so local paths and gs:// behave the same without
-TensorFlow or Apache Beam.
+Names only, no I/O (dataset_info.py finds and reads a version's manifest). Every file or
+directory name the writer, the tools and the readers use is spelt here, once.
 """
 
-import json
 import posixpath
 import re
 
-from dataset_format import storage
-
+# The root
 LATEST = "LATEST"
 VERSIONS = "versions"
+LOCK = ".lock"                         # present while a build holds the root
+
+# A version directory
 MANIFEST = "manifest.json"
 ERRORS = "errors.jsonl"
 INDEX_SUFFIX = ".index"
 CATALOG = "catalog.parquet"
-TMP = ".tmp"  # a version's work files while it is built (deleted once it is published)
-FRAGMENT_SUFFIX = ".catalog.parquet"  # in TMP: a shard attempt's catalog fragment
-COMMIT_FAILED = "commit_failed.json"  # in TMP: a commit's deterministic failure, which its
+DUPLICATES = "duplicates.jsonl"        # --drop_content_duplicates or not: always reported
+NEAR_DUPLICATES = "near_duplicates.jsonl"  # with --near_duplicates: confirmed pairs
+NEAR_DUPLICATES_REJECTED = "near_duplicates_rejected.jsonl"  # candidates not confirmed
+# TFDS metadata beside the manifest; the ClassLabel names file is LABEL key + LABELS_SUFFIX
+TFDS_DATASET_INFO = "dataset_info.json"
+TFDS_FEATURES = "features.json"
+TFDS_METADATA = "metadata.json"
+TFDS_FILES = (TFDS_DATASET_INFO, TFDS_FEATURES, TFDS_METADATA)
+TFDS_LABELS_SUFFIX = ".labels.txt"
+# --transform: tf.Transform's output directory, and our assets in its assets/
+TRANSFORM_FN = "transform_fn"
+TRANSFORM_ASSETS = "assets"
+TRANSFORM_LABEL_VOCABULARY = "label_vocabulary"  # "<count> <name>", by id
+TRANSFORM_STATISTICS = "pixel_statistics.json"   # the train pixel statistics
+
+# A build's work files, under VDIR/.tmp/ until commit deletes it
+TMP = ".tmp"
+COMMIT_FAILED = "commit_failed.json"  # a commit's deterministic failure, which its
                                       # retries raise again
+SHARD_INDEX = "shards.jsonl"           # one ShardTask a line
+LISTING = "listing"                    # one listing file per shard task
+LISTING_ERRORS = "listing_errors.jsonl"
+SHARD_ERRORS = "shard_errors"          # + JSONL: the writers' error records (--sink beam)
+JSONL = ".jsonl"
+TRANSFORM_TEMP = "tft"                 # --transform: tf.Transform's temp directory
+PROGRESS = "progress"                  # the writers' progress files (local runs)
+CLAIM_PREFIX = "claim-"                # a gs:// version's claim objects
+FRAGMENT_SUFFIX = ".catalog.parquet"   # a shard attempt's catalog fragment
+REWRITE_SUFFIX = ".dedup"              # a temp shard rewritten without dropped records
+REPLACING_SUFFIX = ".tmp"              # a local file being replaced atomically (LATEST)
+
 # 2: keys relative to their input (manifest["key_scheme"]) and catalog.parquet.
 FORMAT_VERSION = 2
 READABLE_FORMAT_VERSIONS = (1, 2)
@@ -57,41 +85,20 @@ def version_dir(root, version):
     return join(root, VERSIONS, version)
 
 
+def tmp_dir(vdir):
+    """A build's work directory inside its version directory."""
+    return join(vdir, TMP)
+
+
+def listing_file(tmp, split, shard):
+    """The listing of one shard task under a build's work directory."""
+    return join(tmp, LISTING, f"{split}-{shard:05d}{JSONL}")
+
+
+def lock_file(root):
+    return f"{root.rstrip('/')}/{LOCK}"
+
+
 def latest_record(version):
     """The content of ROOT/LATEST for `version`."""
     return {"version": version, "manifest": join(VERSIONS, version, MANIFEST)}
-
-
-def resolve(path, version=None):
-    """The version directory for a dataset root (via LATEST, read once; or `version`, an id
-    under ROOT/versions/) or a version directory itself."""
-    path = str(path).rstrip("/")
-    if version:
-        vdir = version_dir(path, version)
-        if storage.exists(join(vdir, MANIFEST)):
-            return vdir
-        if storage.exists(join(path, MANIFEST)) and posixpath.basename(path) == version:
-            return path  # already that version's directory
-        raise FileNotFoundError(
-            f"{vdir}: no {MANIFEST}: version {version!r} does not exist under {path} "
-            f"(pruned, or not published yet?); the versions are the directories in "
-            f"{join(path, VERSIONS)}/")
-    if storage.exists(join(path, MANIFEST)):
-        return path
-    latest = join(path, LATEST)
-    if storage.exists(latest):
-        record = json.loads(storage.read_text(latest))
-        return posixpath.dirname(join(path, record["manifest"]))
-    raise FileNotFoundError(
-        f"{path}: not a dataset (no {MANIFEST} and no {LATEST}); "
-        "pass the --output root of a finished build or one of its versions/ directories")
-
-
-def load_manifest(path, version=None):
-    """(version_dir, manifest dict) for a dataset root or version directory."""
-    vdir = resolve(path, version)
-    manifest = json.loads(storage.read_text(join(vdir, MANIFEST)))
-    if manifest.get("format_version") not in READABLE_FORMAT_VERSIONS:
-        raise ValueError(f"{vdir}/{MANIFEST}: format_version {manifest.get('format_version')!r} "
-                         f"is newer than this reader knows ({FORMAT_VERSION}); upgrade it")
-    return vdir, manifest

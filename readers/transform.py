@@ -20,10 +20,12 @@ importing tensorflow_transform sets TF_USE_LEGACY_KERAS=1 (its layer is a Keras 
 model), so build the model that embeds the layer with `tf_keras`.
 """
 
+from dataset_format import layout
+
 IMAGE = "image"          # transformed feature names
 LABEL = "label"
-LABEL_VOCABULARY = "label_vocabulary"  # transform_fn/assets/<this>: "<count> <name>", by id
-STATISTICS = "pixel_statistics.json"   # transform_fn/assets/<this>: the train pixel statistics
+LABEL_VOCABULARY = layout.TRANSFORM_LABEL_VOCABULARY  # transform_fn/assets/<this>
+STATISTICS = layout.TRANSFORM_STATISTICS              # transform_fn/assets/<this>
 _SERVING_KEYS = ("image/encoded",)      # what a served request has to carry
 
 
@@ -48,15 +50,13 @@ def statistics_of(ds_info):
 
     import tensorflow as tf
 
-    from dataset_format import layout
-
     entry = ds_info.manifest.get("transform")
     if not entry:
         raise ValueError(f"{ds_info.version_dir}: this version has no tf.Transform output "
                          "(built with --no_transform, or before it existed); rebuild with "
                          "--transform to read it with transform=True")
-    asset = layout.join(ds_info.version_dir, entry.get("transform_fn", "transform_fn"),
-                        "assets", STATISTICS)
+    asset = layout.join(ds_info.version_dir, entry.get("transform_fn", layout.TRANSFORM_FN),
+                        layout.TRANSFORM_ASSETS, STATISTICS)
     if tf.io.gfile.exists(asset):
         with tf.io.gfile.GFile(asset, "r") as f:
             statistics = json.load(f)

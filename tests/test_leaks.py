@@ -100,7 +100,7 @@ def reported(planted, tmp_path_factory):
 
 
 def read_jsonl(vdir):
-    with open(os.path.join(vdir, leaks.NEAR_DUPLICATES)) as f:
+    with open(os.path.join(vdir, layout.NEAR_DUPLICATES)) as f:
         return [json.loads(line) for line in f]
 
 
@@ -122,7 +122,7 @@ def test_planted_cross_split_pair_is_reported_everywhere(reported):
         "candidates": 1 + rejected, "pairs": 1, "rejected": rejected, "unconfirmable": 0,
         "pairs_across_splits": 1, "components": 1, "images": 2, "leaks": 1, "excluded": 0,
         "incremental": False}
-    with open(os.path.join(reported["version_dir"], leaks.REJECTED)) as f:
+    with open(os.path.join(reported["version_dir"], layout.NEAR_DUPLICATES_REJECTED)) as f:
         assert sum(1 for line in f if json.loads(line)["why"]) == rejected
     assert m["accounting"]["leaks"] == 0 and m["splits"]["test"]["num_examples"] == 4
     check_documented(m, {"always", "unless `--sink beam`", "with `--near_duplicates`"})

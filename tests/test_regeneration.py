@@ -16,7 +16,7 @@ import pytest
 from beam_pipeline import cli
 from beam_pipeline.job import commit
 from beam_pipeline.store import files, versions
-from dataset_format import layout, schema
+from dataset_format import dataset_info, layout, schema
 from tests.helpers import REPO, build, image_bytes, make_images, read_records
 
 # Two splits of one shard each, so every image visibly lands in a split and a move would show.
@@ -170,7 +170,7 @@ def test_killed_run_keeps_latest_readers_read_old_version_and_it_is_cleaned_up(t
     # LATEST is untouched; the half-written version has no manifest; readers see v1.
     assert (root / layout.LATEST).read_bytes() == latest_bytes
     assert versions.list_versions(str(root)) == {v1: True, killed: False}
-    vdir, manifest = layout.load_manifest(str(root))
+    vdir, manifest = dataset_info.load_manifest(str(root))
     assert (vdir, manifest["version"]) == (layout.version_dir(str(root), v1), v1)
     assert readers.info(str(root)).version == v1
     expected = manifest["splits"]["train"]["num_examples"]

@@ -24,7 +24,6 @@ from beam_pipeline.store import catalog, files
 from beam_pipeline.algorithms.spill import SortedSpill
 from dataset_format import layout
 
-DUPLICATES = "duplicates.jsonl"
 _HEX = np.full(256, 255, dtype=np.uint8)  # hex digit -> nibble; anything else -> 255
 _HEX[np.frombuffer(b"0123456789abcdef", np.uint8)] = np.arange(16, dtype=np.uint8)
 _HEX[np.frombuffer(b"ABCDEF", np.uint8)] = np.arange(10, 16, dtype=np.uint8)
@@ -106,7 +105,7 @@ def report(fragments, vdir, collect_extras=False):
     The extra copies (all but the key that sorts first) are collected only when asked.
     """
     count, across, extras = 0, 0, {}
-    with tempfile.NamedTemporaryFile("w", suffix=".jsonl") as out:
+    with tempfile.NamedTemporaryFile("w", suffix=layout.JSONL) as out:
         for sha256, members in groups(fragments):
             splits = [m[1] for m in members]
             count += 1
@@ -116,5 +115,5 @@ def report(fragments, vdir, collect_extras=False):
             for _, _, file, position in members[1:] if collect_extras else ():
                 extras.setdefault(file, set()).add(position)
         out.flush()
-        files.copy_local_file(out.name, layout.join(vdir, DUPLICATES))
-    return {"groups": count, "across_splits": across, "path": DUPLICATES}, extras
+        files.copy_local_file(out.name, layout.join(vdir, layout.DUPLICATES))
+    return {"groups": count, "across_splits": across, "path": layout.DUPLICATES}, extras

@@ -34,8 +34,6 @@ from beam_pipeline.store import catalog, files
 from beam_pipeline.dedup import near_duplicates as grouping
 from dataset_format import layout
 
-NEAR_DUPLICATES = "near_duplicates.jsonl"
-REJECTED = "near_duplicates_rejected.jsonl"
 HASH = "phash64x2"  # dedup/perceptual.phash_pair: 64-bit pHashes of the whole and central 90%
 CONFIRM = "luma16-chroma/1"  # dedup/descriptor.py: structure and colour, as its limits say
 TRAIN = "train"
@@ -55,11 +53,13 @@ def report(results, spec):
     confirmed = [p for p in pairs if p.confirmed]
     leaks = {k for p in confirmed if (k := p.leak(TRAIN)) is not None}
     excluded = leaks if spec.drop_near_duplicate_leaks else set()
-    _write(spec.vdir, NEAR_DUPLICATES,
+    _write(spec.vdir, layout.NEAR_DUPLICATES,
            (p.to_json(excluded=[k for k in p.keys if k in excluded]) for p in confirmed))
-    _write(spec.vdir, REJECTED, (p.to_json() for p in pairs if not p.confirmed))
+    _write(spec.vdir, layout.NEAR_DUPLICATES_REJECTED,
+           (p.to_json() for p in pairs if not p.confirmed))
     groups = grouping.components(confirmed)
-    entry = {"path": NEAR_DUPLICATES, "rejected_path": REJECTED, "hash": HASH,
+    entry = {"path": layout.NEAR_DUPLICATES, "rejected_path": layout.NEAR_DUPLICATES_REJECTED,
+             "hash": HASH,
              "confirm": CONFIRM, "radius": spec.near_duplicate_radius,
              "max_structure": descriptor.MAX_STRUCTURE, "max_chroma": descriptor.MAX_CHROMA,
              "candidates": len(pairs), "pairs": len(confirmed),
@@ -72,7 +72,7 @@ def report(results, spec):
 
 
 def _write(vdir, name, lines):
-    with tempfile.NamedTemporaryFile("w", suffix=".jsonl") as out:
+    with tempfile.NamedTemporaryFile("w", suffix=layout.JSONL) as out:
         for line in lines:
             out.write(line + "\n")
         out.flush()
@@ -102,7 +102,7 @@ def _previous_pairs(spec):
     if not spec.increment:
         return None
     found = []
-    for name in (NEAR_DUPLICATES, REJECTED):
+    for name in (layout.NEAR_DUPLICATES, layout.NEAR_DUPLICATES_REJECTED):
         path = layout.join(spec.previous_vdir, name)
         if not files.exists(path):
             return None

@@ -34,13 +34,13 @@ import logging
 import apache_beam as beam
 from tensorflow_transform.beam.experimental import PTransformAnalyzer  # loads TensorFlow
 
-from dataset_format import schema
+from dataset_format import layout, schema
 from readers import transform as transform_lib
 
 MOMENTS = "shard/pixel_moments"    # int64 [7]: count, sums (r, g, b), sums of squares (r, g, b)
 LABEL_COUNTS = "shard/label_counts"  # int64 [K]: images per label id
 RAW_KEYS = (schema.ENCODED, schema.LABEL)  # the record keys the graph transforms
-TFT_TEMP = "tft"  # under the version's temp dir; deleted by commit
+TFT_TEMP = layout.TRANSFORM_TEMP  # under the version's temp dir; deleted by commit
 # TF2 graphs, as the first --transform did. TF1-compatible mode (True) skips the tf.function tracing
 # in the workers but its SavedModel cannot be applied eagerly with
 # `tft_output.transform_raw_features` (readers/transform.py and users do); measured on a
@@ -296,8 +296,8 @@ def manifest_part(_, vdir, labels, image_size, split):
                       "the pixels it encoded for a re-encoded image",
         },
         "label_vocabulary": {
-            "path": f"{tft.TFTransformOutput.TRANSFORM_FN_DIR}/assets/"
-                    f"{transform_lib.LABEL_VOCABULARY}",
+            "path": layout.join(tft.TFTransformOutput.TRANSFORM_FN_DIR, layout.TRANSFORM_ASSETS,
+                                transform_lib.LABEL_VOCABULARY),
             "format": "'<train count> <class name>' per line; line i is label id i",
             "train_counts": {name: counts.get(name, 0) for name in labels},
         },

@@ -90,7 +90,7 @@ def find_finished(vdirs, name, shard_recipe):
     """(version dir, recorded ShardResult, fragment path) of a finished attempt of shard
     `name` with this recipe in one of `vdirs` (failed runs), or None."""
     for vdir in vdirs:
-        pattern = layout.join(vdir, layout.TMP, f"{name}.*{FRAGMENT_SUFFIX}")
+        pattern = layout.join(layout.tmp_dir(vdir), f"{name}.*{FRAGMENT_SUFFIX}")
         for fragment in files.objects(pattern):
             recorded = _recorded(fragment)
             if recorded is None or recorded["recipe"] != shard_recipe:

@@ -74,7 +74,7 @@ class CommitSpec:
 
     @property
     def tmp_dir(self):
-        return layout.join(self.vdir, layout.TMP)
+        return layout.tmp_dir(self.vdir)
 
 
 def commit(results, spec, extra_files=(), manifest_parts=(), label_counts=None,
@@ -390,8 +390,8 @@ class Commit(beam.PTransform):
                        | "ErrorLines" >> beam.FlatMap(
                            lambda r: [json.dumps(e, sort_keys=True) for e in r.errors])
                        | "WriteErrors" >> beam.io.WriteToText(
-                           layout.join(self.spec.tmp_dir, "shard_errors"),
-                           file_name_suffix=".jsonl", shard_name_template="", num_shards=1))
+                           layout.join(self.spec.tmp_dir, layout.SHARD_ERRORS),
+                           file_name_suffix=layout.JSONL, shard_name_template="", num_shards=1))
         return (results
                 | "Slim" >> beam.Map(lambda r: r.slim()).with_output_types(ShardResult)
                 | "AllShards" >> beam.combiners.ToList()   # -> [slim ShardResult], one per shard

@@ -36,7 +36,7 @@ def copy_frames(source, target, rows, split, shard, final):
 
 def with_rows(result, rows, write_index, index=None):
     """`result` with the catalog fragment (and index) of its `rows` written, and counted."""
-    catalog_temp = result.catalog_temp or result.temp + ".catalog.parquet"
+    catalog_temp = result.catalog_temp or result.temp + layout.FRAGMENT_SUFFIX
     with catalog.FragmentWriter(catalog_temp) as fragment:
         for row in rows:
             fragment.append(row)
@@ -56,7 +56,7 @@ def keep_rows(result, drop_positions, write_index):
     """`result`'s temp shard rewritten without the records at `drop_positions`."""
     rows = [r for r in catalog.iter_rows(result.catalog_temp)
             if r["position"] not in drop_positions]
-    temp = result.temp + ".dedup"
+    temp = result.temp + layout.REWRITE_SUFFIX
     rows, crc32c, num_bytes, index = copy_frames(
         result.temp, temp, rows, result.split, result.shard, result.path)
     return with_rows(dataclasses.replace(result, temp=temp, crc32c=crc32c, num_bytes=num_bytes,

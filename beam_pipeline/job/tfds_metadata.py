@@ -27,8 +27,6 @@ from dataset_format import layout, schema
 # TFDS versions are semantic (x.y.z); ours are build timestamps. The TFDS version follows the
 # manifest's format_version, and the build id goes into the description and metadata.json.
 TFDS_VERSION_PATTERN = "{format}.0.0"
-TFDS_FILES = ("dataset_info.json", "features.json", "metadata.json")
-LABELS_SUFFIX = ".labels.txt"  # ClassLabel names file: image-class-label.labels.txt
 TEMPLATE = "{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}"  # = layout.shard_name
 _CLASS = "tensorflow_datasets.core.features."
 FEATURES_DICT = _CLASS + "features_dict.FeaturesDict"
@@ -111,12 +109,12 @@ def write(version_dir, manifest):
         return
     info = dataset_info_json(manifest)
     # ClassLabel.save_metadata names the file after the feature path, '/' -> '-'.
-    labels_file = schema.LABEL.replace("/", "-") + LABELS_SUFFIX
+    labels_file = schema.LABEL.replace("/", "-") + layout.TFDS_LABELS_SUFFIX
     contents = {
-        "dataset_info.json": json.dumps(info, indent=2, sort_keys=True),
-        "features.json": json.dumps(features_json(manifest["labels"], manifest.get("features")),
+        layout.TFDS_DATASET_INFO: json.dumps(info, indent=2, sort_keys=True),
+        layout.TFDS_FEATURES: json.dumps(features_json(manifest["labels"], manifest.get("features")),
                                     indent=4, sort_keys=True),
-        "metadata.json": json.dumps({"version": manifest["version"], "manifest": layout.MANIFEST}),
+        layout.TFDS_METADATA: json.dumps({"version": manifest["version"], "manifest": layout.MANIFEST}),
         labels_file: "".join(f"{label}\n" for label in manifest["labels"]),
     }
     for name, text in contents.items():

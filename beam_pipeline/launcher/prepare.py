@@ -15,6 +15,7 @@ import typing
 
 from beam_pipeline import __version__
 from beam_pipeline.errors import UserError
+from dataset_format import layout
 
 if typing.TYPE_CHECKING:
     from beam_pipeline.job.commit import CommitSpec
@@ -56,7 +57,7 @@ def prepare(build, root):
         print(f"{root}: deleted version {v}, never published (a run killed before LATEST)")
     label_file = read_label_file(build.label_file) if build.label_file else None
     with tempfile.TemporaryDirectory(prefix="image-tfrecords-") as scratch:
-        errors_path = os.path.join(scratch, "listing_errors.jsonl")
+        errors_path = os.path.join(scratch, layout.LISTING_ERRORS)
         planned = _plan_listing(build, label_file, scratch, errors_path)
         same = (previous and previous.get("input_fingerprint") == planned.fingerprint
                 and not build.force and not build.resplit)
@@ -112,7 +113,6 @@ def _resolve(build, root, planned, latest, reuse, scratch):
     --resplit) and, when it was built the same way, its records. -> identity.Resolved"""
     from beam_pipeline.launcher import identity, plan
     from beam_pipeline.store import catalog
-    from dataset_format import layout
 
     previous_version, previous = latest
     rows = None
@@ -127,7 +127,6 @@ def _shard_tasks(build, root, resolved, labels, latest, reuse, scratch):
     """-> (incremental plan or None, split -> shard count, stream of shard tasks, images
     the job will decode)."""
     from beam_pipeline.launcher import incremental, plan
-    from dataset_format import layout
 
     previous_version, previous = latest
     previous_vdir = previous and layout.version_dir(root, previous_version)
@@ -167,15 +166,14 @@ def _full_build_lines(resolved, sources, previous_vdir):
 def _commit_spec(build, root, planned, labels, num_shards, increment):
     from beam_pipeline.job.commit import CommitSpec
     from beam_pipeline.store import lock, versions
-    from dataset_format import layout
 
     version = versions.claim_version(root)  # unique even when two runs start in one second
     previous = versions.latest_id(root)
-    tmp_dir = layout.join(layout.version_dir(root, version), ".tmp")  # = CommitSpec.tmp_dir
+    tmp_dir = layout.tmp_dir(layout.version_dir(root, version))  # = CommitSpec.tmp_dir
     return CommitSpec(
         root=root, version=version, name=build.name, labels=tuple(labels),
         num_shards=num_shards, listed=planned.listed, duplicates=planned.duplicates,
-        listing_errors_path=layout.join(tmp_dir, "listing_errors.jsonl"),
+        listing_errors_path=layout.join(tmp_dir, layout.LISTING_ERRORS),
         input_fingerprint=planned.fingerprint, config=build.build_config(),
         generator=generator(), max_error_rate=build.max_error_rate,
         keep_versions=build.keep_versions, write_index=build.write_index,
@@ -193,7 +191,6 @@ def can_reuse(build, previous):
     options.RECORD_OPTIONS, the same software: stored bytes depend on the codecs), so they may
     be reused or re-framed."""
     from beam_pipeline.launcher import options as opts
-    from dataset_format import layout
 
     if previous is None or build.resplit or "catalog" not in previous:
         return False

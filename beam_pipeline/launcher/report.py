@@ -9,6 +9,7 @@ import threading
 import time
 
 from beam_pipeline.refs import split_order
+from dataset_format import layout
 
 # TensorFlow decodes a 4032x3024 JPEG in 31.7 ms here (19.5 ms even at ratio=8: entropy
 # decoding dominates), so reader decode time follows the stored pixel count.
@@ -78,7 +79,7 @@ def print_summary(root, published, notes=()):
         print(f"  hint: {hint}")
     if manifest["errors"]["count"]:
         reasons = ", ".join(f"{k}: {v}" for k, v in sorted(manifest["errors"]["by_reason"].items()))
-        print(f"  rejected {manifest['errors']['count']} ({reasons}); see {vdir}/errors.jsonl")
+        print(f"  rejected {manifest['errors']['count']} ({reasons}); see {vdir}/{layout.ERRORS}")
     for note in notes:
         print(f"  note: {note}")
     print(f"  files: {vdir}/ (readers take {root})")

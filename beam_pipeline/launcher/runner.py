@@ -109,7 +109,7 @@ def launch(pipeline_options, build, planned, runner, waits):
     spec = planned.spec
     pipeline_options.view_as(SetupOptions).save_main_session = False
     bound_runtime(pipeline_options, runner)
-    progress_dir = layout.join(spec.tmp_dir, "progress") if waits else None
+    progress_dir = layout.join(spec.tmp_dir, layout.PROGRESS) if waits else None
     start = time.monotonic()
     p = beam.Pipeline(options=pipeline_options)
     _ = p | "ImagesToTFRecords" >> ImagesToTFRecords(

@@ -19,7 +19,7 @@ def write_shard_listings(tmp_dir, shards):
     index, in_flight = [], []
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         for split, shard, kind, origin, lines in shards:
-            path = layout.join(tmp_dir, "listing", f"{split}-{shard:05d}.jsonl")
+            path = layout.listing_file(tmp_dir, split, shard)
             index.append(ShardTask(split, shard, path, kind, origin).to_json() + "\n")
             small = _write_listing(path, lines)
             if small is None:
@@ -29,7 +29,7 @@ def write_shard_listings(tmp_dir, shards):
                 in_flight.pop(0).result()
         for future in in_flight:
             future.result()
-    index_path = layout.join(tmp_dir, "shards.jsonl")
+    index_path = layout.join(tmp_dir, layout.SHARD_INDEX)
     files.write_bytes(index_path, "".join(index).encode())
     return index_path
 

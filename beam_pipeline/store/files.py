@@ -11,6 +11,8 @@ import uuid
 
 from apache_beam.io.filesystems import FileSystems
 
+from dataset_format import layout
+
 
 def exists(path):
     return FileSystems.exists(path)
@@ -59,7 +61,7 @@ def replace_local(path, data):
     """Atomically replace a local file: temp file, fsync, rename over `path`, fsync the
     directory. A crash or a full disk leaves the old file (or none), never a torn one."""
     directory, name = os.path.split(os.path.abspath(path))
-    tmp = os.path.join(directory, f".{name}.{uuid.uuid4().hex[:12]}.tmp")
+    tmp = os.path.join(directory, f".{name}.{uuid.uuid4().hex[:12]}{layout.REPLACING_SUFFIX}")
     try:
         with open(tmp, "wb") as f:
             f.write(data)

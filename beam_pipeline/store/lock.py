@@ -47,8 +47,8 @@ import threading
 import time
 
 from beam_pipeline.errors import UserError
+from dataset_format import layout
 
-LOCK_NAME = ".lock"
 HEARTBEAT = 20.0               # seconds between heartbeats of a running build
 TTL = 120.0                    # a gs:// lock not refreshed for this long has expired
 SUBMITTED_TTL = 3600.0         # a handed-off lock no worker has beaten yet expires after this
@@ -69,7 +69,7 @@ class LockLost(RuntimeError):
 
 
 def lock_path(root):
-    return f"{root.rstrip('/')}/{LOCK_NAME}"
+    return layout.lock_file(root)
 
 
 def _now():

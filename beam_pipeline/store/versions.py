@@ -26,7 +26,6 @@ def new_version_id(now=None):
     return now.strftime("%Y%m%dT%H%M%SZ")
 
 
-CLAIM_PREFIX = "claim-"
 
 
 def check_clock(root, latest_version, now=None):
@@ -68,9 +67,9 @@ def _claim(vdir, token):
             return False
     if files.objects(vdir + "/**"):
         return False
-    mine = layout.join(vdir, ".tmp", CLAIM_PREFIX + token)
+    mine = layout.join(layout.tmp_dir(vdir), layout.CLAIM_PREFIX + token)
     files.write_bytes(mine, token.encode())
-    if any(p != mine for p in files.objects(layout.join(vdir, ".tmp", CLAIM_PREFIX + "*"))):
+    if any(p != mine for p in files.objects(layout.join(layout.tmp_dir(vdir), layout.CLAIM_PREFIX + "*"))):
         FileSystems.delete([mine])
         return False
     return True

@@ -19,7 +19,7 @@ import sys
 from beam_pipeline.launcher.report import class_table, near_duplicates_line
 from beam_pipeline.tools.drawing import class_counts_chart, contact_sheet, near_duplicate_sheet
 from beam_pipeline.tools.samples import cross_split_pairs, ordered_splits, sample
-from dataset_format import layout
+from dataset_format import dataset_info, layout
 import tf_quiet
 
 CONTACT_SHEET = "contact_sheet.png"
@@ -66,7 +66,7 @@ def inspect(path, out_dir, n=16, split=None, seed=0):
     """
     import tensorflow as tf
 
-    version_dir, manifest = layout.load_manifest(path)
+    version_dir, manifest = dataset_info.load_manifest(path)
     tf.io.gfile.makedirs(out_dir)
     sheet = layout.join(out_dir, CONTACT_SHEET)
     chart = layout.join(out_dir, CLASS_COUNTS)

@@ -25,7 +25,7 @@ import sys
 import google_crc32c
 
 from dataset_format.frames import FrameError, crc32c_text, parse_index, read_frame
-from dataset_format import layout, schema
+from dataset_format import dataset_info, layout, schema
 import tf_quiet
 
 MAX_PROBLEMS_PER_FILE = 10   # a corrupt shard can fail every record; say so, not 10,000 times
@@ -217,8 +217,8 @@ def _check_tfds(gfile, vdir, manifest, problems):
     for rel in tfds.get("files", []):
         if not gfile.exists(layout.join(vdir, rel)):
             problems.add(rel, "missing (TFDS metadata the manifest lists)")
-    info_path = layout.join(vdir, "dataset_info.json")
-    if "dataset_info.json" in tfds.get("files", []) and gfile.exists(info_path):
+    info_path = layout.join(vdir, layout.TFDS_DATASET_INFO)
+    if layout.TFDS_DATASET_INFO in tfds.get("files", []) and gfile.exists(info_path):
         with gfile.GFile(info_path, "r") as f:
             info = json.load(f)
         for s in info.get("splits", []):
@@ -226,7 +226,7 @@ def _check_tfds(gfile, vdir, manifest, problems):
             want = [sh["num_examples"] for sh in split["shards"]] if split else None
             got = [int(n) for n in s.get("shardLengths", [])]
             if got != want:
-                problems.add("dataset_info.json", f"split {s['name']!r} shard lengths {got} "
+                problems.add(layout.TFDS_DATASET_INFO, f"split {s['name']!r} shard lengths {got} "
                                                   f"!= manifest {want}")
 
 
@@ -239,7 +239,7 @@ def check(path):
 
     gfile = tf.io.gfile
     try:
-        vdir, manifest = layout.load_manifest(path)
+        vdir, manifest = dataset_info.load_manifest(path)
     except (FileNotFoundError, ValueError, tf.errors.OpError) as e:
         raise NotADataset(str(e)) from e
     problems = _Problems()
