@@ -17,6 +17,8 @@ RGB, an Inception random-resized crop to 224 px (PIL, bilinear) and a random fli
   source+pil  loaders.RecordSource(decode=False) by .index offset, shuffled, PIL decode
   source      loaders.RecordSource: simplejpeg decode (the loader's default), shuffled
   sequential  loaders.pytorch.IterableRecords: 8 MiB reads per worker, simplejpeg decode
+  grain       loaders.RecordSource in grain.DataLoader (the JAX side; no torch): the same
+              worker count, shuffled by its IndexSampler, grain.Batch
 
 Each pipeline's epoch starts new workers (no persistent workers), so "first batch" includes
 their start-up. Figures: images/s over the epoch, CPU per image (the loading process and its
@@ -42,7 +44,7 @@ from common import DATA, ENV, Record, add_record_argument, build_command, files_
 from photos import photo_tree  # noqa: E402
 
 SIZE = 224
-PIPELINES = ("folder", "tfrecord", "source+pil", "source", "sequential")
+PIPELINES = ("folder", "tfrecord", "source+pil", "source", "sequential", "grain")
 
 
 def crop_flip(image, rng):
@@ -142,11 +144,37 @@ def loader(name, photos, vdir, shards, workers, batch):
     if name == "source":
         return torch.utils.data.DataLoader(
             RecordSource(vdir, "train", transform=_source_decoded), **shuffled)
+    if name == "grain":
+        import grain.python as grain
+
+        source = RecordSource(vdir, "train", transform=_source_decoded)
+        sampler = grain.IndexSampler(len(source), grain.NoSharding(), shuffle=True,
+                                     num_epochs=1, seed=0)
+        return _GrainEpoch(grain.DataLoader(data_source=source, sampler=sampler,
+                                            worker_count=workers,
+                                            operations=[grain.Batch(batch)]))
     from loaders.pytorch import IterableRecords
 
     return torch.utils.data.DataLoader(
         IterableRecords(vdir, "train", transform=_source_decoded, seed=0, shuffle_buffer=256),
         **common)
+
+
+class _GrainEpoch:
+    """One epoch of a grain.DataLoader whose worker processes are closed (and so reaped, their
+    CPU time counted) when it ends."""
+
+    def __init__(self, loader):
+        self.loader = loader
+
+    def __iter__(self):
+        iterator = iter(self.loader)
+        try:
+            yield from iterator
+        finally:
+            close = getattr(iterator, "close", None) or getattr(iterator, "__del__", None)
+            if close:
+                close()
 
 
 def _cpu():
