@@ -9,6 +9,11 @@ from typing import Optional
 
 SPLIT_NAMES = ("train", "validation", "test")  # split folders a directory input may have; report order
 
+# A listing line is ImageRef.to_json(): a JSON list with the fields at these positions. The
+# planner's passes read a field from the parsed list without building an ImageRef.
+(LINE_KEY, LINE_URI, LINE_LABEL, LINE_SPLIT, LINE_SIZE, LINE_STAMP, LINE_SHA256, LINE_SOURCE,
+ LINE_MD5) = range(9)
+
 
 @dataclasses.dataclass(frozen=True, order=True)
 class StoredFrame:
@@ -41,7 +46,8 @@ class ImageRef:
     md5: Optional[str] = None     # the gs:// listing's md5Hash (base64): identity without a
                                   # download (none locally, nor for composite objects)
 
-    def to_json(self):  # a list, not dataclasses.astuple: that deep-copies (10x slower)
+    def to_json(self):  # a list (LINE_* positions), not dataclasses.astuple: that deep-copies
+                        # (10x slower)
         source = self.source and [self.source.path, self.source.offset, self.source.length,
                                   self.source.phash, self.source.phash_center,
                                   self.source.descriptor]
@@ -55,8 +61,8 @@ class ImageRef:
     @classmethod
     def from_fields(cls, fields):
         """The parsed to_json list -> ImageRef."""
-        if len(fields) > 7 and fields[7]:
-            fields[7] = StoredFrame(*fields[7])
+        if len(fields) > LINE_SOURCE and fields[LINE_SOURCE]:
+            fields[LINE_SOURCE] = StoredFrame(*fields[LINE_SOURCE])
         return cls(*fields)
 
     def with_key(self, key):

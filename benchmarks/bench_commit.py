@@ -55,7 +55,7 @@ def child(args):
     # The emulator queues at most 5 connections it has not accepted yet, and answers a batch
     # request slowly: fewer in flight (GCS takes the defaults, 8 batches and 8 reads).
     gcs.DELETE_PARALLEL, catalog.FRAGMENTS_AHEAD = 1, 4
-    from beam_pipeline.job.contracts import ShardResult
+    from beam_pipeline.job.contracts import CommitSpec, ShardResult
     from dataset_format import frames, layout
 
     new = hasattr(ShardResult, "slim")
@@ -73,7 +73,7 @@ def child(args):
                      "detail": "x"},) if i % 10 == 0 else (),
             kind="images", writer=f"w{i % 32}:1",
             catalog_temp=f"{vdir}/.tmp/{final}.attempt.catalog.parquet"))
-    spec = commit_module.CommitSpec(
+    spec = CommitSpec(
         root=root, version="20260101T000000Z", name=NAME,
         labels=tuple(f"c{i}" for i in range(LABELS)), num_shards={"train": n}, listed=n,
         duplicates=0, listing_errors_path=f"{vdir}/.tmp/listing_errors.jsonl",

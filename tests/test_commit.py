@@ -10,7 +10,8 @@ import apache_beam as beam
 from apache_beam.testing import test_pipeline as beam_test
 from apache_beam.testing.util import BeamAssertException, assert_that
 
-from beam_pipeline.job.commit import Commit, CommitSpec
+from beam_pipeline.job.commit import Commit
+from beam_pipeline.job.contracts import CommitSpec
 from beam_pipeline.job.contracts import ShardResult
 from beam_pipeline.job.manifest import Finalized, build_manifest
 from beam_pipeline.store import catalog, files

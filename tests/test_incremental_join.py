@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from beam_pipeline.job.contracts import Origin
 from beam_pipeline.launcher import identity, incremental, plan
 from beam_pipeline.refs import ImageRef
 from beam_pipeline.store import catalog
@@ -47,7 +48,7 @@ def previous(tmp_path):
         for r in PREVIOUS_ROWS:
             writer.append(r)
     shards = [{"path": f"train-{i:05d}-of-00002.tfrecord", "num_examples": 2,
-               "sha256": f"{i}" * 64, "origin": incremental.HASH} for i in range(2)]
+               "sha256": f"{i}" * 64, "origin": Origin.HASH} for i in range(2)]
     return str(vdir), {"version": "V1", "splits": {"train": {"shards": shards}}}
 
 

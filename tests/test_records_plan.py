@@ -266,6 +266,23 @@ def test_image_ref_json_round_trip():
     assert ImageRef.from_json(again.to_json()) == again
 
 
+def test_listing_line_positions_are_image_ref_fields():
+    """refs.LINE_* name the positions of ImageRef.to_json's list, field for field."""
+    import dataclasses
+    import json
+
+    from beam_pipeline import refs
+
+    ref = ImageRef("k", "u", "l", "s", 7, "st", "sha", refs.StoredFrame("p", 1, 2), "md5")
+    fields = json.loads(ref.to_json())
+    names = [f.name for f in dataclasses.fields(ImageRef)]
+    assert len(fields) == len(names) == 9
+    for name in names:
+        position = getattr(refs, "LINE_" + ("SOURCE" if name == "source" else name.upper()))
+        want = getattr(ref, name)
+        assert fields[position] == (["p", 1, 2, None, None, None] if name == "source" else want)
+
+
 def test_serialize_example_equals_tensorflow_deterministic_serialization():
     """Our encoder must give exactly TF's bytes (the writer does not import TensorFlow)."""
     import tensorflow as tf

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from beam_pipeline import cli
-from beam_pipeline.job import commit
+from beam_pipeline.job import commit, contracts
 from beam_pipeline.store import files, versions
 from dataset_format import dataset_info, layout, schema
 from tests.helpers import REPO, build, image_bytes, make_images, read_records
@@ -223,7 +223,7 @@ def test_an_older_version_is_never_published_over_a_newer_one(tmp_path):
     assert latest_version(root) == new
 
     # The job's commit stage raises, so the run fails; its version is complete, unpublished.
-    spec = commit.CommitSpec(
+    spec = contracts.CommitSpec(
         root=root, version=old, name="regen", labels=("cat",), num_shards={}, listed=0,
         duplicates=0, listing_errors_path="", input_fingerprint="sha256:0", config={},
         generator={}, max_error_rate=1.0, keep_versions=1, write_index=False)

@@ -22,7 +22,7 @@ import time
 import pytest
 
 from beam_pipeline import cli
-from beam_pipeline.job import commit, tfds_metadata
+from beam_pipeline.job import commit, contracts, tfds_metadata
 from beam_pipeline.store import files, lock, lock_gcs, versions
 from beam_pipeline.store.gcs import gcs_blob
 from dataset_format import layout
@@ -467,7 +467,7 @@ def commit_inputs(root, version):
                                  index_temp=temp + layout.INDEX_SUFFIX, num_examples=1,
                                  num_bytes=len(frame), crc32c=file_crc32c(frame),
                                  label_counts={"cat": 1}, passed_through=1))
-    spec = commit.CommitSpec(
+    spec = contracts.CommitSpec(
         root=root, version=version, name="rel", labels=("cat",), num_shards={"train": 2},
         listed=3, duplicates=0, listing_errors_path=listing_errors, input_fingerprint="sha256:x",
         config={}, generator={}, max_error_rate=1.0, keep_versions=0, write_index=True)

@@ -32,12 +32,13 @@ from apache_beam.io.filesystems import FileSystems
 from beam_pipeline.dedup import descriptor
 from beam_pipeline.store import catalog, files
 from beam_pipeline.dedup import near_duplicates as grouping
+from beam_pipeline.job.contracts import Kind
 from dataset_format import layout
 
 HASH = "phash64x2"  # dedup/perceptual.phash_pair: 64-bit pHashes of the whole and central 90%
 CONFIRM = "luma16-chroma/1"  # dedup/descriptor.py: structure and colour, as its limits say
 TRAIN = "train"
-OLD_KINDS = ("reuse", "copy")  # incremental shards whose rows the previous version grouped
+OLD_KINDS = (Kind.REUSE, Kind.COPY)  # incremental shards whose rows the previous version grouped
 
 
 def report(results, spec):

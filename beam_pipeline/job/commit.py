@@ -9,7 +9,6 @@ Runs once, inside the Beam job, after every shard is written (a launcher line af
 run() is not guaranteed to execute on Dataflow). Idempotent, so a retry is safe.
 """
 
-import dataclasses
 import datetime
 import json
 import logging
@@ -18,9 +17,8 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from beam_pipeline.dedup import duplicates, leaks
-from beam_pipeline.dedup.near_duplicates import DEFAULT_RADIUS
 from beam_pipeline.job import rewrite
-from beam_pipeline.job.contracts import ShardResult
+from beam_pipeline.job.contracts import Origin, ShardResult
 from beam_pipeline.job.manifest import Finalized, build_manifest
 from beam_pipeline.store import catalog, files, lock, versions
 from dataset_format import frames, layout
@@ -35,46 +33,6 @@ class ErrorRateExceeded(RuntimeError):
 
 
 DETERMINISTIC = (ErrorRateExceeded, PublishRefused)  # a retry would fail the same way
-
-
-@dataclasses.dataclass(frozen=True)
-class CommitSpec:
-    """What the launcher knew: everything the manifest needs besides the ShardResults."""
-
-    root: str
-    version: str
-    name: str
-    labels: tuple
-    num_shards: dict          # split -> N
-    listed: int
-    duplicates: int
-    listing_errors_path: str  # errors found while listing, a JSONL file in the temp dir
-    input_fingerprint: str
-    config: dict
-    generator: dict
-    max_error_rate: float
-    keep_versions: int
-    write_index: bool
-    increment: dict = None    # incremental: {"from": version, "removed": n, "changed": n, …}
-    drop_content_duplicates: bool = False
-    lock_token: str = None    # the launcher's ROOT/.lock token, checked before publishing
-    keep_superseded_hours: float = versions.KEEP_SUPERSEDED_HOURS
-    near_duplicates: bool = False          # group the catalog's perceptual hashes
-    near_duplicate_radius: int = DEFAULT_RADIUS  # Hamming bits
-    drop_near_duplicate_leaks: bool = False
-    resume_from: tuple = ()   # failed runs' version dirs whose finished shards are reused
-
-    @property
-    def previous_vdir(self):
-        return layout.version_dir(self.root, self.increment["from"]) if self.increment else None
-
-    @property
-    def vdir(self):
-        return layout.version_dir(self.root, self.version)
-
-    @property
-    def tmp_dir(self):
-        return layout.tmp_dir(self.vdir)
 
 
 def commit(results, spec, extra_files=(), manifest_parts=(), label_counts=None,
@@ -303,7 +261,7 @@ def _commit_shard(spec, split, shard, result):
         if spec.write_index:
             files.write_bytes(layout.index_name(final), b"")
         return {"path": final_name, "num_examples": 0, "num_bytes": 0,
-                "crc32c": frames.file_crc32c(b""), "origin": "hash"}
+                "crc32c": frames.file_crc32c(b""), "origin": Origin.HASH}
     if result.temp != final:  # written to a temp name (--sink beam, dropped duplicates)
         _rename(result.temp, final)
     if spec.write_index and result.index_temp and result.index_temp != layout.index_name(final):

@@ -1,4 +1,5 @@
-"""What crosses the job's seams: the shard task the launcher writes, the result a writer returns.
+"""What crosses the job's seams: the shard task the launcher writes, the result a writer
+returns, and the CommitSpec the launcher hands the job.
 
 Both are frozen, so no stage edits another's value: a stage that changes a result (reuse,
 dedupe) returns a new one with dataclasses.replace. Results cross processes as JSON (the
@@ -6,33 +7,105 @@ coder below), so a field that JSON cannot carry fails in the first test, not on 
 """
 
 import dataclasses
+import enum
 import json
 from typing import Optional
 
 import apache_beam as beam
 
+from beam_pipeline.dedup.near_duplicates import DEFAULT_RADIUS
+from beam_pipeline.store import versions
+from dataset_format import layout
+
+
+class _Text(str, enum.Enum):
+    """A str-valued enum: equal to, printed and JSON-encoded as its value, so the shard
+    index, the ShardResult JSON and the manifest read exactly as with bare strings."""
+
+    def __str__(self):
+        return self.value
+
+    def __format__(self, spec):
+        return format(self.value, spec)
+
+
+class Kind(_Text):
+    """What a shard task does."""
+
+    IMAGES = "images"  # convert the listed images
+    REUSE = "reuse"    # incremental: take a previous shard as it is (job/reuse.py)
+    COPY = "copy"      # incremental: copy a previous shard's surviving records
+
+
+class Origin(_Text):
+    """Where a shard comes from (the manifest's shard "origin")."""
+
+    HASH = "hash"    # a shard of the full plan, cut by key hash
+    DELTA = "delta"  # new inputs of an incremental build (launcher/incremental.py)
+
 
 @dataclasses.dataclass(frozen=True)
 class ShardTask:
-    """One line of the shard index: a shard to produce and the listing file that says how.
-
-    kind: "images" (convert the listed images), "reuse" or "copy" (incremental builds reuse
-    a previous shard or copy its surviving records: job/reuse.py); origin: "hash" (a shard of
-    the full plan) or "delta" (new inputs of an incremental build: launcher/incremental.py).
-    """
+    """One line of the shard index: a shard to produce and the listing file that says how."""
 
     split: str
     shard: int
     listing: str
-    kind: str = "images"
-    origin: str = "hash"
+    kind: Kind = Kind.IMAGES
+    origin: Origin = Origin.HASH
 
     def to_json(self):  # a list, the shard index's line format since format version 1
         return json.dumps([self.split, self.shard, self.listing, self.kind, self.origin])
 
     @classmethod
     def from_json(cls, line):
-        return cls(*json.loads(line))
+        split, shard, listing, kind, origin = json.loads(line)
+        return cls(split, shard, listing, Kind(kind), Origin(origin))
+
+
+@dataclasses.dataclass(frozen=True)
+class CommitSpec:
+    """What the launcher knew: everything the manifest needs besides the ShardResults."""
+
+    root: str
+    version: str
+    name: str
+    labels: tuple
+    num_shards: dict          # split -> N
+    listed: int
+    duplicates: int
+    listing_errors_path: str  # errors found while listing, a JSONL file in the temp dir
+    input_fingerprint: str
+    config: dict
+    generator: dict
+    max_error_rate: float
+    keep_versions: int
+    write_index: bool
+    increment: dict = None    # incremental: {"from": version, "removed": n, "changed": n, …}
+    drop_content_duplicates: bool = False
+    lock_token: str = None    # the launcher's ROOT/.lock token, checked before publishing
+    keep_superseded_hours: float = versions.KEEP_SUPERSEDED_HOURS
+    near_duplicates: bool = False          # group the catalog's perceptual hashes
+    near_duplicate_radius: int = DEFAULT_RADIUS  # Hamming bits
+    drop_near_duplicate_leaks: bool = False
+    resume_from: tuple = ()   # failed runs' version dirs whose finished shards are reused
+
+    @property
+    def previous_vdir(self):
+        return layout.version_dir(self.root, self.increment["from"]) if self.increment else None
+
+    @property
+    def vdir(self):
+        return layout.version_dir(self.root, self.version)
+
+    @property
+    def tmp_dir(self):  # the build's work files: the listings, shard attempts, listing errors
+        return self.tmp_dir_of(self.root, self.version)
+
+    @staticmethod
+    def tmp_dir_of(root, version):
+        """tmp_dir before the spec exists (the launcher writes the listings there first)."""
+        return layout.tmp_dir(layout.version_dir(root, version))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,8 +150,8 @@ class ShardResult:
     passed_through: int = 0             # JPEGs stored as they came
     converted: int = 0                  # images decoded and converted
     reframed: int = 0                   # stored records re-framed under a new key or label
-    kind: Optional[str] = None          # the ShardTask's kind (None: --sink beam)
-    origin: str = "hash"
+    kind: Optional[Kind] = None         # the ShardTask's kind (None: --sink beam)
+    origin: Origin = Origin.HASH
     writer: Optional[str] = None        # host:pid of the writing process
     catalog_temp: Optional[str] = None  # this shard's catalog fragment (None: --sink beam)
     index_temp: Optional[str] = None
@@ -101,7 +174,9 @@ class ShardResult:
         if moments is not None:
             moments = PixelMoments(moments["count"], tuple(moments["sum"]),
                                    tuple(moments["sum_sq"]))
-        return cls(**dict(fields, errors=tuple(fields["errors"]), pixel_moments=moments))
+        kind = fields["kind"] and Kind(fields["kind"])
+        return cls(**dict(fields, errors=tuple(fields["errors"]), pixel_moments=moments,
+                          kind=kind, origin=Origin(fields["origin"])))
 
 
 class ShardResultCoder(beam.coders.Coder):

@@ -4,6 +4,7 @@ typed values alone and a retried commit that finds the same files writes the sam
 import dataclasses
 from typing import Optional
 
+from beam_pipeline.job.contracts import Kind
 from beam_pipeline.store import catalog
 from dataset_format import layout, schema
 
@@ -118,7 +119,8 @@ def by_reason(errors):
 def increment_summary(increment, results):
     """What an incremental version reused, rewrote and added, and from which version."""
     summary = dict(increment)
-    for kind, name in (("reuse", "reused"), ("copy", "rewritten"), ("images", "added_shards")):
+    for kind, name in ((Kind.REUSE, "reused"), (Kind.COPY, "rewritten"),
+                       (Kind.IMAGES, "added_shards")):
         done = [r for r in results if r.kind == kind]
         summary[name] = {"shards": len(done),
                          "examples": sum(r.num_examples for r in done),

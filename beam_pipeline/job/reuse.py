@@ -14,6 +14,7 @@ import uuid
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from beam_pipeline.job.contracts import Kind
 from beam_pipeline.job.rewrite import copy_frames, with_rows
 from dataset_format import layout
 
@@ -46,7 +47,7 @@ def run(kind, result, listing, previous_vdir, write_index):
     header, rows = read_task(listing)
     source = layout.join(previous_vdir, header["source"])
     split, shard, final, temp = result.split, result.shard, result.path, result.temp
-    if kind == "copy":
+    if kind == Kind.COPY:
         rows, crc32c, num_bytes, index = copy_frames(source, temp, rows, split, shard, final)
         return with_rows(dataclasses.replace(result, crc32c=crc32c, num_bytes=num_bytes),
                          rows, write_index, index)

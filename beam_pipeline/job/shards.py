@@ -26,7 +26,7 @@ from beam_pipeline.store import catalog, files, gcs, ranges
 from beam_pipeline.dedup import perceptual
 from beam_pipeline.job import attempts, images, records, reframe, reuse
 from beam_pipeline.errors import error_record
-from beam_pipeline.job.contracts import PixelMoments, ShardResult
+from beam_pipeline.job.contracts import Kind, PixelMoments, ShardResult
 from beam_pipeline.refs import ImageRef
 from dataset_format import frames, layout, schema
 
@@ -142,7 +142,7 @@ class WriteShardFn(beam.DoFn):
                              catalog_temp=temp + attempts.FRAGMENT_SUFFIX,
                              kind=task.kind, origin=task.origin,
                              writer=f"{socket.gethostname()}:{os.getpid()}")  # counted by commit
-        if task.kind != "images":  # incremental: a previous shard reused or its records copied
+        if task.kind != Kind.IMAGES:  # incremental: a previous shard reused or its records copied
             if self.direct:
                 result = dataclasses.replace(result, temp=layout.join(self.vdir, final))
             yield reuse.run(task.kind, result, task.listing, self.previous_vdir,

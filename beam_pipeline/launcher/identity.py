@@ -27,7 +27,7 @@ from json.encoder import encode_basestring_ascii as json_string  # = json.dumps(
 from beam_pipeline.launcher import plan
 from beam_pipeline.launcher.same_bytes import (  # noqa: F401 (input_sha256: tests)
     by_content, by_md5, first_match, hashed, input_sha256)
-from beam_pipeline.refs import ImageRef, StoredFrame
+from beam_pipeline.refs import LINE_KEY, LINE_SIZE, LINE_SPLIT, ImageRef, StoredFrame
 from beam_pipeline.algorithms.spill import SortedSpill
 from dataset_format import layout
 
@@ -131,11 +131,11 @@ def _all_added(out, by_key, splits):
     hash unless fixed. What the join below finds without previous rows, with one JSON
     parse per image instead of a dozen JSON round trips and three spills."""
     for _, line in by_key:
-        fields = json.loads(line)  # ImageRef.to_json's list: key, uri, label, split, size, …
-        if fields[3] is None:
-            fields[3] = plan.assign_split(fields[0], splits)
+        fields = json.loads(line)  # ImageRef.to_json's list (refs.LINE_* positions)
+        if fields[LINE_SPLIT] is None:
+            fields[LINE_SPLIT] = plan.assign_split(fields[LINE_KEY], splits)
             line = json.dumps(fields)
-        out.add_line(fields[0], fields[3], fields[4], line, None, "added")
+        out.add_line(fields[LINE_KEY], fields[LINE_SPLIT], fields[LINE_SIZE], line, None, "added")
     return out
 
 

@@ -24,10 +24,9 @@ import itertools
 import json
 import math
 
-from beam_pipeline.launcher import identity, plan
 from beam_pipeline.algorithms.spill import SortedSpill
-
-HASH, DELTA = "hash", "delta"  # a shard's origin: a full build's hash shards, or added later
+from beam_pipeline.job.contracts import Kind, Origin
+from beam_pipeline.launcher import identity, plan
 
 
 @dataclasses.dataclass
@@ -81,7 +80,7 @@ def plan_increment(resolved, previous_vdir, previous, spill_dir, target_shard_mb
     for split in sorted(set(previous["splits"]) | set(fresh_size)):
         shards = previous["splits"].get(split, {}).get("shards", [])
         kept_total = sum(kept_in[s["path"]] for s in shards)
-        delta_kept = sum(kept_in[s["path"]] for s in shards if s.get("origin") == DELTA)
+        delta_kept = sum(kept_in[s["path"]] for s in shards if s.get("origin") == Origin.DELTA)
         count, size = fresh_size.get(split, (0, 0))
         total = kept_total + count
         if total and (delta_kept + count) / total > max_delta_share:
@@ -92,12 +91,12 @@ def plan_increment(resolved, previous_vdir, previous, spill_dir, target_shard_mb
         for s in shards:
             n = kept_in[s["path"]]
             if n:
-                kind = "reuse" if n == s["num_examples"] else "copy"
-                tasks.append((split, index, kind, s.get("origin", HASH), s))
+                kind = Kind.REUSE if n == s["num_examples"] else Kind.COPY
+                tasks.append((split, index, kind, Origin(s.get("origin", Origin.HASH)), s))
                 index += 1
         deltas = min(count, max(1, math.ceil(size / (target_shard_mb * 2**20)))) if count else 0
         fresh_shards[split] = (index, deltas)
-        tasks += [(split, index + i, "images", DELTA, None) for i in range(deltas)]
+        tasks += [(split, index + i, Kind.IMAGES, Origin.DELTA, None) for i in range(deltas)]
         if index + deltas:
             num_shards[split] = index + deltas
     counts = {k: resolved.counts[k] for k in identity.KINDS}
@@ -124,4 +123,4 @@ def task_listings(increment):
     deltas = {split: n for split, (_, n) in increment.fresh_shards.items() if n}
     for split, shard, lines in plan.iter_shards(increment.fresh, deltas):
         first, _ = increment.fresh_shards[split]
-        yield split, first + shard, "images", DELTA, lines
+        yield split, first + shard, Kind.IMAGES, Origin.DELTA, lines

@@ -13,7 +13,7 @@ import math
 from json.encoder import encode_basestring_ascii as json_string  # = json.dumps(a str)
 from typing import Optional
 
-from beam_pipeline.refs import ImageRef
+from beam_pipeline.refs import LINE_KEY, LINE_SPLIT, ImageRef
 from beam_pipeline.algorithms.spill import SortedSpill
 
 
@@ -162,7 +162,7 @@ def by_shard_position(ref_lines, spill_dir):
     spill = SortedSpill(spill_dir)
     for line in ref_lines:
         fields = json.loads(line)  # the key and split are all it needs: no ImageRef built
-        spill.add(shard_sort_key(fields[3], fields[0]), line)
+        spill.add(shard_sort_key(fields[LINE_SPLIT], fields[LINE_KEY]), line)
     return spill
 
 

@@ -18,7 +18,7 @@ from beam_pipeline.errors import UserError
 from dataset_format import layout
 
 if typing.TYPE_CHECKING:
-    from beam_pipeline.job.commit import CommitSpec
+    from beam_pipeline.job.contracts import CommitSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +126,7 @@ def _resolve(build, root, planned, latest, reuse, scratch):
 def _shard_tasks(build, root, resolved, labels, latest, reuse, scratch):
     """-> (incremental plan or None, split -> shard count, stream of shard tasks, images
     the job will decode)."""
+    from beam_pipeline.job.contracts import Kind, Origin
     from beam_pipeline.launcher import incremental, plan
 
     previous_version, previous = latest
@@ -143,7 +144,7 @@ def _shard_tasks(build, root, resolved, labels, latest, reuse, scratch):
     num_shards = shard_counts(resolved.per_split, build)
     lines = _full_build_lines(resolved, sources, previous_vdir)
     by_position = plan.by_shard_position(lines, scratch)
-    tasks = ((split, shard, "images", incremental.HASH, lines)
+    tasks = ((split, shard, Kind.IMAGES, Origin.HASH, lines)
              for split, shard, lines in plan.iter_shards(by_position, num_shards))
     to_convert = resolved.num_images - (resolved.counts["stored"] if sources else 0)
     return None, num_shards, tasks, to_convert
@@ -164,12 +165,12 @@ def _full_build_lines(resolved, sources, previous_vdir):
 
 
 def _commit_spec(build, root, planned, labels, num_shards, increment):
-    from beam_pipeline.job.commit import CommitSpec
+    from beam_pipeline.job.contracts import CommitSpec
     from beam_pipeline.store import lock, versions
 
     version = versions.claim_version(root)  # unique even when two runs start in one second
     previous = versions.latest_id(root)
-    tmp_dir = layout.tmp_dir(layout.version_dir(root, version))  # = CommitSpec.tmp_dir
+    tmp_dir = CommitSpec.tmp_dir_of(root, version)
     return CommitSpec(
         root=root, version=version, name=build.name, labels=tuple(labels),
         num_shards=num_shards, listed=planned.listed, duplicates=planned.duplicates,
