@@ -1,8 +1,8 @@
 """Leftovers of killed runs are cleaned by the next one; the small commands answer in a line.
 
-* A version complete but never published (killed between manifest.json and LATEST) is
-  deleted by the next build, and takes no --keep_versions slot; a published version's
-  .tmp/ (killed after LATEST) too.
+* A version complete but never published (killed between manifest.json and LATEST) loses
+  its manifest at the next build, which resumes its shards and then deletes it: it takes
+  no --keep_versions slot. A published version's .tmp/ (killed after LATEST) is deleted.
 * A prune stopped part way leaves an incomplete version, never a manifest whose shards are
   gone: the manifest is deleted first.
 * `python -m readers` gives one line and exit 2 for what verify names; `sample_data --help`
@@ -42,7 +42,8 @@ def test_a_version_never_published_and_a_published_tmp_are_cleaned_by_the_next_r
     (root / layout.VERSIONS / first / ".tmp" / "listing" / "x.jsonl").write_text("[]\n")
     capsys.readouterr()
     third = build(src, root, *args)["version"]
-    assert f"deleted version {orphan}, never published" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"version {orphan} was never published (a run killed before LATEST)" in out
     # keep 2: the orphan took no slot, so the first version is still kept
     assert versions.list_versions(str(root)) == {first: True, third: True}
     assert not (root / layout.VERSIONS / first / ".tmp").exists()

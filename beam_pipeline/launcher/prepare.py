@@ -54,7 +54,8 @@ def prepare(build, root):
     versions.check_clock(root, previous_version)
     refuse_catalogless(build, root, previous)
     for v in versions.clean_leftovers(root):
-        print(f"{root}: deleted version {v}, never published (a run killed before LATEST)")
+        print(f"{root}: version {v} was never published (a run killed before LATEST): "
+              "its manifest removed, its finished shards resumed")
     label_file = read_label_file(build.label_file) if build.label_file else None
     with tempfile.TemporaryDirectory(prefix="image-tfrecords-") as scratch:
         errors_path = os.path.join(scratch, layout.LISTING_ERRORS)

@@ -164,34 +164,37 @@ def delete_version(root, version):
 def clean_leftovers(root, now=None):
     """Before a build claims its version (it holds the root's lock): what killed runs left.
 
-    * Versions newer than LATEST, complete or not, were never published (killed before
-      LATEST moved, even after writing manifest.json): deleted, so none lingers as a
-      complete version taking a --keep_versions slot. Locally all of them (the flock rules
-      out a live writer); on gs:// those claimed longer than lock.SUBMITTED_TTL ago (a build
-      whose lock was taken over may still be writing; it cannot publish).
+    * A version newer than LATEST with a manifest was never published (a run killed after
+      writing manifest.json, before LATEST moved): its manifest is deleted, so it is an
+      unpublished run like any failed one, never a complete version taking a
+      --keep_versions slot: this build resumes its finished shards (failed_runs) and the
+      cleanup after publishing deletes it. Locally all of them (the flock rules out a live
+      writer); on gs:// those claimed longer than lock.SUBMITTED_TTL ago (a build whose lock
+      was taken over may still be running; it cannot publish).
     * LATEST's own .tmp/, left by a run killed after publishing.
     Nothing without a readable LATEST (a new root, or a damaged one: nothing is known to be
-    unpublished). Returns the deleted version ids.
+    unpublished). Returns the version ids unpublished.
     """
     try:
         latest_version = latest_id(root)
-        found = list_versions(root, complete=False) if latest_version else {}
+        found = list_versions(root) if latest_version else {}
     except Exception as e:  # an unreadable LATEST: the build says so where it reads it
         logging.warning("leftovers of %s not cleaned: %s", root, " ".join(str(e).split())[:300])
         return []
     if not latest_version:
         return []
-    now_id, deleted = new_version_id(now), []
-    for v in sorted(found):
-        if v > latest_version:
-            if "://" not in root or _seconds_between(v, now_id) > lock.SUBMITTED_TTL:
-                if _refused(lambda: delete_version(root, v), f"unpublished version {v}"):
-                    continue
-                deleted.append(v)
+    now_id, unpublished = new_version_id(now), []
+    for v, done in sorted(found.items()):
+        if done and v > latest_version and (
+                "://" not in root or _seconds_between(v, now_id) > lock.SUBMITTED_TTL):
+            manifest = layout.join(layout.version_dir(root, v), layout.MANIFEST)
+            if _refused(lambda: FileSystems.delete([manifest]), manifest):
+                continue
+            unpublished.append(v)
     tmp = layout.join(layout.version_dir(root, latest_version), layout.TMP)
     if "://" in root or os.path.isdir(tmp):
         _refused(lambda: files.delete_tree(tmp), tmp)
-    return deleted
+    return unpublished
 
 
 def _refused(delete, what):
