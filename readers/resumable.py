@@ -19,6 +19,7 @@ from readers import order as order_lib
 from readers import ranged
 
 CHUNK = order_lib.WINDOW  # records per generator call (about one window of the order)
+FIRST_CHUNK = 128  # the first call's: the first batch waits for one small read, not 1,024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,14 +55,15 @@ def chunks(stream, source):
     while not stream.epochs or epoch < start.epoch + stream.epochs:
         ids = stream.batching.host_records(stream.order.records_of(epoch), records)
         skipped = records // stream.batching.hosts
-        for i in range(0, len(ids), CHUNK):
-            part = ids[i:i + CHUNK]
+        cuts = [0, *range(min(FIRST_CHUNK, len(ids)), len(ids), CHUNK), len(ids)]
+        for i, j in zip(cuts[:-1], cuts[1:]):
+            part = ids[i:j]
             got = source.read(part)
             keep = [j for j, r in enumerate(got) if r is not None]
             if len(keep) < len(got):
                 source.dropped.update(int(part[j]) for j in range(len(got)) if got[j] is None)
             yield (np.array([got[j] for j in keep], dtype=object), part[keep],
-                   np.int64(epoch), np.arange(skipped + i, skipped + i + len(part))[keep])
+                   np.int64(epoch), np.arange(skipped + i, skipped + j)[keep])
         epoch, records = epoch + 1, 0
 
 
@@ -76,11 +78,13 @@ def decoded(stream, source, size, output, label_shift, crop_fraction, skip_corru
     fn = images.example_fn(True, size, output, label_shift, crop_fraction)
     seed = stream.order.seed  # the order and the pixels share it
 
+    @tf.autograph.experimental.do_not_convert  # no tensor control flow: tracing stays cheap
     def decode(record, rid, epoch, k):
         image, label = fn(record, element_seed(seed, epoch, rid))
         keys = (images.parse_key(record),) if with_keys else ()
         return (image, label) + keys + (epoch, k)
 
+    @tf.autograph.experimental.do_not_convert
     def window(records, ids, epoch, ks):
         rows = tf.data.Dataset.from_tensor_slices((records, ids, tf.fill(tf.shape(ids), epoch),
                                                    ks))
@@ -124,6 +128,7 @@ def check_gaps(ds, stream, source, skip_corrupt):
                   "skipped", file=sys.stderr)
         return np.int64(0)
 
+    @tf.autograph.experimental.do_not_convert
     def step(state, element):
         e, k = element[-2], element[-1]
         begun = state[0] >= 0  # the first element: where did the generator start?
