@@ -76,8 +76,9 @@ def make_dataset(path, split="train", batch_size=128, image_size=224, training=N
       int(model.optimizer.iterations)` follows Keras' BackupAndRestore). Training then reads
       the resumable order: each epoch's order is a function of (version, split, seed,
       epoch), every host takes its part of each global batch, and any position is reached
-      without reading what comes before it. Without start, the stream order (faster to
-      start on gs:// without .index files; not resumable) is read.
+      without reading what comes before it. Without start, training reads the stream
+      order (not resumable; needs no .index files, and takes Model.fit/
+      experimental_distribute_dataset on several hosts without an input_context).
     with_keys: (resumable order) yield (images, labels, keys), keys the records'
       `image/filename` (catalog.parquet's key).
 
@@ -290,7 +291,6 @@ def _resumable(ds_info, split_info, hosts, input_context, batch_size, size, outp
     source = resumable.make_source(split_info, skip_corrupt)
     ds = resumable.decoded(stream, source, size, output, label_shift, crop_fraction,
                            skip_corrupt, with_keys)
-    ds = ds.batch(batching.host_batch, drop_remainder=True)
     if not skip_corrupt and not callable(start) and stream.epochs:
         first = steps - stream.position().records // batching.global_batch
         ds = ds.apply(tf.data.experimental.assert_cardinality(

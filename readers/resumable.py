@@ -69,8 +69,8 @@ def chunks(stream, source):
 
 def decoded(stream, source, size, output, label_shift, crop_fraction, skip_corrupt,
             with_keys):
-    """Unbatched (image, label[, key]) of this host's records, each decoded by a parallel
-    map; a record that does not decode is named (check_gaps).
+    """Batches of (images, labels[, keys]) of this host's records, each decoded by a
+    parallel map; a record that does not decode is named (check_batches).
 
     Each window is decoded in its own small dataset under `ignore_errors`, so that only
     decoding is ever ignored there: reading errors (a damaged frame, a bad position) raised
@@ -96,7 +96,7 @@ def decoded(stream, source, size, output, label_shift, crop_fraction, skip_corru
     ds = tf.data.Dataset.from_generator(lambda: chunks(stream, source),
                                         output_signature=signature)
     ds = ds.prefetch(1).flat_map(window)  # the next window is read while this one decodes
-    return check_gaps(ds, stream, source, skip_corrupt)
+    return check_batches(ds, stream, source, skip_corrupt)
 
 
 def element_seed(seed, epoch, record_id):
@@ -105,45 +105,58 @@ def element_seed(seed, epoch, record_id):
     return tf.stack([mixed, record_id])
 
 
-def check_gaps(ds, stream, source, skip_corrupt):
-    """After `ignore_errors`: a record missing from (…, epoch, k) failed to decode. Name it
-    (shard, position), then fail, or with skip_corrupt warn; records the frame check already
-    dropped (and named) pass silently."""
+def check_batches(ds, stream, source, skip_corrupt):
+    """Batches (…, epochs, ks) -> full batches (…) of this host's records, checked: a record
+    missing after `ignore_errors` failed to decode. It is named (shard, position), then the
+    read fails, or with skip_corrupt a warning is printed and the batches close up (the
+    last short one is dropped). One Python call a batch (~1 us a record); records the frame
+    check dropped (and named) already pass silently."""
     host_ids = _HostIds(stream)
+    per_epoch = stream.steps_per_epoch * stream.batching.host_batch
 
-    def report(epoch, first, last):
-        names = []
-        for k in range(int(first), int(last)):
-            rid = host_ids.of(int(epoch), k)
-            if rid in source.dropped:
-                continue
-            path, position = source.where(rid)
-            names.append(f"{path}: record {position}")
-        if names and not skip_corrupt:
-            raise ValueError(f"{'; '.join(names)}: cannot parse it or decode its image "
-                             "(TensorFlow logged why above); rebuild the dataset, or pass "
-                             "skip_corrupt=True to skip such records")
-        for name in names:
-            print(f"WARNING readers: skip_corrupt: {name} is not a decodable image record; "
-                  "skipped", file=sys.stderr)
-        return np.int64(0)
+    def check(state, epochs, ks):
+        epoch, k = (int(v) for v in (source.first if state[0] < 0 else state))
+        missing = []
+        for e, got in zip(epochs.tolist(), ks.tolist()):
+            if e != epoch:  # the epoch ended: its tail must have come through
+                missing += [(epoch, j) for j in range(k, per_epoch)]
+                epoch, k = e, 0
+            missing += [(e, j) for j in range(k, got)]
+            k = got + 1
+        if len(ks) < stream.batching.host_batch and not skip_corrupt:
+            missing += [(epoch, j) for j in range(k, per_epoch)]  # the stream's last batch
+        _report(missing, host_ids, source, skip_corrupt)
+        return np.array([epoch, k], np.int64)
 
     @tf.autograph.experimental.do_not_convert
-    def step(state, element):
-        e, k = element[-2], element[-1]
-        begun = state[0] >= 0  # the first element: where did the generator start?
-        first = tf.cond(begun, lambda: state, lambda: tf.numpy_function(
-            lambda: np.array(source.first, np.int64), [], tf.int64, stateful=True))
-        first = tf.ensure_shape(first, [2])
-        expected = tf.where(tf.equal(e, first[0]), first[1], tf.constant(0, tf.int64))
-        expected = tf.where(begun & tf.equal(e, state[0]), state[1], expected)
-        gap = tf.cond(k > expected, lambda: tf.numpy_function(
-            report, [e, expected, k], tf.int64, stateful=True), lambda: tf.constant(0, tf.int64))
-        with tf.control_dependencies([gap]):
-            state = tf.stack([e, k + 1])
-        return state, element[:-2]
+    def step(state, batch):
+        state = tf.ensure_shape(tf.numpy_function(check, [state, batch[-2], batch[-1]],
+                                                  tf.int64, stateful=True), [2])
+        with tf.control_dependencies([state]):
+            return state, tuple(tf.identity(x) for x in batch[:-2])
 
-    return ds.scan(tf.constant([-1, 0], tf.int64), step)
+    ds = ds.batch(stream.batching.host_batch).scan(tf.constant([-1, 0], tf.int64), step)
+    if skip_corrupt:
+        ds = ds.filter(lambda *b: tf.shape(b[1])[0] == stream.batching.host_batch)
+    size = stream.batching.host_batch
+    return ds.map(lambda *b: tuple(tf.ensure_shape(x, [size] + x.shape.as_list()[1:])
+                                   for x in b))
+
+
+def _report(missing, host_ids, source, skip_corrupt):
+    names = []
+    for epoch, k in missing:
+        rid = host_ids.of(epoch, k)
+        if rid not in source.dropped:
+            path, position = source.where(rid)
+            names.append(f"{path}: record {position}")
+    if names and not skip_corrupt:
+        raise ValueError(f"{'; '.join(names)}: cannot parse it or decode its image "
+                         "(TensorFlow logged why above); rebuild the dataset, or pass "
+                         "skip_corrupt=True to skip such records")
+    for name in names:
+        print(f"WARNING readers: skip_corrupt: {name} is not a decodable image record; "
+              "skipped", file=sys.stderr)
 
 
 class _HostIds:

@@ -7,6 +7,7 @@ Hosts are simulated in one process: n datasets, each built with its own
 step), which is what n workers under `distribute_datasets_from_function` do.
 """
 
+import json
 import os
 
 import numpy as np
@@ -118,6 +119,8 @@ def test_position_arithmetic():
 
 # --- the reader: kill and resume, elastic ----------------------------------------------------
 
+TOTALS = {"runs": 0, "segments": 0, "resumes": 0, "refused batch sizes": 0, "steps": 0,
+          "epochs crossed": 0}  # printed per run (-s): the long profile's figures
 PLANS = st.lists(st.tuples(st.integers(1, 9), st.sampled_from([1, 2, 3]),
                            st.sampled_from([6, 12])), min_size=2, max_size=4)
 
@@ -132,9 +135,12 @@ def test_killed_and_resumed_runs_read_what_one_run_reads(root, plan):
     order = uninterrupted(root, 3, 6)  # G = 6 divides N = 30: each epoch's whole order
     seen, position, batch = {}, readers.Position(0, 0), plan[0][2]
     for steps, hosts, global_batch in plan:
+        TOTALS["segments"] += 1
+        TOTALS["resumes"] += position != readers.Position(0, 0)
         if position.records % global_batch:
             with pytest.raises(ValueError, match="not a global batch boundary"):
                 next(host_datasets(root, hosts, global_batch, position)[0])
+            TOTALS["refused batch sizes"] += 1
             global_batch = batch
         its = host_datasets(root, hosts, global_batch, position)
         for _ in range(steps):
@@ -146,8 +152,13 @@ def test_killed_and_resumed_runs_read_what_one_run_reads(root, plan):
             want = order[position.epoch][position.records:position.records + global_batch]
             assert step_keys == want  # the uninterrupted order, whatever the host count
             seen.setdefault(position.epoch, []).extend(step_keys)
-            position = position.after(1, global_batch, N)
+            after = position.after(1, global_batch, N)
+            TOTALS["steps"] += 1
+            TOTALS["epochs crossed"] += after.epoch != position.epoch
+            position = after
         batch = global_batch
+    TOTALS["runs"] += 1
+    print("RESUME PROFILE", TOTALS)
     for epoch, keys in seen.items():
         assert len(keys) == len(set(keys))  # each record at most once per epoch
         if epoch < position.epoch:  # finished: all but the tail that fills no global batch
@@ -203,3 +214,27 @@ def test_a_damaged_record_is_named_or_skipped_alone(tmp_path):
                               with_keys=True, skip_corrupt=True)
     keys = [k for b in ds for k in keys_of(b)]
     assert len(keys) == N - 1 and len(set(keys)) == N - 1  # only the damaged record lost
+
+
+def test_an_undecodable_record_is_named_or_skipped(tmp_path):
+    """A record whose frame is intact but whose image does not decode (a dataset written by
+    another tool, or a --validate header build): named by shard and position."""
+    vdir = write_dataset(tmp_path)
+    shard = sorted(p for p in vdir.iterdir() if p.name.endswith("-of-00004"))[2]
+    records = [tf.train.Example.FromString(r) for r in
+               tf.data.TFRecordDataset(str(shard)).as_numpy_iterator()]
+    records[4].features.feature["image/encoded"].bytes_list.value[0] = b"not a JPEG"
+    shard.write_bytes(b"".join(frames.tfrecord_frame(r.SerializeToString()) for r in records))
+    manifest = json.loads((vdir / "manifest.json").read_text())
+    for s in manifest["splits"]["train"]["shards"]:
+        s["num_bytes"] = (vdir / s["path"]).stat().st_size
+    (vdir / "manifest.json").write_text(json.dumps(manifest))
+    write_indexes(vdir)
+    ds = readers.make_dataset(str(tmp_path), "train", batch_size=2, image_size=8, start=0)
+    with pytest.raises(tf.errors.OpError, match=rf"{shard.name}: record 4: cannot parse it "
+                                                "or decode its image"):
+        list(ds)
+    ds = readers.make_dataset(str(tmp_path), "train", batch_size=1, image_size=8, start=0,
+                              with_keys=True, skip_corrupt=True)
+    keys = [k for b in ds for k in keys_of(b)]
+    assert len(set(keys)) == len(keys) == N - 1

@@ -1,0 +1,153 @@
+"""The resumable order: shuffle quality, time to resume, requests per record on gs://.
+
+    python benchmarks/bench_reader_resume.py quality [--n 4096]     # no decoding
+    python benchmarks/bench_reader_resume.py resume  [--n 4096]     # start= at several positions
+    python benchmarks/bench_reader_resume.py gcs     [--n 512]      # the storage emulator
+
+Data: bench_reader.write_data (photographs, 16 shards by key hash, `.index` files).
+
+quality: the stream order (today's reader: shard files shuffled, 16 interleaved, a shuffle
+buffer of ~128 MiB of records) against the resumable order (runs of 16 permuted over the
+split, windows of 1,024 shuffled) and a full random permutation, one epoch each, for:
+P(the next record comes from the same shard), the mean of that over lags 1..128 (a batch),
+distinct shards per batch of 128, P(the next record has the same label).
+resume: time from make_dataset(start=step) to its first batch, at positions through an epoch,
+against the time one global batch takes in steady state.
+gcs: HTTP requests TensorFlow makes for one epoch read from gs:// (the emulator behind the
+tests' counting proxy), per record, stream and resumable.
+"""
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import numpy as np  # noqa: E402
+
+from bench_reader import write_data  # noqa: E402
+
+BATCH = 128
+
+
+def labels_and_shards(root):
+    """(shard of each record, label of each record), record numbers in manifest order."""
+    import tensorflow as tf
+
+    from dataset_format import schema
+
+    import readers
+
+    split = readers.info(root).split("train")
+    shards, labels = [], []
+    for s, shard in enumerate(split.shards):
+        for record in tf.data.TFRecordDataset(shard.path):
+            ex = tf.io.parse_single_example(record, schema.feature_spec([schema.LABEL]))
+            labels.append(int(ex[schema.LABEL]))
+            shards.append(s)
+    return np.array(shards), np.array(labels), split
+
+
+def stream_order(root, split, seed=1):
+    """Record numbers in the order today's stream reader yields them (no decoding)."""
+    import tensorflow as tf
+
+    import readers
+    from readers import dataset, hosts
+
+    plan = hosts.plan(split, hosts.Hosts(1, 0, "single"), True)
+    ds = dataset._records(plan, True, seed, False, False, None, True, dataset.READ_BUFFER_BYTES)
+    buffer = dataset._shuffle_buffer(None, split, plan.records)
+    ds = ds.shuffle(buffer, seed=seed).map(lambda r, p, i: (p, i))
+    first = {s.path: sum(x.num_examples for x in split.shards[:k])
+             for k, s in enumerate(split.shards)}
+    del readers, tf
+    return np.array([first[p.decode()] + int(i) for p, i in ds.as_numpy_iterator()]), buffer
+
+
+def measures(ids, shard_of, label_of):
+    s, lab = shard_of[ids], label_of[ids]
+    same = [np.mean(s[lag:] == s[:-lag]) for lag in range(1, BATCH + 1)]
+    batches = len(ids) // BATCH
+    distinct = np.mean([len(set(s[b * BATCH:(b + 1) * BATCH])) for b in range(batches)])
+    return same[0], float(np.mean(same)), distinct, float(np.mean(lab[1:] == lab[:-1]))
+
+
+def quality(root):
+    from readers import order as order_lib
+
+    shard_of, label_of, split = labels_and_shards(root)
+    stream, buffer = stream_order(root, split)
+    counts = tuple(s.num_examples for s in split.shards)
+    resumable = order_lib.EpochOrder(counts, 1, "v", "train").records_of(0)
+    random = np.random.default_rng(1).permutation(len(shard_of))
+    print(f"{len(shard_of)} records, {len(counts)} shards (chance of the same shard "
+          f"{np.mean(np.bincount(shard_of) ** 2) * len(counts) / len(shard_of) ** 2:.3f}, "
+          f"of the same label {np.sum(np.bincount(label_of) ** 2) / len(label_of) ** 2:.3f});"
+          f" stream shuffle buffer {buffer} records\n")
+    print(f"{'order':<12}{'same shard, lag 1':>18}{'lags 1-128':>12}{'shards/batch':>14}"
+          f"{'same label, lag 1':>19}")
+    for name, ids in (("stream", stream), ("resumable", resumable), ("random", random)):
+        a, b, c, d = measures(ids, shard_of, label_of)
+        print(f"{name:<12}{a:>18.3f}{b:>12.3f}{c:>14.1f}{d:>19.3f}")
+
+
+def resume(root):
+    import readers
+
+    info = readers.info(root)
+    steps = info.split("train").num_examples // BATCH
+    ds = readers.make_dataset(root, "train", batch_size=BATCH, seed=1, start=0)
+    it = iter(ds)
+    next(it)
+    t0 = time.perf_counter()
+    for _ in range(5):
+        next(it)
+    per_batch = (time.perf_counter() - t0) / 5
+    print(f"steady state: {per_batch:.2f} s a global batch of {BATCH} ({steps} steps an epoch)")
+    for step in (0, steps // 4, steps // 2, steps - 1, steps + steps // 2):
+        t0 = time.perf_counter()
+        next(iter(readers.make_dataset(root, "train", batch_size=BATCH, seed=1, start=step)))
+        took = time.perf_counter() - t0
+        print(f"start={step:>4}: first batch after {took:.2f} s ({took / per_batch:.2f} "
+              "global batches' time)")
+    print(f"(load average {os.getloadavg()[0]:.1f})")
+
+
+def gcs(root):
+    from tests.gcs_emulator import run_emulator
+
+    import readers
+
+    with tempfile.TemporaryDirectory() as work, run_emulator(work) as emulator:
+        bucket = emulator.create_bucket()
+        emulator.upload_tree(root, f"gs://{bucket}/ds")
+        uri = f"gs://{bucket}/ds"
+        n = readers.info(uri).split("train").num_examples
+        for name, start in (("stream", None), ("resumable", 0)):
+            before = emulator.proxy.relayed
+            ds = readers.make_dataset(uri, "train", batch_size=32, image_size=32, seed=1,
+                                      start=start)
+            got = sum(int(x[0].shape[0]) for x in ds)
+            requests = emulator.proxy.relayed - before
+            print(f"{name:<10} {got} records read, {requests} requests: "
+                  f"{requests / got:.3f} per record ({n} in the split)")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("what", choices=("quality", "resume", "gcs"))
+    p.add_argument("--n", type=int, default=4096)
+    p.add_argument("--distinct", type=int, default=500)
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="bench_resume_") as root:
+        write_data(root, args.n, 16, args.distinct)
+        {"quality": quality, "resume": resume, "gcs": gcs}[args.what](root)
+
+
+if __name__ == "__main__":
+    main()
