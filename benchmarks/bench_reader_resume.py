@@ -30,6 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np  # noqa: E402
 
 from bench_reader import write_data  # noqa: E402
+from common import Record, add_record_argument, printed  # noqa: E402
 
 BATCH = 128
 
@@ -143,10 +144,14 @@ def main(argv=None):
     p.add_argument("what", choices=("quality", "resume", "gcs"))
     p.add_argument("--n", type=int, default=4096)
     p.add_argument("--distinct", type=int, default=500)
+    p.add_argument("--shards", type=int, default=16)
+    add_record_argument(p)
     args = p.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="bench_resume_") as root:
-        write_data(root, args.n, 16, args.distinct)
+    record = Record("bench_reader_resume", args)
+    with tempfile.TemporaryDirectory(prefix="bench_resume_") as root, printed() as lines:
+        write_data(root, args.n, args.shards, args.distinct)
         {"quality": quality, "resume": resume, "gcs": gcs}[args.what](root)
+    record.save({"lines": lines})
 
 
 if __name__ == "__main__":
