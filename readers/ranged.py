@@ -71,7 +71,8 @@ class RangedRecords:
             except FileNotFoundError:
                 raise FileNotFoundError(
                     f"{path}: no index file: the resumable order (start=) reads records by "
-                    "offset; rebuild without --no_write_index, or read without start=") from None
+                    "offset; rebuild with --write_index true (the default), or read without "
+                    "start=") from None
             entries = np.array(frames.parse_index(text), np.int64).reshape(-1, 2)
             if len(entries) != shard.count:
                 raise ValueError(f"{path}: {len(entries)} lines, but manifest.json gives "
