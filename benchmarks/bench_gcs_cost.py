@@ -46,7 +46,7 @@ def photos(n, first=0):
 def padded_to(jpeg, size):
     """`jpeg` with a comment segment after SOI making it exactly `size` bytes."""
     n = size - len(jpeg) - 4
-    assert 0 <= n <= 65000, (len(jpeg), size)
+    assert 0 <= n <= 65000, (len(jpeg), size)  # one comment segment holds < 64 KiB
     return jpeg[:2] + b"\xff\xfe" + (n + 2).to_bytes(2, "big") + b"\0" * n + jpeg[2:]
 
 
@@ -82,7 +82,9 @@ def shards_of(manifest):
 def media(log, inside):
     """(GETs, bytes) of media downloads whose path holds `inside`."""
     hits = [down for kind, _, target, down in log
-            if kind == "media_get" and inside in unquote(target)]
+            if kind == "media_get" and inside in unquote(target)
+            and ".catalog.parquet" not in target and not unquote(target).split("?")[0]
+            .endswith(".index")]
     return len(hits), sum(hits)
 
 
@@ -118,7 +120,8 @@ def nights(emulator, counter, code, n, shards):
                                 totals=totals)
 
     sizes = sorted(len(d) for d in data)
-    new = [padded_to(j, sizes[-1 - i]) for i, j in enumerate(photos(max(1, n // 100), n))]
+    new = [padded_to(j, next(s for s in sizes if s >= len(j) + 4))
+           for j in photos(max(1, n // 100), n) if len(j) + 4 <= sizes[-1]]
     for i, jpeg in enumerate(new):
         emulator.upload_bytes(f"{base}/class{i % 5}/new{i:05d}.jpg", jpeg)
     totals, log, sec = run_build(code, [base], root, counter, *opts)
@@ -135,7 +138,7 @@ def nights(emulator, counter, code, n, shards):
     totals, log, sec = run_build(code, [f"gs://{bucket}/renamed"], root, counter, *opts)
     m = latest_manifest(emulator, root)
     in_gets, _ = media(log, "/renamed/")
-    shard_gets, shard_down = media(log, ".tfrecord")
+    shard_gets, shard_down = media(log, ".tfrecord")  # the shards' frames, not fragments
     record_bytes = shard_bytes(before)
     figures["renamed"] = dict(
         images=m["accounting"]["written"], reframed=m["build"]["reframed"], seconds=sec,
