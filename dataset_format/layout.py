@@ -17,6 +17,7 @@ MANIFEST = "manifest.json"
 ERRORS = "errors.jsonl"
 INDEX_SUFFIX = ".index"
 CATALOG = "catalog.parquet"
+SPLIT_MAP = "split_map.parquet"  # the split of every content published under the root
 DUPLICATES = "duplicates.jsonl"        # --drop_content_duplicates or not: always reported
 NEAR_DUPLICATES = "near_duplicates.jsonl"  # with --near_duplicates: confirmed pairs
 NEAR_DUPLICATES_REJECTED = "near_duplicates_rejected.jsonl"  # candidates not confirmed

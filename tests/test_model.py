@@ -1,169 +1,146 @@
-"""A model-based test of regeneration: generated sequences of changes against a model.
+"""A model-based test of regeneration over whole histories, not pairs of versions.
 
-Hypothesis drives a small tree of real-looking images (seeded gradients and noise, JPEG
-and uncompressed PNG, so many files share a size) through adds, deletes, renames, moves
-between class folders and inputs, bytes replaced with the same size and mtime, inputs
-added and removed, and builds (default, --full_rebuild, --resplit, --force). The model
-is the files on disk plus the previous version's split map; after every build:
+Hypothesis drives a small tree of real-looking images (tests/model_tree.py: seeded
+gradients and noise, JPEG and uncompressed PNG, so many files share a size and few
+contents turn up under several names) through what users and tools do to a photo folder
+night after night: adds, deletes and restores several nights later, renames, moves between
+class folders and inputs, renames onto an existing name, renumbering, swaps and rotations,
+bytes replaced with the same size and mtime, near copies, read failures (a broken link for
+a few nights), inputs added and removed; and builds: default, --full_rebuild, --resplit,
+--force, --near_duplicates --drop_near_duplicate_leaks (leak exclusions), another
+--splits, and --sink beam (refused on a root with a split map). After every build:
 
-  * the accounting adds up (listed = written + duplicates + failed; shard files, sizes and
-    hashes as the manifest says) and `verify` finds no problem;
-  * every stored record is byte-identical to the one a full build would make from the
-    file's current bytes (images.convert + records.make_example), and the catalog's
-    input_sha256 is the file's: "a version equals a full build of the same files with
-    the same split map";
-  * no example in the previous version changed split without --resplit: a key keeps
-    its split, a new key whose bytes the previous version held takes that example's
-    split, new content is split by its key hash;
+  * the accounting adds up and `verify` finds no problem; the stored keys are the
+    readable listed files less the leaks excluded (each one in an evaluation split);
+  * every stored record is byte-identical to what a full build makes from the file's
+    current bytes, and the catalog's input_sha256 is the file's;
+  * every split is the model's (identity.py's order: a split folder; the key with the
+    same bytes; the previous version's record of the bytes; the split map; the key hash
+    by this build's --splits), and the history invariant holds: no content ever published
+    in one split appears in another, across the whole generated history, unless
+    --resplit was run;
   * only bytes no stored record was made from are decoded (manifest build.converted);
-  * an unchanged listing is "up to date"; anything touched is seen.
+  * an unchanged listing with unchanged options is "up to date".
 
-Profiles: `fast` (derandomized, one sequence, in the fast subset) and `long` (`slow`;
-MODEL_EXAMPLES sequences of MODEL_STEPS steps, from the environment; each build also
-compared with a real --full_rebuild of a copy).
+Profiles: `fast` (derandomized, in the fast subset) and `long` (`slow`; MODEL_EXAMPLES
+sequences of MODEL_STEPS steps, from the environment; each build also compared with a real
+--full_rebuild of a copy).
 """
 
-import hashlib
-import io
+import json
 import os
 import shutil
 import tempfile
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition,
                                  rule)
-from PIL import Image
 
-from beam_pipeline.job import images, records
+from beam_pipeline.errors import UserError
 from beam_pipeline.launcher import plan
-from dataset_format import examples, frames, layout, schema
+from dataset_format import layout
 from tests.helpers import build, check_invariants
+from tests.model_tree import (CLASSES, INPUTS, Tree, full_build_record, near_copy,
+                              stored_examples, tiny_image)
 
-CLASSES = ("cat", "dog", "owl")
-INPUTS = ("in0", "in1")
-SPLITS = plan.parse_splits("train=0.6,validation=0.2,test=0.2")
-ARGS = ["--name", "m", "--splits", "train=0.6,validation=0.2,test=0.2",
-        "--target_shard_mb", "0.003", "--no_transform", "--max_error_rate", "1",
-        "--write_index", "true"]
+SPLITS = {"a": "train=0.6,validation=0.2,test=0.2", "b": "train=0.3,validation=0.3,test=0.4"}
+ARGS = ["--name", "m", "--target_shard_mb", "0.003", "--no_transform", "--max_error_rate",
+        "1", "--write_index", "true"]
+LEAKS = ["--near_duplicates", "--drop_near_duplicate_leaks"]
 MODES = {"default": [], "full_rebuild": ["--full_rebuild"], "resplit": ["--resplit"],
-         "force": ["--force"]}
-SEEDS = st.integers(0, 40)
-CHANGES_PER_BUILD = 4  # then a build is the only rule left: every sequence builds often  # few contents: the same bytes turn up under several names
+         "force": ["--force"], "leaks": LEAKS, "other_splits": [], "beam": ["--sink", "beam"]}
+SEEDS = st.integers(0, 40)  # few contents: the same bytes turn up under several names
+CHANGES_PER_BUILD = 4  # then a build is the only rule left: every sequence builds often
+INDEX = st.integers(0, 10_000)
 
 
-def tiny_image(seed, fmt):
-    """A 20x14 seeded image, like a photo thumbnail: a gradient, a block and some noise.
-    PNG is stored uncompressed, so every PNG has the same size (and can be swapped)."""
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:14, 0:20]
-    base = rng.integers(0, 256, 3)
-    pixels = base + 4 * x[..., None] - 3 * y[..., None] + rng.normal(0, 12, (14, 20, 3))
-    top, left = rng.integers(0, 8), rng.integers(0, 12)
-    pixels[top:top + 6, left:left + 8] = rng.integers(0, 256, 3)
-    img = Image.fromarray(pixels.clip(0, 255).astype(np.uint8), "RGB")
-    buf = io.BytesIO()
-    if fmt == "png":
-        img.save(buf, "PNG", compress_level=0)
-    else:
-        img.save(buf, "JPEG", quality=90)
-    return buf.getvalue()
+def changes(f):
+    return precondition(lambda self: self.pending < CHANGES_PER_BUILD)(f)
 
 
 class Regeneration(RuleBasedStateMachine):
     """Files under self.tmp/in0, in1 (<class>/<name>); builds into self.tmp/root."""
 
     real_full_build = False
-    totals = {"steps": 0, "builds": 0, "published": 0, "up_to_date": 0, "sequences": 0}
+    totals = {"steps": 0, "builds": 0, "published": 0, "up_to_date": 0, "refused": 0,
+              "sequences": 0, "returned": 0}
 
     def __init__(self):
         super().__init__()
         self.tmp = tempfile.mkdtemp(prefix="model-")
+        self.tree = Tree(self.tmp)
         self.root = os.path.join(self.tmp, "root")
-        self.active = ["in0"]                  # the inputs passed to the next build
-        self.previous = None                   # {key: (split, input sha256, uri)} of LATEST
-        self.labels = []                       # LATEST's label list
-        self.signature = None                  # the listing LATEST was built from
-        self.counter = 0
-        self.pending = 0                       # changes since the last build
-        for i, label in enumerate(CLASSES):    # never empty: an input needs an image
-            self._write(f"in0/{label}/seed{i}.jpg", tiny_image(i, "jpg"))
-        self._write("in1/cat/seed9.png", tiny_image(9, "png"))
+        self.active = ["in0"]      # the inputs passed to the next build
+        self.previous = None       # {key: (split, input sha256, uri)} of LATEST
+        self.config = None         # (splits, leak flags) LATEST was built with
+        self.history = {}          # the model's split map: sha256 -> first published split
+        self.ever = {}             # sha256 -> every split it was published in (since --resplit)
+        self.labels = []           # LATEST's label list
+        self.signature = None      # the listing LATEST was built from
+        self.pending = 0           # changes since the last build
+        for i, label in enumerate(CLASSES):  # never empty: an input needs an image
+            self.tree.write(f"in0/{label}/seed{i}.jpg", tiny_image(i, "jpg"))
+        self.tree.write("in1/cat/seed9.png", tiny_image(9, "png"))
         Regeneration.totals["sequences"] += 1
 
     def teardown(self):
         shutil.rmtree(self.tmp, ignore_errors=True)
 
-    # --- the files -----------------------------------------------------------------------
-
-    def _write(self, rel, data):
-        path = os.path.join(self.tmp, rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as f:
-            f.write(data)
-
-    def files(self, inputs=INPUTS):
-        out = []
-        for name in inputs:
-            for label in CLASSES:
-                folder = os.path.join(self.tmp, name, label)
-                if os.path.isdir(folder):
-                    out += [f"{name}/{label}/{f}" for f in sorted(os.listdir(folder))]
-        return out
-
-    def _pick(self, i, inputs=INPUTS):
-        files = self.files(inputs)
-        return files[i % len(files)] if files else None
-
-    def _removable(self, rel):
-        """Whether `rel` can leave its input without leaving it empty (a UserError)."""
-        name = rel.split("/")[0]
-        return name not in self.active or len(self.files([name])) > 1
-
-    def _fresh_name(self, prefix):
-        self.counter += 1
-        return f"{prefix}{self.counter}"
-
     def step(self, change=True):
         Regeneration.totals["steps"] += 1
         self.pending += change
 
+    def _pick(self, i, inputs=INPUTS):
+        return self.tree.pick(i, inputs)
+
+    def _leaves(self, rel):
+        return self.tree.removable(rel, self.active)
+
+    # --- changes to the files --------------------------------------------------------------
+
     @rule(where=st.sampled_from(INPUTS), label=st.sampled_from(CLASSES), seed=SEEDS,
           fmt=st.sampled_from(["jpg", "png"]))
-    @precondition(lambda self: self.pending < CHANGES_PER_BUILD)
+    @changes
     def add_image(self, where, label, seed, fmt):
         self.step()
-        self._write(f"{where}/{label}/{self._fresh_name('n')}.{fmt}", tiny_image(seed, fmt))
+        self.tree.write(f"{where}/{label}/{self.tree.fresh_name('n')}.{fmt}",
+                        tiny_image(seed, fmt))
 
-    @rule(i=st.integers(0, 10_000))
-    @precondition(lambda self: self.pending < CHANGES_PER_BUILD)
+    @rule(i=INDEX)
+    @changes
     def delete_image(self, i):
         self.step()
         rel = self._pick(i)
-        if rel and self._removable(rel):
-            os.remove(os.path.join(self.tmp, rel))
+        if rel and self._leaves(rel):
+            self.tree.delete(rel)
+
+    @rule(i=INDEX)
+    @precondition(lambda self: self.pending < CHANGES_PER_BUILD and self.tree.trash)
+    def restore_image(self, i):
+        """A file deleted one or several nights ago comes back (cp -p from a backup)."""
+        self.step()
+        self.tree.restore(i)
 
     def _move(self, rel, where, label, name):
-        if where != rel.split("/")[0] and not self._removable(rel):
+        if where != rel.split("/")[0] and not self._leaves(rel):
             return
-        target = os.path.join(self.tmp, where, label, name)
-        if not os.path.exists(target):
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            os.rename(os.path.join(self.tmp, rel), target)  # bytes and mtime travel along
+        target = f"{where}/{label}/{name}"
+        if not os.path.lexists(self.tree.path(target)):
+            self.tree.move(rel, target)
 
-    @rule(i=st.integers(0, 10_000), where=st.sampled_from(INPUTS))
-    @precondition(lambda self: self.pending < CHANGES_PER_BUILD)
+    @rule(i=INDEX, where=st.sampled_from(INPUTS))
+    @changes
     def rename_or_move_image(self, i, where):
         """A new name, in the same input or the other one (a folder moved)."""
         self.step()
         rel = self._pick(i)
         if rel:
             ext = rel.rsplit(".", 1)[1]
-            self._move(rel, where, rel.split("/")[1], f"{self._fresh_name('m')}.{ext}")
+            self._move(rel, where, rel.split("/")[1], f"{self.tree.fresh_name('m')}.{ext}")
 
-    @rule(i=st.integers(0, 10_000), label=st.sampled_from(CLASSES))
-    @precondition(lambda self: self.pending < CHANGES_PER_BUILD)
+    @rule(i=INDEX, label=st.sampled_from(CLASSES))
+    @changes
     def relabel_image(self, i, label):
         """The same file name in another class folder."""
         self.step()
@@ -172,74 +149,129 @@ class Regeneration(RuleBasedStateMachine):
             where, _, name = rel.split("/")
             self._move(rel, where, label, name)
 
-    @rule(i=st.integers(0, 10_000), seed=SEEDS)
-    @precondition(lambda self: self.pending < CHANGES_PER_BUILD)
+    @rule(i=INDEX, j=INDEX)
+    @changes
+    def rename_onto_existing(self, i, j):
+        """mv a b with b there: b's old bytes are gone, b now holds a's."""
+        self.step()
+        a, b = self._pick(i), self._pick(j)
+        if a and b and a != b and self._leaves(a):
+            self.tree.delete(b)  # into the trash: it may come back another night
+            self.tree.move(a, b)
+
+    @rule(i=INDEX)
+    @changes
+    def renumber(self, i):
+        """Delete one file, rename the rest of its folder down by one (photo tools)."""
+        self.step()
+        rel = self._pick(i)
+        if rel and self._leaves(rel):
+            self.tree.renumber(rel)
+
+    @rule(i=INDEX, j=INDEX, k=INDEX)
+    @changes
+    def swap_or_rotate(self, i, j, k):
+        """Names exchanged between two files (a swap) or three (a rotation)."""
+        self.step()
+        rels = list(dict.fromkeys(r for r in (self._pick(i), self._pick(j), self._pick(k))
+                                  if r))
+        if len(rels) >= 2:
+            self.tree.swap(rels)
+
+    @rule(i=INDEX, seed=SEEDS)
+    @changes
     def replace_keeping_size_and_mtime(self, i, seed):
         """cp -p / rsync -a / tar: other bytes, the same size and mtime."""
         self.step()
-        pngs = [f for f in self.files() if f.endswith(".png")]
+        pngs = [f for f in self.tree.files(readable_only=True) if f.endswith(".png")]
         if not pngs:
             return
-        path = os.path.join(self.tmp, pngs[i % len(pngs)])
-        data = tiny_image(seed, "png")
-        st_before = os.stat(path)
-        assert len(data) == st_before.st_size
-        with open(path, "wb") as f:
-            f.write(data)
-        os.utime(path, ns=(st_before.st_atime_ns, st_before.st_mtime_ns))
+        rel = pngs[i % len(pngs)]
+        data, before = tiny_image(seed, "png"), os.stat(self.tree.path(rel))
+        assert len(data) == before.st_size
+        self.tree.write(rel, data, before.st_mtime_ns)
+
+    @rule(i=INDEX)
+    @changes
+    def add_near_copy(self, i):
+        """A re-encoded copy of a file beside it: a near-duplicate (a leak when it is
+        split away from a train original)."""
+        self.step()
+        rel = self._pick(i)
+        if rel:
+            data, _ = self.tree.sha256(rel)
+            self.tree.write(f"{rel.rsplit('/', 1)[0]}/{self.tree.fresh_name('c')}.jpg",
+                            near_copy(data))
+
+    @rule(i=INDEX)
+    @changes
+    def fail_read(self, i):
+        """The file cannot be read for a while (a broken link where it was)."""
+        self.step()
+        rel = self._pick(i)
+        if rel and self._leaves(rel):
+            self.tree.break_read(rel)
+
+    @rule(i=INDEX)
+    @precondition(lambda self: self.pending < CHANGES_PER_BUILD and self.tree.broken)
+    def read_again(self, i):
+        self.step()
+        self.tree.heal(i)
 
     @rule()
-    @precondition(lambda self: self.pending < CHANGES_PER_BUILD)
+    @changes
     def add_or_remove_input(self):
         self.step()
         if "in1" in self.active:
             self.active.remove("in1")
-        elif self.files(["in1"]):
+        elif self.tree.files(["in1"], readable_only=True):
             self.active.append("in1")
 
-    # --- builds --------------------------------------------------------------------------
+    # --- builds ----------------------------------------------------------------------------
 
     def key(self, rel):
         """The key a listed file gets: relative to its input, prefixed when several."""
         return rel if len(self.active) > 1 else rel.split("/", 1)[1]
 
-    def listing_signature(self):
-        stats = []
-        for rel in self.files(self.active):
-            st_ = os.stat(os.path.join(self.tmp, rel))
-            stats.append((rel, st_.st_size, st_.st_mtime_ns, st_.st_ctime_ns))
-        return tuple(self.active), tuple(stats)
-
     @initialize()
     def first_build(self):
         self.build("default")
 
-    @rule(mode=st.sampled_from(sorted(MODES)))
+    @rule(mode=st.sampled_from(list(MODES)))  # the first is what shrinking tends to
     def build(self, mode):
         self.step(change=False)
-        self.pending = 0
         Regeneration.totals["builds"] += 1
-        signature = self.listing_signature()
-        unchanged = self.previous is not None and signature == self.signature
-        expect = "up_to_date" if unchanged and mode in ("default", "full_rebuild") else (
-            "published")
-        inputs = [os.path.join(self.tmp, name) for name in self.active]
-        result = build(inputs, self.root, *ARGS, *MODES[mode], expect=expect)
+        splits = SPLITS["b" if mode == "other_splits" else "a"]
+        config = (splits, mode == "leaks")
+        args = [*ARGS, "--splits", splits, *MODES[mode]]
+        inputs = [self.tree.path(name) for name in self.active]
+        if mode == "beam":  # no catalog: it could not carry the split map forward
+            with pytest.raises(UserError, match="--sink beam writes no catalog"):
+                build(inputs, self.root, *args, expect=None)
+            Regeneration.totals["refused"] += 1
+            return
+        self.pending = 0
+        signature = self.tree.signature(self.active)
+        unchanged = (self.previous is not None and signature == self.signature
+                     and config == self.config)
+        expect = "up_to_date" if unchanged and mode in ("default", "full_rebuild", "leaks",
+                                                        "other_splits") else "published"
+        result = build(inputs, self.root, *args, expect=expect)
         Regeneration.totals[expect] += 1
         if expect == "up_to_date":
             return
-        self.check_version(result, mode)
+        self.check_version(result, mode, config)
         if self.real_full_build:
-            self.check_against_full_build(result, inputs)
+            self.check_against_full_build(result, inputs, args)
         self.signature = signature
 
-    def expected_split(self, key, sha, uri, mode):
-        """The split map: the previous version's split for the key; else for the same file
-        under a new key; else for the same bytes, preferring the same class/name, then
-        name, then the first key; else the key hash. --resplit: the key hash."""
+    def expected_split(self, key, sha, uri, mode, splits):
+        """identity.py's order: the key with the same bytes; the same file under a new key;
+        the previous version's record of the bytes (same class/name, name, first key); the
+        split map (every content published since --resplit); the key hash."""
         if mode == "resplit" or self.previous is None:
-            return plan.assign_split(key, SPLITS)
-        if key in self.previous:
+            return plan.assign_split(key, splits)
+        if key in self.previous and self.previous[key][1] == sha:
             return self.previous[key][0]
         same = {k: split for k, (split, s, u) in self.previous.items() if s == sha}
         for k, split in same.items():
@@ -250,54 +282,82 @@ class Regeneration(RuleBasedStateMachine):
             known = sorted(k for k in same if (k.split("/")[-depth:] if depth else []) == tail)
             if known:
                 return same[known[0]]
-        return plan.assign_split(key, SPLITS)
+        if sha in self.history:
+            return self.history[sha]
+        return plan.assign_split(key, splits)
 
-    def check_version(self, result, mode):
+    def check_version(self, result, mode, config):
         from beam_pipeline.tools import verify
 
         manifest = check_invariants(result)  # accounting, shard sizes and hashes, LATEST
         assert verify.check(result["root"])["problems"] == []
         labels = manifest["labels"]
         assert labels[:len(self.labels)] == self.labels, "a label id moved"
-        listed = {self.key(rel): rel for rel in self.files(self.active)}
+        listed = {self.key(rel): rel for rel in self.tree.files(self.active)}
+        unreadable = {k for k, rel in listed.items() if rel in self.tree.broken}
+        excluded = leaks_excluded(result["version_dir"], manifest)
         got = stored_examples(result["version_dir"], manifest)
-        assert sorted(got) == sorted(listed), "stored keys are not the listed files"
-        assert manifest["accounting"] == dict(manifest["accounting"], listed=len(listed),
-                                              written=len(listed), failed=0, duplicates=0)
+        assert sorted(got) == sorted(set(listed) - unreadable - excluded), "stored keys"
+        assert manifest["accounting"] == dict(
+            manifest["accounting"], listed=len(listed), written=len(got),
+            failed=len(unreadable), leaks=len(excluded), duplicates=0)
         catalog = {r["key"]: r for r in catalog_rows(result["version_dir"])}
-        published = {}
+        splits = plan.parse_splits(config[0])
+        published, made = {}, []
         for key, rel in listed.items():
-            uri = os.path.join(self.tmp, rel)
-            data = open(uri, "rb").read()
-            sha = hashlib.sha256(data).hexdigest()
+            if key in unreadable:
+                continue
+            data, sha = self.tree.sha256(rel)
+            want = self.expected_split(key, sha, self.tree.path(rel), mode, splits)
+            made.append(sha)
+            if key in excluded:
+                assert want in ("validation", "test"), f"{key}: a {want} image left out"
+                continue
             split, record = got[key]
             expected = full_build_record(data, key, rel.split("/")[-2], labels)
             assert record == expected, f"{key}: the stored record is not its file's"
             assert catalog[key]["input_sha256"] == sha and catalog[key]["split"] == split
-            want = self.expected_split(key, sha, uri, mode)
             assert split == want, f"{key} is in {split}, not {want} ({mode})"
-            published[key] = (split, sha, uri)
+            published[key] = (split, sha, self.tree.path(rel))
+        self.check_history(published, mode)
         build = manifest["build"]
-        assert build["converted"] + build["reframed"] <= len(listed)
-        assert build["converted"] == self.expected_decodes(published, mode), build
-        self.previous, self.labels = published, labels
+        assert build["converted"] == self.expected_decodes(made, mode, config), build
+        self.previous, self.labels, self.config = published, labels, config
 
-    def expected_decodes(self, published, mode):
-        """Only bytes no stored record was made from are decoded (unless --full_rebuild or
-        --resplit): a kept key, a moved, renamed, relabelled or copied image costs none."""
-        if self.previous is None or mode in ("full_rebuild", "resplit"):
-            return len(published)
+    def check_history(self, published, mode):
+        """The invariant over the whole history: a content published in one split never
+        appears in another (since the last --resplit); the model's split map follows."""
+        if mode == "resplit":
+            self.history, self.ever = {}, {}
+        for key, (split, sha, _) in sorted(published.items()):
+            if sha in self.ever and split not in self.ever[sha]:
+                raise AssertionError(f"{key}: bytes published in {sorted(self.ever[sha])} "
+                                     f"are now in {split}")
+        before = {sha for _, sha, _ in (self.previous or {}).values()}
+        Regeneration.totals["returned"] += len({sha for _, sha, _ in published.values()
+                                                if sha in self.history and sha not in before})
+        new = {}
+        for split, sha, _ in published.values():
+            if sha not in self.history:
+                new[sha] = min(new.get(sha, split), split)
+            self.ever.setdefault(sha, set()).add(split)
+        self.history.update(new)
+
+    def expected_decodes(self, made, mode, config):
+        """Only bytes no stored record was made from are decoded (unless --full_rebuild,
+        --resplit or other options): a kept key, a moved, renamed, swapped or copied image
+        costs none; bytes only an older version held are converted again."""
+        if self.previous is None or mode in ("full_rebuild", "resplit") or config != self.config:
+            return len(made)
         stored = {sha for _, sha, _ in self.previous.values()}
-        return sum(1 for key, (_, sha, _) in published.items()
-                   if not (self.previous[key][1] == sha if key in self.previous
-                           else sha in stored))
+        return sum(1 for sha in made if sha not in stored)
 
-    def check_against_full_build(self, result, inputs):
-        """A real --full_rebuild on a copy of the root (its split map: this version)."""
+    def check_against_full_build(self, result, inputs, args):
+        """A real --full_rebuild on a copy of the root (its split map: this version's)."""
         copy = os.path.join(self.tmp, "copy")
         shutil.rmtree(copy, ignore_errors=True)
-        shutil.copytree(self.root, copy)
-        full = build(inputs, copy, *ARGS, "--full_rebuild", "--force")
+        shutil.copytree(self.root, copy, symlinks=True)
+        full = build(inputs, copy, *args, "--full_rebuild", "--force")
         assert full["manifest"]["build"]["reframed"] == 0
         assert (stored_examples(full["version_dir"], full["manifest"])
                 == stored_examples(result["version_dir"], result["manifest"]))
@@ -305,29 +365,16 @@ class Regeneration(RuleBasedStateMachine):
 
     @invariant()
     def inputs_exist(self):
-        assert all(self.files([name]) for name in self.active)
+        assert all(self.tree.files([name], readable_only=True) for name in self.active)
 
 
-def full_build_record(data, key, label, labels):
-    """The record a full build stores for a file: the writer's own pure functions."""
-    encoded = images.convert(data, images.EncodeOptions())
-    return records.make_example(encoded, labels.index(label), label, key)
-
-
-def stored_examples(vdir, manifest):
-    """{key: (split, serialized Example)}, read frame by frame (CRCs checked)."""
-    out = {}
-    for split, info in manifest["splits"].items():
-        for shard in info["shards"]:
-            with open(os.path.join(vdir, shard["path"]), "rb") as f:
-                offset = 0
-                while (found := frames.read_frame(f, offset)) is not None:
-                    record, length = found
-                    key = examples.parse_example(record)[schema.FILENAME].decode()
-                    assert key not in out, f"{key} stored twice"
-                    out[key] = (split, record)
-                    offset += length
-    return out
+def leaks_excluded(vdir, manifest):
+    """Keys --drop_near_duplicate_leaks left out (near_duplicates.jsonl's `excluded`)."""
+    near = manifest.get("near_duplicates")
+    if not near:
+        return set()
+    with open(os.path.join(vdir, near["path"])) as f:
+        return {k for line in f if line.strip() for k in json.loads(line).get("excluded", [])}
 
 
 def catalog_rows(vdir):

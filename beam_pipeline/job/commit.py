@@ -20,7 +20,7 @@ from beam_pipeline.dedup import duplicates, leaks
 from beam_pipeline.job import rewrite
 from beam_pipeline.job.contracts import Origin, ShardResult
 from beam_pipeline.job.manifest import Finalized, build_manifest
-from beam_pipeline.store import catalog, files, lock, versions
+from beam_pipeline.store import catalog, files, lock, split_map, versions
 from dataset_format import frames, layout
 
 
@@ -85,11 +85,12 @@ def finalize(results, spec, label_counts=None, error_files=()):
     by_shard = {(r.split, r.shard): r for r in results}
     shards = _commit_shards(spec, by_shard)
     catalog_rows, sides = _merge_catalog(cataloged, spec)
+    map_entry = _write_split_map(spec, catalog_rows)
     _warn_empty_classes(spec.labels, label_counts)
     return Finalized(results=results, shards=shards, catalog_rows=catalog_rows,
                      longer_sides=sides, content_duplicates=content_duplicates, dropped=dropped,
                      near_duplicates=near_duplicates, leaks=leaked, label_counts=label_counts,
-                     error_reasons=reasons)
+                     error_reasons=reasons, split_map=map_entry)
 
 
 def _commit_shards(spec, by_shard):
@@ -312,6 +313,27 @@ def _merge_catalog(ordered, spec):
         return None, {}
     return catalog.merge([r.catalog_temp for r in ordered],
                          layout.join(spec.vdir, layout.CATALOG))
+
+
+def _write_split_map(spec, catalog_rows):
+    """VDIR/split_map.parquet: the map this version was planned with plus its own new
+    contents (store/split_map.py) -> its manifest entry; None without a catalog."""
+    if catalog_rows is None:
+        return None
+    old = None
+    if spec.split_map_from:
+        if spec.split_map_from.endswith("/" + layout.CATALOG):  # written before split maps
+            old = split_map.read_catalog(spec.split_map_from)
+        else:
+            old = split_map.read(spec.split_map_from)
+    new = split_map.add_catalog(old, layout.join(spec.vdir, layout.CATALOG))
+    split_map.write(layout.join(spec.vdir, layout.SPLIT_MAP), new)
+    root = spec.root.rstrip("/") + "/"
+    since = spec.split_map_from
+    return {"path": layout.SPLIT_MAP, "contents": len(new),
+            "added": len(new) - (len(old) if old is not None else 0),
+            "from": since[len(root):] if since and since.startswith(root) else since,
+            "notes": list(spec.notes)}
 
 
 def _rename(temp, final):

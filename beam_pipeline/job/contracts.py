@@ -89,6 +89,8 @@ class CommitSpec:
     near_duplicate_radius: int = DEFAULT_RADIUS  # Hamming bits
     drop_near_duplicate_leaks: bool = False
     resume_from: tuple = ()   # failed runs' version dirs whose finished shards are reused
+    split_map_from: Optional[str] = None   # the split map this version was planned with
+    notes: tuple = ()                      # what the launcher found and said (history.py)
 
     @property
     def previous_vdir(self):

@@ -26,6 +26,7 @@ class Finalized:
     # (which commit's list of every shard no longer carries: ShardResult.slim).
     label_counts: Optional[dict] = None  # split -> {class: images}
     error_reasons: Optional[dict] = None  # reason -> errors, for errors.jsonl's records
+    split_map: Optional[dict] = None     # split_map.parquet's manifest entry
 
     def counts_of(self, split):
         """{class: images} in `split`."""
@@ -64,6 +65,8 @@ def build_manifest(spec, done, created_at, parts=()):
     }
     if done.catalog_rows is not None:
         manifest["catalog"] = {"path": layout.CATALOG, "rows": done.catalog_rows}
+    if done.split_map is not None:
+        manifest["split_map"] = done.split_map
     if done.longer_sides:
         manifest["stored_images"] = {"median_longer_side": catalog.median(done.longer_sides),
                                      "max_longer_side": max(done.longer_sides)}

@@ -1,20 +1,29 @@
 """Which published example each listed image is: sticky splits and change detection.
 
-Identity is the key. A key the previous version does not hold is matched by content: the
-sha256 of its input bytes against the catalog's input_sha256. A matched image keeps the
-split it was published in (a split folder or manifest column, the user's own choice,
-wins) and may be re-framed from its stored record; new content is split by its key hash.
-So a version equals a full build of the same files with the same split map.
+A split belongs to content, for life. What decides an image's split, in order:
+    1. a split folder or manifest column (the user's own choice);
+    2. its key, when the previous version held that key with the same bytes;
+    3. its bytes, when any version since the last --resplit published them: the previous
+       version's record of them (the same file, else the same class/name, name, first key),
+       else the split map (store/split_map.py: every content ever published);
+    4. new content: its key's hash, by --splits.
+So a rename, a renumbering, a swap, a restore or a night the image was missing (a read
+failure, a leak exclusion) never moves published bytes; a key whose bytes changed is new
+content unless its new bytes were published before. A content published now may reuse or
+re-frame the previous version's record of the same bytes; a content only older versions
+held is converted again. So a version equals a full build of the same files with the same
+split map.
 
 Change detection, for a key the previous version holds:
     same size and stamp (mtime_ns:ctime_ns; a gs:// generation) -> same bytes, not read
     same size, another stamp, both with the listing's md5       -> md5 decides, not read
     same size, another stamp                                    -> read and hashed
     another size                                                -> changed
-For a new key, a gs:// input and a stored one that both carry the listing's md5Hash are
-matched by (md5, size) without a download; only a size some stored input without an md5
-has is worth hashing. --verify_inputs hashes every input whatever its stamp or md5.
-Streams and external sorts only: flat memory.
+For a new or changed key, a gs:// input and a stored one that both carry the listing's
+md5Hash are matched by (md5, size) without a download; otherwise only a size some
+published input had is worth hashing. --verify_inputs hashes every input whatever its
+stamp or md5. Streams and external sorts only, plus the split map's numpy arrays (25 bytes
+per published content).
 
 Why the md5 is enough: see same_bytes.py.
 """
@@ -31,7 +40,7 @@ from beam_pipeline.refs import LINE_KEY, LINE_SIZE, LINE_SPLIT, ImageRef, Stored
 from beam_pipeline.algorithms.spill import SortedSpill
 from dataset_format import layout
 
-KINDS = ("unchanged", "changed", "added", "moved", "removed")
+KINDS = ("unchanged", "changed", "added", "moved", "restored", "removed")
 
 
 @dataclasses.dataclass
@@ -87,18 +96,28 @@ class Resolved:
 NO_ROW = ",null]"  # the end of a Resolved line without a previous row
 
 
-def resolve(by_key, rows, splits, spill_dir, reuse=True, verify=False):
-    """Listed refs (key order; split only where fixed) + the previous catalog's rows (None:
-    no split map, e.g. a new root or --resplit) -> Resolved.
+def resolve(by_key, rows, splits, spill_dir, reuse=True, verify=False, split_map=None):
+    """Listed refs (key order; split only where fixed) + the previous catalog's rows and
+    the root's split map -> Resolved.
 
+    rows and split_map both None: no history (a new root, --resplit). rows None with a map:
+    the previous catalog is unreadable, so nothing is reused and inputs are hashed to find
+    their splits. A map None with rows: the rows' own (a version written before split maps).
     `reuse`: the previous records may be reused (same options and software); otherwise
     rows still give splits but no record is offered. `verify`: hash every input.
     """
+    from beam_pipeline.store import split_map as split_maps
+
     out = Resolved(by_key=SortedSpill(spill_dir))
-    if rows is None:
+    if rows is None and split_map is None:
         return _all_added(out, by_key, splits)
+    rows = () if rows is None else rows
+    if split_map is None:
+        rows = list(rows)
+        split_map = split_maps.from_rows(rows)
     previous = _Previous(spill_dir, rows)
-    with previous, SortedSpill(spill_dir) as orphans, SortedSpill(spill_dir) as rehash:
+    with (previous, SortedSpill(spill_dir) as orphans, SortedSpill(spill_dir) as changed,
+          SortedSpill(spill_dir) as rehash):
         for _, line, old in join_by_key(by_key, previous.by_key):
             if line is None:
                 out.counts["removed"] += 1
@@ -108,21 +127,27 @@ def resolve(by_key, rows, splits, spill_dir, reuse=True, verify=False):
                 orphans.add(json_string(ref.uri), line)
                 continue
             row = json.loads(old)
-            split = ref.split or row["split"]
-            if reuse and _must_hash(ref, row, verify):
+            if _must_hash(ref, row, verify):
                 rehash.add(json_string(ref.key), f"[{line},{old}]")
             elif _same_stamp(ref, row) or _same_md5(ref, row):
+                split = ref.split or row["split"]
                 ref = ref._replace(split=split, sha256=row.get("input_sha256"))
                 out.add_line(ref.key, split, ref.size, json.dumps(ref), old if reuse else None,
                              _same_bytes(ref, row))  # a Listed is a tuple: the same JSON
-            else:
-                out.add_line(ref.key, split, ref.size, json.dumps(ref._replace(split=split)),
-                             None, "changed")
+            else:  # other bytes, which may have been published before
+                changed.add(json_string(ref.uri), line)
         for (ref, row, old), same in _hashed_pairs(out, rehash):
-            ref = dataclasses.replace(ref, split=ref.split or row["split"])
-            out.add(ref, old if same else None, _same_bytes(ref, row) if same else "changed")
-        if len(orphans):
-            _new_keys(out, orphans, previous, splits, spill_dir, reuse, verify)
+            if same:
+                ref = dataclasses.replace(ref, split=ref.split or row["split"])
+                out.add(ref, old if reuse else None, _same_bytes(ref, row))
+            elif ref.sha256 is None:  # unreadable now: the job rejects it, saying why
+                _unknown(out, ref, splits, "changed")
+            else:
+                changed.add(json_string(ref.uri), ref.to_json())
+        for spill, kinds in ((orphans, NEW), (changed, CHANGED)):
+            if len(spill):
+                _new_keys(out, spill, kinds, previous, split_map, splits, spill_dir, reuse,
+                          verify)
     return out
 
 
@@ -221,37 +246,52 @@ def _hashed_pairs(out, spill):
         yield (ref, row, json.dumps(row)), digest is not None and digest == row["input_sha256"]
 
 
-def _new_keys(out, orphans, previous, splits, spill_dir, reuse, verify):
-    """New keys: a stored input's file under a new key (an input added or removed, a
-    manifest renamed), or its bytes under a new name (moved, renamed, relabelled, copied),
-    keeps its split; new content is split by the key hash."""
+NEW = ("moved", "restored", "added")        # kinds of a new key: bytes matched, in the
+CHANGED = ("changed", "changed", "changed")  # split map only, new; of a key whose bytes changed
+
+
+def _new_keys(out, refs, kinds, previous, smap, splits, spill_dir, reuse, verify):
+    """New keys, or keys whose bytes changed (`refs`, by uri) -> their splits: the same
+    file as a stored input under a new key (an input added or removed, a manifest renamed),
+    or bytes some version published (moved, renamed, renumbered, swapped, relabelled,
+    copied, restored) keep the split those bytes were published in; new content is split
+    by its key hash."""
     def moved(ref, row, old):
         out.add(dataclasses.replace(ref, split=ref.split or row["split"]),
-                old if reuse else None, "moved")
+                old if reuse else None, kinds[0])
 
     by_uri, sizes, by_sha, stored_md5, md5_less = previous.others()
     with SortedSpill(spill_dir) as rest, SortedSpill(spill_dir) as rehash:
-        for line, old in first_match(orphans, by_uri):  # 1. the same file
+        for line, old in first_match(refs, by_uri):  # 1. the same file
             ref, row = ImageRef.from_json(line), old and json.loads(old)
-            if row and _must_hash(ref, row, verify):
+            if kinds is NEW and row and _must_hash(ref, row, verify):
                 rehash.add(json_string(ref.uri), f"[{ref.to_json()},{old}]")
-            elif row and (_same_stamp(ref, row) or _same_md5(ref, row)):
+            elif kinds is NEW and row and (_same_stamp(ref, row) or _same_md5(ref, row)):
                 moved(dataclasses.replace(ref, sha256=row.get("input_sha256")), row, old)
             else:
                 rest.add(f"{ref.size:020d}", line)
         for (ref, row, old), same in _hashed_pairs(out, rehash):
             if same:
                 moved(ref, row, old)
+            elif ref.sha256 is None:
+                _unknown(out, ref, splits, kinds[2])
             else:
                 rest.add(f"{ref.size:020d}", ref.to_json())
         plain, missed = by_md5(rest, stored_md5, spill_dir, moved, verify)
         with plain, missed, by_content(out, [(plain, sizes), (missed, md5_less)], by_sha,
-                                        spill_dir, moved) as unmatched:
-            for _, line in unmatched:  # 3. new content
+                                        spill_dir, moved, smap.has_size) as unmatched:
+            for _, line in unmatched:  # 3. bytes only older versions held, or new content
                 ref = ImageRef.from_json(line)
+                known = smap.split_of(ref.sha256)
                 out.add(dataclasses.replace(
-                    ref, split=ref.split or plan.assign_split(ref.key, splits)), None,
-                    "added")
+                    ref, split=ref.split or known or plan.assign_split(ref.key, splits)),
+                    None, kinds[1] if known else kinds[2])
+
+
+def _unknown(out, ref, splits, kind):
+    """A ref whose bytes could not be read for hashing: new content as far as we know."""
+    out.add(dataclasses.replace(ref, split=ref.split or plan.assign_split(ref.key, splits)),
+            None, kind)
 
 
 def join_by_key(new, old):

@@ -10,6 +10,7 @@ Memory stays flat: every sort is on disk (algorithms/spill.py).
 import dataclasses
 import json
 import os
+import sys
 import tempfile
 import typing
 
@@ -46,11 +47,17 @@ class Planned:
 
 def prepare(build, root):
     """-> UpToDate, or Planned after claiming a version and writing its shard listings."""
-    from beam_pipeline.launcher import plan
+    from beam_pipeline.launcher import history, plan
     from beam_pipeline.launcher.shard_index import write_shard_listings
     from beam_pipeline.store import files, versions
 
-    previous_version, previous = versions.latest(root)
+    past = history.find(root, build.resplit)
+    if build.sink == "beam" and past.split_map is not None:
+        raise UserError(f"--sink beam writes no catalog, so it cannot carry {root}'s split "
+                        "map forward: build it into a new --output, or drop --sink beam")
+    for note in past.notes:
+        print(f"note: {note}", file=sys.stderr, flush=True)
+    previous_version, previous = past.version, past.manifest
     versions.check_clock(root, previous_version)
     refuse_catalogless(build, root, previous)
     for v in versions.clean_leftovers(root):
@@ -61,18 +68,19 @@ def prepare(build, root):
         errors_path = os.path.join(scratch, layout.LISTING_ERRORS)
         planned = _plan_listing(build, label_file, scratch, errors_path)
         same = (previous and previous.get("input_fingerprint") == planned.fingerprint
-                and not build.force and not build.resplit)
+                and not build.force and not build.resplit
+                and not past.notes)  # a damaged root is rebuilt, which repairs it
         if same and not build.verify_inputs:
             return UpToDate(previous_version)
-        reuse = can_reuse(build, previous)
-        resolved = _resolve(build, root, planned, (previous_version, previous), reuse, scratch)
+        reuse = can_reuse(build, previous) and past.catalog is not None
+        resolved = _resolve(build, planned, past, reuse, scratch)
         if same and not resolved.changed():
             return UpToDate(previous_version, "every input's bytes verified")
         labels = plan.label_ids(planned.labels_present, previous["labels"] if previous else (),
                                 label_file)
         increment, num_shards, tasks, to_convert = _shard_tasks(
             build, root, resolved, labels, (previous_version, previous), reuse, scratch)
-        spec = _commit_spec(build, root, planned, labels, num_shards, increment)
+        spec = _commit_spec(build, root, planned, labels, num_shards, increment, past)
         files.copy_local_file(errors_path, spec.listing_errors_path)
         shards_index = write_shard_listings(spec.tmp_dir, tasks)
     return Planned(spec, shards_index, images=resolved.num_images, bytes=resolved.num_bytes,
@@ -109,19 +117,18 @@ def _plan_listing(build, label_file, scratch, errors_path):
             lambda e: errors_file.write(json.dumps(e) + "\n"))
 
 
-def _resolve(build, root, planned, latest, reuse, scratch):
-    """Splits and reuse from the previous version's catalog: its split map (unless
-    --resplit) and, when it was built the same way, its records. -> identity.Resolved"""
+def _resolve(build, planned, past, reuse, scratch):
+    """Splits and reuse: the root's split map (unless --resplit) and, when the previous
+    version was built the same way and its catalog is intact, its records.
+    -> identity.Resolved"""
     from beam_pipeline.launcher import identity, plan
     from beam_pipeline.store import catalog
 
-    previous_version, previous = latest
     rows = None
-    if previous and "catalog" in previous and not build.resplit:
-        rows = catalog.iter_rows(layout.join(layout.version_dir(root, previous_version),
-                                             layout.CATALOG))
+    if past.catalog and not build.resplit:
+        rows = catalog.iter_rows(past.catalog)
     return identity.resolve(planned.by_key, rows, plan.parse_splits(build.splits), scratch,
-                            reuse=reuse, verify=build.verify_inputs)
+                            reuse=reuse, verify=build.verify_inputs, split_map=past.split_map)
 
 
 def _shard_tasks(build, root, resolved, labels, latest, reuse, scratch):
@@ -165,7 +172,7 @@ def _full_build_lines(resolved, sources, previous_vdir):
         yield line
 
 
-def _commit_spec(build, root, planned, labels, num_shards, increment):
+def _commit_spec(build, root, planned, labels, num_shards, increment, past):
     from beam_pipeline.job.contracts import CommitSpec
     from beam_pipeline.store import lock, versions
 
@@ -185,7 +192,8 @@ def _commit_spec(build, root, planned, labels, num_shards, increment):
         near_duplicate_radius=build.near_duplicate_radius,
         drop_near_duplicate_leaks=build.drop_near_duplicate_leaks,
         lock_token=lock.token(root), keep_superseded_hours=build.keep_superseded_hours,
-        resume_from=versions.failed_runs(root, previous, version))
+        resume_from=versions.failed_runs(root, previous, version),
+        split_map_from=past.split_map and past.split_map.source, notes=past.notes)
 
 
 def can_reuse(build, previous):

@@ -71,6 +71,8 @@ def print_summary(root, published, notes=()):
               f"{inc['reused']['shards']} reused, {inc['rewritten']['shards']} rewritten, "
               f"{inc['added_shards']['shards']} new; {inc['bytes_reused_share']:.0%} of the "
               "bytes reused")
+    for line in split_map_lines(manifest):
+        print(f"  {line}")
     near = near_duplicates_line(manifest)
     if near:
         print(f"  {near}; see {vdir}/{manifest['near_duplicates']['path']}")
@@ -98,6 +100,16 @@ def leftover_versions(root, manifest):
     return versions.prune(root, manifest["version"], config.get("keep_versions", 0),
                           config.get("keep_superseded_hours", versions.KEEP_SUPERSEDED_HOURS),
                           dry_run=True)
+
+
+def split_map_lines(manifest):
+    """The split map line, then the launcher's notes (damage found, --splits changed)."""
+    entry = manifest.get("split_map")
+    if not entry:
+        return []
+    since = f" since {entry['from']}" if entry.get("from") else ""
+    return ([f"split map: {entry['contents']} published contents ({entry['added']} new"
+             f"{since})"] + [f"note: {note}" for note in entry.get("notes", [])])
 
 
 def near_duplicates_line(manifest):

@@ -1,0 +1,145 @@
+"""What a build starts from: the version it builds on and the root's split map, found even
+when the root is damaged.
+
+    LATEST -> its manifest -> its catalog (records to reuse) and its split map
+A damaged link is one line naming the file and the way out, and the build goes on from
+the newest intact version: a missing or unreadable LATEST or manifest -> the newest
+complete version; an unreadable catalog -> nothing reused (every image converted again);
+an unreadable split map -> the newest intact version's map, said so. It never resplits
+silently: with versions but no intact map anywhere it stops and names --resplit.
+"""
+
+import dataclasses
+import json
+from typing import Optional
+
+from beam_pipeline.errors import UserError
+from beam_pipeline.store import split_map as split_maps
+from dataset_format import layout
+
+
+@dataclasses.dataclass(frozen=True)
+class History:
+    version: Optional[str] = None          # the version this build builds on
+    manifest: Optional[dict] = None        # ... its manifest
+    catalog: Optional[str] = None          # ... its catalog, when intact (reuse, re-framing)
+    split_map: Optional[split_maps.SplitMap] = None  # None: a new root, or --resplit
+    notes: tuple = ()                      # lines for the user: damage gone around
+
+
+def find(root, resplit=False):
+    """-> History of `root` (--resplit: no split map)."""
+    from beam_pipeline.store import versions
+
+    notes = []
+    latest, problem = _latest(root)
+    complete = _complete_versions(root, versions)
+    candidates = ([latest] if latest else []) + [v for v in complete if v != latest]
+    version = manifest = None
+    for v in candidates:
+        manifest, why = _manifest(root, v)
+        if manifest is not None:
+            version = v
+            break
+        problem = problem or why
+    if problem:
+        notes.append(f"{problem}; building on {f'version {version}' if version else 'nothing'}"
+                     f" (the newest complete version), and LATEST moves to this build")
+    catalog = None
+    if manifest and "catalog" in manifest:
+        catalog, why = _intact_catalog(root, version, manifest)
+        if why:
+            notes.append(f"{why}; nothing is reused from version {version}: every image is "
+                         "converted again (its splits still hold)")
+    smap = None if resplit else _split_map(root, candidates, notes)
+    return History(version, manifest, catalog, smap, tuple(notes))
+
+
+def _latest(root):
+    """(version LATEST names, None) or (None, the problem with it) or (None, None): no LATEST."""
+    from beam_pipeline.store import files
+
+    path = layout.join(root, layout.LATEST)
+    try:
+        if not files.exists(path):
+            return None, None
+        return files.read_json(path)["version"], None
+    except Exception as e:
+        return None, f"{path}: unreadable ({_short(e)})"
+
+
+def _complete_versions(root, versions):
+    """Complete version ids, newest first (none when the listing fails)."""
+    try:
+        return sorted((v for v, done in versions.list_versions(root).items() if done),
+                      reverse=True)
+    except Exception:
+        return []
+
+
+def _manifest(root, version):
+    from beam_pipeline.store import files
+
+    path = layout.join(layout.version_dir(root, version), layout.MANIFEST)
+    try:
+        manifest = files.read_json(path)
+        manifest["splits"], manifest["labels"]  # the fields a build relies on
+        return manifest, None
+    except FileNotFoundError:
+        return None, f"{path}: missing (LATEST names version {version})"
+    except Exception as e:
+        return None, f"{path}: unreadable ({_short(e)})"
+
+
+def _intact_catalog(root, version, manifest):
+    """(catalog path, None) when its footer reads and its rows are the manifest's;
+    (None, the problem) otherwise."""
+    import pyarrow.parquet as pq
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
+
+    path = layout.join(layout.version_dir(root, version), manifest["catalog"]["path"])
+    try:
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            rows = pq.ParquetFile(f).metadata.num_rows
+    except Exception as e:
+        return None, f"{path}: {split_maps.describe(e)}"
+    if rows != manifest["catalog"].get("rows", rows):
+        return None, f"{path}: {rows} rows, the manifest says {manifest['catalog']['rows']}"
+    return path, None
+
+
+def _split_map(root, candidates, notes):
+    """The newest intact split map among `candidates` (newest first); a version written
+    before split maps has its catalog as its map. None: no version ever had one."""
+    from beam_pipeline.store import files
+
+    problems = []
+    for v in candidates:
+        vdir = layout.version_dir(root, v)
+        manifest, _ = _manifest(root, v)
+        if manifest is None:
+            continue
+        path = layout.join(vdir, layout.SPLIT_MAP)
+        try:
+            if "split_map" in manifest or files.exists(path):
+                smap = split_maps.read(path)
+            elif "catalog" in manifest:  # a version written before split maps
+                smap = split_maps.read_catalog(layout.join(vdir, manifest["catalog"]["path"]))
+            else:  # no catalog (--sink beam): no map to read here
+                continue
+        except split_maps.SplitMapUnreadable as e:
+            problems.append(str(e))
+            continue
+        if problems:
+            notes.append(f"{problems[0]}; splits from {smap.source}, the newest intact split "
+                         "map")
+        return smap
+    if problems:
+        raise UserError(f"{problems[0]}, and no older version has an intact split map: "
+                        "restore that file, or pass --resplit to split every image again")
+    return None
+
+
+def _short(e):
+    return " ".join(f"{type(e).__name__}: {e}".split())[:160]
