@@ -74,7 +74,7 @@ def test_each_image_is_kept_changed_added_or_removed(tmp_path, previous):
     try:
         assert inc.previous == "V1"
         assert inc.counts == {"unchanged": 2, "changed": 1, "added": 1, "moved": 0,
-                              "removed": 1}
+                              "restored": 0, "removed": 1}
         assert inc.to_convert == 2
         # Each old shard keeps one of two members: copied; b and e go to delta shards.
         assert [(s, i, kind, origin, e and e["path"]) for s, i, kind, origin, e in inc.tasks
@@ -94,7 +94,8 @@ def test_each_image_is_kept_changed_added_or_removed(tmp_path, previous):
         assert fresh == ["b", "e"]
         b = next(ImageRef.from_json(l) for *_, lines in listings[2:] for l in lines
                  if ImageRef.from_json(l).key == "b")
-        assert b.split == "train"  # a key keeps its split, whatever its bytes
+        # A key whose bytes changed is new content (b's new size no input had: not read).
+        assert b.split == plan.assign_split("b", SPLITS)
     finally:
         inc.close()
 
@@ -103,7 +104,7 @@ def test_an_unchanged_listing_reuses_every_shard(tmp_path, previous):
     inc = planned(tmp_path, [ref(k) for k in "abcd"], previous, max_delta_share=0.5)
     try:
         assert inc.counts == {"unchanged": 4, "changed": 0, "added": 0, "moved": 0,
-                              "removed": 0}
+                              "restored": 0, "removed": 0}
         assert [kind for _, _, kind, _, _ in inc.tasks] == ["reuse", "reuse"]
         assert inc.num_shards == {"train": 2} and len(inc.fresh) == 0
     finally:
@@ -115,7 +116,7 @@ def test_a_moved_label_or_split_is_re_framed_not_reused(tmp_path, previous):
     inc = planned(tmp_path, new, previous)
     try:
         assert inc.counts == {"unchanged": 2, "changed": 2, "added": 0, "moved": 0,
-                              "removed": 0}
+                              "restored": 0, "removed": 0}
         assert inc.to_convert == 0  # both re-framed from their stored records
         assert [(s, i, kind) for s, i, kind, _, _ in inc.tasks] == [
             ("test", 0, "images"), ("train", 0, "reuse"), ("train", 1, "images")]
