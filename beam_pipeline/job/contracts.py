@@ -152,6 +152,7 @@ class ShardResult:
     passed_through: int = 0             # JPEGs stored as they came
     converted: int = 0                  # images decoded and converted
     reframed: int = 0                   # stored records re-framed under a new key or label
+    repaired: int = 0                   # stored records found damaged: converted again
     kind: Optional[Kind] = None         # the ShardTask's kind (None: --sink beam)
     origin: Origin = Origin.HASH
     writer: Optional[str] = None        # host:pid of the writing process

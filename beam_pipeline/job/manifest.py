@@ -82,7 +82,8 @@ def build_manifest(spec, done, created_at, parts=()):
     manifest["build"] = {"writer_processes": len({r.writer for r in done.results if r.writer}),
                          "converted": sum(r.converted for r in done.results),
                          "reframed": sum(r.reframed for r in done.results),
-                         "resumed_shards": sum(r.resumed for r in done.results)}
+                         "resumed_shards": sum(r.resumed for r in done.results),
+                         "repaired": sum(r.repaired for r in done.results)}
     for part in parts:
         manifest.update(part)
     return manifest

@@ -8,15 +8,18 @@ Both write the new shard's catalog fragment and return a ShardResult, as WriteSh
 
 import dataclasses
 import json
+import logging
 import os
 import uuid
+
+import google_crc32c
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from beam_pipeline.job.contracts import Kind
 from beam_pipeline.job.rewrite import copy_frames, with_rows
-from dataset_format import layout
+from dataset_format import frames, layout
 
 RAW = CompressionTypes.UNCOMPRESSED
 
@@ -42,23 +45,79 @@ def link_or_copy(source, target):
     FileSystems.copy([source], [target])  # on GCS a server-side copy, complete or absent
 
 
-def run(kind, result, listing, previous_vdir, write_index):
-    """A reuse or copy task -> its ShardResult (`result`: split, shard, path and temp set)."""
+def run(kind, result, listing, previous_vdir, write_index, redo=None):
+    """A reuse or copy task -> its ShardResult (`result`: split, shard, path and temp set).
+
+    Nothing damaged is carried forward: a shard is reused only when its size and checksum
+    are the previous manifest's, and copied records have their CRCs checked. A damaged
+    record goes to `redo` (converted again from its input, or rejected: rewrite.copy_frames).
+    """
     header, rows = read_task(listing)
     source = layout.join(previous_vdir, header["source"])
     split, shard, final, temp = result.split, result.shard, result.path, result.temp
-    if kind == Kind.COPY:
-        rows, crc32c, num_bytes, index = copy_frames(source, temp, rows, split, shard, final)
-        return with_rows(dataclasses.replace(result, crc32c=crc32c, num_bytes=num_bytes),
+    damage = None if kind == Kind.COPY else unlike_manifest(source, header)
+    if kind == Kind.COPY or damage:
+        rows, crc32c, num_bytes, index, errors, redone = copy_frames(
+            source, temp, rows, split, shard, final, redo, deep=damage is not None)
+        if damage:
+            logging.warning("%s: %s; its records copied one by one, CRCs checked", source,
+                            damage)
+        return with_rows(dataclasses.replace(result, crc32c=crc32c, num_bytes=num_bytes,
+                                             errors=tuple(errors), repaired=redone,
+                                             converted=redone),
                          rows, write_index, index)
     link_or_copy(source, temp)
-    if write_index and FileSystems.exists(layout.index_name(source)):
-        result = dataclasses.replace(result, index_temp=layout.index_name(temp))
-        link_or_copy(layout.index_name(source), result.index_temp)
     # The file as it is: its checksum as the previous manifest gave it (crc32c, or sha256
-    # from a version written before shards had a CRC-32C).
+    # from a version written before shards had a CRC-32C). Its index is written from the
+    # catalog rows, not linked: a damaged index is not carried forward either.
     result = dataclasses.replace(result, crc32c=header.get("crc32c"),
                                  sha256=header.get("sha256"),
                                  num_bytes=sum(r["length"] for r in rows))
+    index = [frames.index_line(r["offset"], r["length"]) for r in rows]
     return with_rows(result, [dict(r, split=split, shard=shard, file=final) for r in rows],
-                     write_index=False)
+                     write_index, index)
+
+
+def unlike_manifest(path, header):
+    """How the shard at `path` differs from its previous manifest entry (`header`: its
+    num_bytes and crc32c, or sha256 in versions written before), or None. A gs:// object's
+    size and crc32c come from its metadata (no download); a local file is read once
+    (CRC-32C at several GB/s: a small part of what a hard link saves over a copy)."""
+    want_size = header.get("num_bytes")
+    try:
+        if path.startswith("gs://") and header.get("crc32c"):
+            from beam_pipeline.store import gcs
+
+            bucket, name = gcs.gcs_blob(path)
+            blob = bucket.get_blob(name)
+            if blob is None:
+                return "missing"
+            size, crc = blob.size, blob.crc32c
+        else:
+            legacy = bool(header.get("sha256")) and not header.get("crc32c")
+            size, crc, sha = _local_sums(path, legacy)
+            if legacy:
+                crc = None if sha == header["sha256"] else "?"
+    except FileNotFoundError:
+        return "missing"
+    except OSError as e:
+        return f"unreadable ({e})"
+    if want_size is not None and size != want_size:
+        return f"{size} bytes, the manifest says {want_size}"
+    if crc != header.get("crc32c"):
+        return "its checksum is not the manifest's (the file changed or is damaged)"
+    return None
+
+
+def _local_sums(path, sha256=False):
+    """(size, crc32c text, sha256 hex or None) of a file, read in 1 MiB pieces."""
+    import hashlib
+
+    crc, size, sha = 0, 0, hashlib.sha256() if sha256 else None
+    with FileSystems.open(path, compression_type=RAW) as f:
+        while chunk := f.read(1 << 20):
+            crc = google_crc32c.extend(crc, chunk)
+            if sha is not None:
+                sha.update(chunk)
+            size += len(chunk)
+    return size, frames.crc32c_text(crc), sha and sha.hexdigest()

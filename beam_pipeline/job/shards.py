@@ -30,6 +30,7 @@ from beam_pipeline.job.contracts import Kind, PixelMoments, ShardResult
 from beam_pipeline.refs import ImageRef
 from dataset_format import frames, layout, schema
 
+DAMAGED = "damaged_record"  # errors.jsonl: a damaged stored record whose input is gone
 READ_AHEAD = 16                 # images fetched concurrently: hides gs:// latency
 READ_AHEAD_BYTES = 256 << 20    # ... and at most this many listed bytes in flight (one more
                                 # image when a single one is larger)
@@ -146,7 +147,7 @@ class WriteShardFn(beam.DoFn):
             if self.direct:
                 result = dataclasses.replace(result, temp=layout.join(self.vdir, final))
             yield reuse.run(task.kind, result, task.listing, self.previous_vdir,
-                            self.write_index)
+                            self.write_index, redo=self._redo)
             return
         shard_recipe = attempts.recipe(
             task.listing, name=final, labels=self.label_ids, encode=self.encode_options,
@@ -168,7 +169,7 @@ class WriteShardFn(beam.DoFn):
         catalog_temp = result.catalog_temp
         index_temp = layout.index_name(temp) if self.write_index else None
         counts, errors = {}, []
-        num_examples = num_bytes = passed_through = converted = reframed = 0
+        num_examples = num_bytes = passed_through = converted = reframed = repaired = 0
         moments = PixelMoments() if self.moments else None  # exact over the stored pixels
         with (files.create_final(temp) as raw_out, _ShardOut(raw_out) as out,
               catalog.FragmentWriter(catalog_temp) as catalog_rows,
@@ -199,6 +200,7 @@ class WriteShardFn(beam.DoFn):
                 passed_through += made.passed_through
                 reframed += made.reframed
                 converted += not made.reframed
+                repaired += made.repaired
                 if moments is not None:
                     moments = moments.plus(*made.moments)
                 counts[ref.label] = counts.get(ref.label, 0) + 1
@@ -206,7 +208,7 @@ class WriteShardFn(beam.DoFn):
             result = dataclasses.replace(
                 result, num_examples=num_examples, num_bytes=num_bytes, label_counts=counts,
                 errors=tuple(errors), passed_through=passed_through, converted=converted,
-                reframed=reframed, crc32c=frames.crc32c_text(out.crc),
+                reframed=reframed, repaired=repaired, crc32c=frames.crc32c_text(out.crc),
                 catalog_temp=catalog_temp, index_temp=index_temp, pixel_moments=moments)
             catalog_rows.record(attempts.record(result, shard_recipe))  # what a resume needs
         self.written.inc(num_examples)  # counted per shard: per image they cost ~1% of CPU
@@ -226,9 +228,42 @@ class WriteShardFn(beam.DoFn):
                 return _Made((record,), len(record), f[schema.SHA256].decode(), f[schema.HEIGHT],
                              f[schema.WIDTH], ref.sha256, 0, None, ref.source.phash,
                              ref.source.phash_center, ref.source.descriptor, reframed=True)
-            except Exception as e:  # the earlier version's shard unreadable: convert instead
+            except Exception as e:  # the stored record damaged or gone: convert instead
                 logging.warning("%s: converting %s again (%s)", ref.source.path, ref.uri, e)
                 data, read_error = fetch(ref.uri, self.encode_options.max_bytes, ref.stamp)
+                return dataclasses.replace(
+                    self._again(ref, data, read_error, f"{ref.source.path}: {e}"),
+                    repaired=True)
+        return self._converted(ref, data, read_error)
+
+    def _again(self, ref, data, read_error, why):
+        """A damaged stored record's input converted again; its failure says both."""
+        try:
+            return self._converted(ref, data, read_error)
+        except images.ImageError as e:
+            raise images.ImageError(e.stage, DAMAGED, f"its stored record is damaged "
+                                    f"({why}) and its input cannot replace it: {e.detail}")
+
+    def _redo(self, row, why):
+        """A reuse/copy task's damaged record (catalog `row`) -> (its frame converted again
+        from the input, the row's new fields), or (None, error record)."""
+        ref = ImageRef(row["key"], row["uri"], row["label"], row["split"],
+                       row["input_size"], row["input_stamp"])
+        logging.warning("%s: converting %s again", why, ref.uri)
+        data, read_error = fetch(ref.uri, self.encode_options.max_bytes, ref.stamp)
+        try:
+            made = self._again(ref, data, read_error, why)
+        except images.ImageError as e:
+            return None, error_record(ref.uri, e.stage, e.reason, e.detail)
+        head, tail = frames.frame_ends(made.parts, made.length)
+        return b"".join((head, *made.parts, tail)), {
+            "sha256": made.sha256, "height": made.height, "width": made.width,
+            "input_sha256": made.input_sha256, "phash": made.phash,
+            "phash_center": made.phash_center, "near_descriptor": made.descriptor}
+
+    def _converted(self, ref, data, read_error):
+        """An input's bytes converted -> _Made (ImageError when it is rejected)."""
+        label_id = self.label_ids[ref.label]
         encoded = self._convert(data, read_error)
         sha256 = hashlib.sha256(encoded.data).hexdigest()
         parts, length = records.example_parts(encoded, label_id, ref.label, ref.key, sha256)
@@ -275,6 +310,7 @@ class _Made:
     phash_center: Optional[int]   # of the whole image and of its central 90%
     descriptor: Optional[bytes]   # ... and the pairs' second opinion (dedup/descriptor.py)
     reframed: bool = False
+    repaired: bool = False        # its stored record was damaged: converted again
 
 
 def _fetch_for(ref, max_bytes=0):

@@ -108,12 +108,12 @@ def plan_increment(resolved, previous_vdir, previous, spill_dir, target_shard_mb
 def task_listings(increment):
     """Increment -> (split, shard, kind, origin, listing lines) per task, streamed.
 
-    reuse / copy: a header line {"source": previous shard file, "crc32c" (or, from a version
-    written before shards had one, "sha256"): its checksum} then
+    reuse / copy: a header line {"source": previous shard file, "num_bytes", "crc32c" (or,
+    from a version written before shards had one, "sha256"): its size and checksum} then
     the kept catalog rows in shard order; images: ImageRef lines, like a full build's.
     """
     by_source = {entry["path"]: (split, shard, kind, origin,
-                                 {k: entry[k] for k in ("crc32c", "sha256") if k in entry})
+                                 {k: entry[k] for k in ("crc32c", "sha256", "num_bytes") if k in entry})
                  for split, shard, kind, origin, entry in increment.tasks if entry}
     for source, rows in itertools.groupby(increment.kept, key=lambda item: item[0].split()[0]):
         split, shard, kind, origin, checksum = by_source[source]

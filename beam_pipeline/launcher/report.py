@@ -71,6 +71,12 @@ def print_summary(root, published, notes=()):
               f"{inc['reused']['shards']} reused, {inc['rewritten']['shards']} rewritten, "
               f"{inc['added_shards']['shards']} new; {inc['bytes_reused_share']:.0%} of the "
               "bytes reused")
+    repaired = manifest.get("build", {}).get("repaired")
+    lost = manifest["errors"]["by_reason"].get("damaged_record")
+    if repaired or lost:
+        print(f"  repaired: {repaired or 0} damaged record(s) of the previous version "
+              f"converted again from their inputs" + (f"; {lost} rejected, their inputs "
+                                                       "gone (errors.jsonl)" if lost else ""))
     for line in split_map_lines(manifest):
         print(f"  {line}")
     near = near_duplicates_line(manifest)

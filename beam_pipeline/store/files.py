@@ -26,6 +26,13 @@ def objects(pattern):
         return []
 
 
+def read_bytes(path):
+    from apache_beam.io.filesystem import CompressionTypes
+
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        return f.read()
+
+
 def read_json(path):
     with FileSystems.open(path) as f:
         return json.loads(f.read().decode())

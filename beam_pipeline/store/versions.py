@@ -87,7 +87,16 @@ def latest(root):
 def latest_id(root):
     """The version ROOT/LATEST names, or None (one small read, no manifest)."""
     path = layout.join(root, layout.LATEST)
-    return files.read_json(path)["version"] if files.exists(path) else None
+    return _version_in(files.read_bytes(path)) if files.exists(path) else None
+
+
+def _version_in(data):
+    """The version a LATEST's bytes name; None when they are damaged (cut short, not JSON):
+    the build that found it said so (launcher/history.py), and publishing replaces it."""
+    try:
+        return json.loads(data)["version"]
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def list_versions(root, complete=True):
@@ -251,7 +260,7 @@ def _publish_local(root, version):
     fd = os.open(root, os.O_RDONLY)  # the directory's flock serializes read-compare-rename
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        current = files.read_json(path)["version"] if os.path.exists(path) else None
+        current = _version_in(files.read_bytes(path)) if os.path.exists(path) else None
         if current is not None and current >= version:
             return current
         files.replace_local(path, json.dumps(layout.latest_record(version)).encode())
@@ -268,7 +277,7 @@ def _publish_gcs(root, version, attempts=50):
     record = json.dumps(layout.latest_record(version)).encode()
     for _ in range(attempts):
         data, generation, _ = gcs.read_with_generation(bucket, name)
-        current = json.loads(data)["version"] if data is not None else None
+        current = _version_in(data) if data is not None else None
         if current is not None and current >= version:
             return current
         try:  # 412 if LATEST changed since it was read (or appeared, for generation 0)

@@ -11,6 +11,8 @@ Checked, file by file and record by record, with no trust in anything but manife
   * records per shard, per split and per class equal the manifest's counts, and the
     manifest's own sums add up (docs/format.md, "manifest.json")
   * each .index line is the offset and length of the frame at that position
+  * catalog.parquet reads, has the manifest's row count, and each row's offset and length
+    are a record of its shard with the row's key, split and image sha256
   * TFDS dataset_info.json shard lengths equal the manifest's
 
 Exit status 0 when nothing is wrong, 1 with a report of every problem found, 2 when PATH is
@@ -25,6 +27,7 @@ import sys
 import google_crc32c
 
 from dataset_format.frames import FrameError, crc32c_text, parse_index, read_frame
+from beam_pipeline.tools.verify_catalog import CatalogCheck
 from dataset_format import dataset_info, layout, schema
 import tf_quiet
 
@@ -70,7 +73,7 @@ class _HashingReader:
 
 
 def _example_fields(record):
-    """(label id, class name, encoded bytes, stored sha256) of a serialized Example."""
+    """(label id, class name, encoded bytes, stored sha256, key) of a serialized Example."""
     from tensorflow.core.example import example_pb2
 
     feature = example_pb2.Example.FromString(record).features.feature
@@ -82,7 +85,8 @@ def _example_fields(record):
         return values[0]
 
     return (one(schema.LABEL, "int64_list"), one(schema.TEXT, "bytes_list").decode(),
-            one(schema.ENCODED, "bytes_list"), one(schema.SHA256, "bytes_list").decode())
+            one(schema.ENCODED, "bytes_list"), one(schema.SHA256, "bytes_list").decode(),
+            one(schema.FILENAME, "bytes_list").decode())
 
 
 class _Problems:
@@ -93,8 +97,9 @@ class _Problems:
         self.items.append(f"{where}: {message}")
 
 
-def _check_shard(gfile, vdir, shard, labels, label_offset, write_index, problems):
-    """Read one shard end to end.
+def _check_shard(gfile, vdir, shard, labels, label_offset, write_index, problems,
+                 catalog=None, split=None):
+    """Read one shard end to end (and its catalog rows, with `catalog`).
 
     Returns {class name: records}, or None when the shard is missing or could not be read to
     its end (its records cannot all be counted).
@@ -104,7 +109,7 @@ def _check_shard(gfile, vdir, shard, labels, label_offset, write_index, problems
     if not gfile.exists(path):
         problems.add(rel, "missing (the manifest lists it)")
         return None
-    counts, frames, shard_problems, complete = {}, [], [], True
+    counts, frames, shard_problems, complete, seen = {}, [], [], True, []
     with gfile.GFile(path, "rb") as raw:
         f = _HashingReader(raw, sha256=bool(shard.get("sha256")))
         offset = 0
@@ -126,10 +131,12 @@ def _check_shard(gfile, vdir, shard, labels, label_offset, write_index, problems
             frames.append((offset, frame_len))
             offset += frame_len
             try:
-                label, text, encoded, sha = _example_fields(record)
+                label, text, encoded, sha, key = _example_fields(record)
             except Exception as e:
                 shard_problems.append(f"record {k}: not a valid Example ({e})")
+                seen.append((offset - frame_len, frame_len, None, None))
                 continue
+            seen.append((offset - frame_len, frame_len, key, sha))
             if not 0 <= label - label_offset < len(labels):
                 shard_problems.append(f"record {k}: label id {label} is outside the "
                                       f"{len(labels)} classes")
@@ -152,6 +159,8 @@ def _check_shard(gfile, vdir, shard, labels, label_offset, write_index, problems
     if len(shard_problems) > MAX_PROBLEMS_PER_FILE:
         problems.add(rel, f"… and {len(shard_problems) - MAX_PROBLEMS_PER_FILE} more problems")
     _check_index(gfile, path, rel, frames, complete, write_index, problems)
+    if catalog is not None:
+        catalog.check_shard(rel, split, seen, complete)
     return counts if complete else None
 
 
@@ -248,10 +257,12 @@ def check(path):
     write_index = bool((manifest.get("config") or {}).get("write_index", False))
     files = records = 0
     written = 0
+    catalog = CatalogCheck(gfile, vdir, manifest, problems)
     for split, s in sorted(manifest.get("splits", {}).items()):
         counted, readable = {}, True
         for shard in s.get("shards", []):
-            counts = _check_shard(gfile, vdir, shard, labels, label_offset, write_index, problems)
+            counts = _check_shard(gfile, vdir, shard, labels, label_offset, write_index, problems,
+                                  catalog, split)
             files += 1
             if counts is None:
                 readable = False
@@ -295,6 +306,8 @@ def check(path):
         if acc.get("listed") != parts:
             problems.add("manifest accounting", f"listed {acc.get('listed')} != duplicates + "
                                                 f"failed + written + leaks = {parts}")
+    catalog.finish([sh["path"] for s in manifest.get("splits", {}).values()
+                    for sh in s.get("shards", [])])
     _check_errors_file(gfile, vdir, manifest, problems)
     _check_near_duplicates_file(gfile, vdir, manifest, problems)
     _check_tfds(gfile, vdir, manifest, problems)
@@ -358,8 +371,10 @@ def main(argv=None):
     print(f"FAILED {where}: {len(result['problems'])} problem(s)", file=sys.stderr)
     for p in result["problems"]:
         print(f"  - {p}", file=sys.stderr)
-    print("Rebuild the version (python -m beam_pipeline … --force) or restore the listed "
-          "files.", file=sys.stderr)
+    print("To repair it, build again with --force (python -m beam_pipeline --input … --output "
+          "ROOT --force): a damaged record is converted again from its input (or rejected "
+          "when the input is gone), the catalog, index and metadata files are written anew. "
+          "Or restore the listed files.", file=sys.stderr)
     return 1
 
 
