@@ -63,7 +63,7 @@ def test_build_manifest_is_a_function_of_spec_and_finalized_values():
     assert m["incremental"]["added_shards"] == {"shards": 1, "examples": 1, "bytes": 10}
     assert m["incremental"]["bytes_reused_share"] == 0.75
     assert m["build"] == {"writer_processes": 1, "converted": 1, "reframed": 0,
-                          "resumed_shards": 0}
+                          "resumed_shards": 0, "repaired": 0}
     assert m["transform"] == {"x": 1}
     assert build_manifest(spec, done, created, parts=({"transform": {"x": 1}},)) == m
 
