@@ -74,26 +74,65 @@ def digests(hex_column):
 
 
 def from_columns(input_sha256, input_size, split, old=None):
-    """Rows (hex input sha256, size, split name) added to `old` (None: a new map): a content
-    already in `old` keeps its split; a new one takes the first split name it has here."""
-    old = old or EMPTY
+    """Rows (hex input sha256 or None, size, split name) added to `old` (None: a new map):
+    a content already in `old` keeps its split; a new one takes the first split name it has
+    here."""
+    return _merge(old, [_present(input_sha256, input_size, split)])
+
+
+def _present(input_sha256, input_size, split):
+    """Columns -> (digests, sizes, split names) of the rows that have an input sha256."""
     sha = np.asarray(input_sha256, dtype=object)
-    present = np.array([s is not None for s in sha], bool) if len(sha) else np.zeros(0, bool)
-    new_contents = digests(sha[present]) if present.any() else np.empty(0, "S16")
-    new_sizes = np.asarray(input_size, dtype=np.int64)[present]
-    new_splits = np.asarray(split, dtype=object)[present]
-    names = tuple(sorted(set(old.names) | set(new_splits.tolist())))
-    rank = {name: i for i, name in enumerate(names)}
-    old_codes = np.array([rank[n] for n in old.names], np.uint8)[old.codes] if len(old) else (
-        np.empty(0, np.uint8))
-    new_codes = np.array([rank[s] for s in new_splits.tolist()], np.uint8)
-    contents = np.concatenate([old.contents, new_contents])
+    present = np.fromiter((v is not None for v in sha), bool, len(sha))
+    names, codes = np.unique(np.asarray(split, dtype=object)[present].astype(str),
+                             return_inverse=True)
+    return (digests(sha[present]) if present.any() else np.empty(0, "S16"),
+            np.asarray(input_size, dtype=np.int64)[present], (names.tolist(), codes.ravel()))
+
+
+def _present_arrow(table):
+    """A catalog row group (arrow) -> (digests, sizes, split names) of its rows with an
+    input sha256: the hex read straight from the string buffer when every value is 64
+    characters (always, as the writer writes them), without a Python string per row."""
+    import pyarrow.compute as pc
+
+    table = table.filter(pc.is_valid(table["input_sha256"])).combine_chunks()
+    if not table.num_rows:
+        return np.empty(0, "S16"), np.empty(0, np.int64), ([], np.empty(0, np.int64))
+    sha = table["input_sha256"].chunk(0)
+    offsets = np.frombuffer(sha.buffers()[1], np.int32, len(sha) + 1, sha.offset * 4)
+    if (np.diff(offsets) == 64).all():
+        text = np.frombuffer(sha.buffers()[2], np.uint8, 64 * len(sha), offsets[0])
+        nibbles = _HEX[text.reshape(len(sha), 64)[:, :2 * DIGEST_BYTES]]
+        if (nibbles == 255).any():
+            raise ValueError("not a hex sha256")
+        found = np.ascontiguousarray((nibbles[:, 0::2] << 4) | nibbles[:, 1::2])
+        contents = found.view("S16").ravel()
+    else:
+        contents = digests(sha.to_numpy(zero_copy_only=False))
+    split = pc.dictionary_encode(table["split"]).chunk(0)
+    return (contents, table["input_size"].to_numpy(),
+            (split.dictionary.to_pylist(), split.indices.to_numpy()))
+
+
+def _merge(old, parts):
+    """`old` plus the (digests, sizes, (split names, codes)) `parts`, in one sort."""
+    old = old or EMPTY
+    names = tuple(sorted(set(old.names).union(*(p[2][0] for p in parts))))
+
+    def recoded(local, codes):
+        rank = np.array([names.index(n) for n in local], np.uint8)
+        return rank[codes] if len(codes) else np.empty(0, np.uint8)
+
+    old_codes = recoded(old.names, old.codes)
+    new_codes = np.concatenate([recoded(*p[2]) for p in parts] or [np.empty(0, np.uint8)])
+    contents = np.concatenate([old.contents] + [p[0] for p in parts])
+    sizes = np.concatenate([old.sizes] + [p[1] for p in parts])
     codes = np.concatenate([old_codes, new_codes])
-    sizes = np.concatenate([old.sizes, new_sizes])
     # first the old row, then the new rows in split-name order: each content's first wins
     priority = np.concatenate([np.zeros(len(old), np.int16), 1 + new_codes.astype(np.int16)])
-    order = np.argsort(priority, kind="stable")
-    order = order[np.argsort(contents[order], kind="stable")]
+    words = contents.view(">u8").reshape(-1, 2).astype(np.uint64)  # two keys, sorted fast
+    order = np.lexsort((priority, words[:, 1], words[:, 0]))
     contents, codes, sizes = contents[order], codes[order], sizes[order]
     first = np.ones(len(contents), bool)
     first[1:] = contents[1:] != contents[:-1]
@@ -108,16 +147,13 @@ def from_rows(rows):
 
 
 def add_catalog(old, catalog_path):
-    """`old` (None: a new map) plus the contents of a catalog.parquet, read column-wise."""
+    """`old` (None: a new map) plus the contents of a catalog.parquet, read column-wise one
+    row group at a time (16 + 8 bytes and a split name kept per row), merged in one sort."""
     from beam_pipeline.store import catalog
 
-    smap = old
-    for table in catalog.iter_tables(catalog_path,
-                                     columns=["input_sha256", "input_size", "split"]):
-        smap = from_columns(table["input_sha256"].to_numpy(zero_copy_only=False),
-                            table["input_size"].to_numpy(zero_copy_only=False),
-                            table["split"].to_numpy(zero_copy_only=False), smap)
-    return smap or EMPTY
+    parts = [_present_arrow(table) for table in catalog.iter_tables(
+        catalog_path, columns=["input_sha256", "input_size", "split"])]
+    return _merge(old, parts)
 
 
 SCHEMA = pa.schema([("content", pa.binary(DIGEST_BYTES)), ("size", pa.int64()),
