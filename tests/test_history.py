@@ -151,7 +151,7 @@ def test_resplit_starts_over_and_splits_changes_apply_to_new_content_only(tmp_pa
     make_images(src, {"cat": {"late.jpg": tiny_image(60, "jpg")}})
     v = build([src], root, *other)
     out = capsys.readouterr().out
-    assert "--splits changed" in out and "new content only" in out
+    assert "--splits changed" in out and "new images only" in out
     after = content_splits(v)
     assert {s: after[s] for s in before} == before
     v = build([src], root, *ARGS, "--resplit")
