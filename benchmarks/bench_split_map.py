@@ -1,6 +1,6 @@
 """What the split map (split_map.parquet) costs a night, at N published images (default 1M).
 
-    python benchmarks/bench_split_map.py [N]
+    python benchmarks/bench_split_map.py [--n N]
 
 A generated root: a split map of N contents and a catalog.parquet of N rows (one row group
 per ~2,000-image shard, every column filled as a build fills it), seeded. A night with 1%
@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from beam_pipeline.store import catalog, split_map  # noqa: E402
+from benchmarks.common import Record, add_record_argument  # noqa: E402
 
 ROWS_PER_SHARD = 2000
 
@@ -66,7 +67,20 @@ def timed(fn):
     return out, time.perf_counter() - start
 
 
-def main(n):
+def main():
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=1_000_000, help="published images")
+    add_record_argument(parser)
+    args = parser.parse_args()
+    record = Record("bench_split_map", args)
+    figures = measure(args.n)
+    record.save(figures)
+
+
+def measure(n):
+    figures = {"seconds": {}}
     with tempfile.TemporaryDirectory() as tmp:
         cat, old_map, new_map = (os.path.join(tmp, f) for f in
                                  ("catalog.parquet", "old.parquet", "new.parquet"))
@@ -93,6 +107,7 @@ def main(n):
         for name, fn in (("baseline", baseline), ("launcher", launcher), ("commit", commit),
                          ("baseline", baseline), ("launcher", launcher), ("commit", commit)):
             _, seconds = timed(fn)
+            figures["seconds"].setdefault(name, []).append(round(seconds, 3))
             print(f"{name:9s} {seconds:7.3f} s  {seconds / n * 1e6:6.2f} µs per published image")
         held = first.contents.nbytes + first.sizes.nbytes + first.codes.nbytes
         print(f"split_map.parquet at {n:,} contents: {os.path.getsize(old_map):,} bytes "
@@ -100,7 +115,12 @@ def main(n):
               f"{os.path.getsize(cat):,} bytes; in memory {held:,} bytes; peak RSS "
               f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB; load "
               f"{os.getloadavg()[0]:.1f}")
+        figures.update(contents=n, map_bytes=os.path.getsize(old_map), held_bytes=held,
+                       catalog_bytes=os.path.getsize(cat),
+                       us_per_image={k: round(min(v) / n * 1e6, 2)
+                                     for k, v in figures["seconds"].items()})
+    return figures
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 1_000_000)
+    main()

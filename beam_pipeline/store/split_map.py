@@ -131,12 +131,13 @@ def _merge(old, parts):
     codes = np.concatenate([old_codes, new_codes])
     # first the old row, then the new rows in split-name order: each content's first wins
     priority = np.concatenate([np.zeros(len(old), np.int16), 1 + new_codes.astype(np.int16)])
-    words = contents.view(">u8").reshape(-1, 2).astype(np.uint64)  # two keys, sorted fast
-    order = np.lexsort((priority, words[:, 1], words[:, 0]))
-    contents, codes, sizes = contents[order], codes[order], sizes[order]
-    first = np.ones(len(contents), bool)
-    first[1:] = contents[1:] != contents[:-1]
-    return SplitMap(contents[first], sizes[first], codes[first], names)
+    words = contents.view(">u8").reshape(-1, 2).astype(np.uint64)  # compared as integers:
+    order = np.lexsort((priority, words[:, 1], words[:, 0]))       # "S16" ones cost ~10x
+    words, codes, sizes = words[order], codes[order], sizes[order]
+    first = np.ones(len(words), bool)
+    first[1:] = (words[1:] != words[:-1]).any(axis=1)
+    contents = np.ascontiguousarray(words[first].astype(">u8")).view("S16").ravel()
+    return SplitMap(contents, sizes[first], codes[first], names)
 
 
 def from_rows(rows):
