@@ -8,6 +8,7 @@ publish what a full build of the same files publishes.
 
 import io
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -56,20 +57,21 @@ def finished_shards(vdir):
     return [n for n in names if ".tfrecord-" in n and layout.index_name(n) in names]
 
 
-def build_killed_at(src, root, share):
+def build_killed_at(src, root, share, *extra):
     """Start a build and SIGKILL it once `share` of its shards are finished -> the
     killed version's directory and its finished shard names."""
     env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2")
     proc = subprocess.Popen([sys.executable, "-m", "beam_pipeline", "--input", str(src),
-                             "--output", str(root), *ARGS], env=env, cwd=REPO,
+                             "--output", str(root), *ARGS, *extra], env=env, cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             start_new_session=True)
     deadline = time.monotonic() + 300
     try:
         while time.monotonic() < deadline:
             assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-            vdirs = [layout.version_dir(str(root), v) for v in versions.list_versions(str(root))
-                     ] if os.path.isdir(root / layout.VERSIONS) else []
+            vdirs = [layout.version_dir(str(root), v) for v, done
+                     in sorted(versions.list_versions(str(root)).items(), reverse=True)
+                     if not done] if os.path.isdir(root / layout.VERSIONS) else []
             if vdirs and len(finished_shards(vdirs[0])) >= share * SHARDS:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
@@ -93,14 +95,22 @@ def full(photos, tmp_path_factory):
     return build(photos, tmp_path_factory.mktemp("full") / "ds", *ARGS)
 
 
-@pytest.mark.parametrize("share", [0.5, 0.9])
+@pytest.mark.parametrize("share,published", [(0.5, False), (0.9, True)])
 def test_a_rebuild_after_a_kill_converts_only_the_unfinished_shards(photos, full, tmp_path,
-                                                                     share):
-    root = tmp_path / "ds"
-    killed, done = build_killed_at(photos, root, share)
+                                                                     share, published):
+    """At 50% on a new root; at 90% on a root with a published version, rebuilt with
+    --force --full_rebuild (the killed night's leftovers are kept for the resume, not
+    deleted as a killed run's would be when nothing takes them)."""
+    root, extra = tmp_path / "ds", ()
+    if published:
+        shutil.copytree(os.path.dirname(os.path.dirname(full["version_dir"])), root)
+        extra = ("--force", "--full_rebuild")
+    latest = (root / layout.LATEST).read_bytes() if published else None
+    killed, done = build_killed_at(photos, root, share, *extra)
     assert share * SHARDS <= len(done) < SHARDS, done  # killed mid-build, as asked
-    assert not (root / layout.LATEST).exists()
-    again = build(photos, root, *ARGS)
+    assert (root / layout.LATEST).read_bytes() == latest if published else not (
+        root / layout.LATEST).exists()
+    again = build(photos, root, *ARGS, *extra)
     assert again["manifest"]["build"]["resumed_shards"] == len(done)
     resumed_images = sum(s["num_examples"] for s in full["manifest"]["splits"]["train"]["shards"]
                          if s["path"] in done)
@@ -108,4 +118,4 @@ def test_a_rebuild_after_a_kill_converts_only_the_unfinished_shards(photos, full
     check_invariants(again)  # sizes and crc32c of every shard against the files
     assert published_shards(again) == published_shards(full)  # what a full build publishes
     assert again["manifest"]["accounting"] == full["manifest"]["accounting"]
-    assert versions.list_versions(str(root)) == {again["version"]: True}  # the killed one went
+    assert os.path.basename(killed) not in versions.list_versions(str(root))  # pruned

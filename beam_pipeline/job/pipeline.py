@@ -19,12 +19,13 @@ class ImagesToTFRecords(beam.PTransform):
     """
 
     def __init__(self, shards_index, spec, encode_options, sink="shards", progress_dir=None,
-                 extra_files=(), transform_image_size=0):
+                 extra_files=(), transform_image_size=0, writers_per_process=None):
         super().__init__()
         self.shards_index, self.spec = shards_index, spec  # a ShardTask per line
         self.encode_options, self.sink = encode_options, sink
         self.progress_dir, self.extra_files = progress_dir, extra_files
         self.transform_image_size = transform_image_size  # 0: no tf.Transform analysis
+        self.writers_per_process = writers_per_process  # --number_of_worker_harness_threads
 
     def expand(self, pbegin):
         spec = self.spec
@@ -56,7 +57,8 @@ class ImagesToTFRecords(beam.PTransform):
                            # commit may rewrite shards: each attempt writes a temp name
                            direct=not (spec.drop_content_duplicates
                                        or spec.drop_near_duplicate_leaks),
-                           resume_from=spec.resume_from))
+                           resume_from=spec.resume_from,
+                           writers_per_process=self.writers_per_process))
                        .with_output_types(ShardResult))
             # -> ShardResult, one per shard (with --transform, + pixel_moments)
         parts = ()

@@ -24,7 +24,7 @@ from apache_beam.metrics import Metrics
 
 from beam_pipeline.store import catalog, files, gcs, ranges
 from beam_pipeline.dedup import perceptual
-from beam_pipeline.job import attempts, images, records, reframe, reuse
+from beam_pipeline.job import attempts, images, records, reframe, reuse, workers
 from beam_pipeline.errors import error_record
 from beam_pipeline.job.contracts import Kind, PixelMoments, ShardResult
 from beam_pipeline.refs import ImageRef
@@ -114,7 +114,7 @@ class WriteShardFn(beam.DoFn):
 
     def __init__(self, tmp_dir, name, num_shards, label_ids, encode_options, write_index,
                  progress_dir=None, moments=False, previous_vdir=None, phash=False,
-                 direct=True, resume_from=()):
+                 direct=True, resume_from=(), writers_per_process=None):
         self.tmp_dir, self.name, self.num_shards = tmp_dir, name, num_shards
         self.vdir, self.direct = tmp_dir.rstrip("/").rsplit("/", 1)[0], direct
         self.phash = phash  # --near_duplicates: a perceptual hash per stored image
@@ -124,12 +124,15 @@ class WriteShardFn(beam.DoFn):
         self.encode_options, self.write_index = encode_options, write_index
         self.progress_dir = progress_dir
         self.resume_from = tuple(resume_from)  # failed runs' version dirs, newest first
+        self.writers_per_process = writers_per_process  # --number_of_worker_harness_threads
         self.written = Metrics.counter("images", "written")
         self.failed = Metrics.counter("images", "failed")
         self.passed_through = Metrics.counter("images", "passed_through")
 
     def setup(self):
         self.pool = concurrent.futures.ThreadPoolExecutor(READ_AHEAD)
+        self.budget = workers.this_machine(self.writers_per_process, READ_AHEAD)
+        gcs.widen_pool(self.budget.connections)
 
     def teardown(self):
         self.pool.shutdown(wait=False)
@@ -175,7 +178,8 @@ class WriteShardFn(beam.DoFn):
               catalog.FragmentWriter(catalog_temp) as catalog_rows,
               _IndexWriter(index_temp) as index):
             for ref, data, read_error in _read_ahead(self.pool, refs,
-                                                     self.encode_options.max_bytes):
+                                                     self.encode_options.max_bytes,
+                                                     self.budget.read_ahead_bytes):
                 try:
                     made = self._make(ref, data, read_error)
                 except images.ImageError as e:

@@ -116,7 +116,9 @@ def launch(pipeline_options, build, planned, runner, waits):
         planned.shards_index, spec, build.encode_options(), sink=build.sink,
         progress_dir=progress_dir,
         extra_files=(tfds_metadata.write,),  # TFDS dataset_info.json etc. beside the manifest
-        transform_image_size=build.transform_image_size if build.transform else 0)
+        transform_image_size=build.transform_image_size if build.transform else 0,
+        writers_per_process=pipeline_options.get_all_options().get(
+            "number_of_worker_harness_threads"))
     lock.check_held(spec.root)  # a build whose lock was taken over runs and submits nothing
     if not waits:
         return _submit(p, pipeline_options, spec, runner)

@@ -35,6 +35,21 @@ def client():
         return _gcs_clients[endpoint]
 
 
+def widen_pool(size):
+    """At least `size` connections per client from now on (the shard writers' budget,
+    job/workers.py): clients made already get a wider pool too."""
+    global POOL
+    from requests.adapters import HTTPAdapter
+
+    with _guard:
+        if size <= POOL:
+            return
+        POOL = size
+        for made in _gcs_clients.values():
+            for scheme in ("https://", "http://"):
+                made._http.mount(scheme, HTTPAdapter(pool_connections=4, pool_maxsize=POOL))
+
+
 def gcs_blob(uri):
     """gs://bucket/name -> (google-cloud-storage Bucket, object name), through `client()`."""
     bucket, _, name = uri[len("gs://"):].partition("/")
