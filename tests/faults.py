@@ -90,19 +90,27 @@ class FaultProxy(socketserver.ThreadingTCPServer):
                 return fault
         return None
 
-    def fail(self, text, status, times=None):
+    def fail(self, text, status, times=None, method=None):
         """Answer `status` to requests whose decoded target contains `text` (`times` times,
-        or always); `fail_clear()` forgets them all."""
-        self.forced.append([text, status, times])
+        or always); with `method`, only requests of that method, including the requests
+        inside a batch (the whole batch is answered `status`, as a refused batch would be
+        by the client). `fail_clear()` forgets them all."""
+        self.forced.append([text, status, times, method])
 
     def fail_clear(self):
         self.forced = []
 
-    def forced_answer(self, target):
+    def forced_answer(self, target, method="GET", body=b""):
         decoded = urllib.parse.unquote(target)
+        inner = ([urllib.parse.unquote(line) for line in body.decode("latin-1").splitlines()]
+                 if "/batch/" in target else [])
         with self.draw_lock:
             for rule in self.forced:
-                if rule[0] in decoded and rule[2] != 0:
+                text, wanted = rule[0], rule[3]
+                hit = ((wanted is None or wanted == method) and text in decoded) or (
+                    wanted is not None and any(line.startswith(wanted + " ") and text in line
+                                               for line in inner))
+                if hit and rule[2] != 0:
                     if rule[2] is not None:
                         rule[2] -= 1
                     return rule[1]
@@ -203,7 +211,7 @@ class _Handler(socketserver.BaseRequestHandler):
         body = read_body(sock, head, body)
         if body is None:
             return
-        forced = server.forced_answer(target)
+        forced = server.forced_answer(target, method, body)
         if forced:
             sock.sendall(_error(forced, {403: "Forbidden", 503: "Service Unavailable"}
                                 .get(forced, "Error")))

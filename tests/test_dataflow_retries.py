@@ -111,11 +111,12 @@ def test_a_cleanup_the_bucket_refuses_is_a_warning_in_the_summary_not_a_failed_b
         inputs, gcs, proxy, capsys):
     src, root = inputs
     keep = ["--keep_versions", "1", "--keep_superseded_hours", "0"]
-    build(src, root, *ARGS, *keep)
+    first = build(src, root, *ARGS)  # the third build's cleanup deletes this one
     gcs.upload_bytes(f"{src}/owl/000.jpg", image_bytes((200, 200, 40)))
-    first = build(src, root, *ARGS, *keep)  # the third build's cleanup deletes this one
+    second = build(src, root, *ARGS)  # keeps every version
     gcs.upload_bytes(f"{src}/owl/001.jpg", image_bytes((201, 200, 40)))
-    proxy.fail(f"prefix=out/versions/{first['version']}/", 403)  # its listing for the delete
+    for held in (first, second):  # retained objects (a retention policy): deletes refused
+        proxy.fail(f"out/versions/{held['version']}/", 403, method="DELETE")
     capsys.readouterr()
     third = build(src, root, *ARGS, *keep)  # published, though its cleanup was refused
     assert gcs.read_json(f"{root}/LATEST")["version"] == third["version"]
@@ -123,7 +124,7 @@ def test_a_cleanup_the_bucket_refuses_is_a_warning_in_the_summary_not_a_failed_b
     assert (f"warning: the cleanup could not delete version(s) {first['version']} (a retention "
             "policy, or no delete permission?); published anyway") in out
     proxy.fail_clear()
-    assert versions.prune(root, third["version"], 1, 0) == [first["version"]]
+    assert first["version"] in versions.prune(root, third["version"], 1, 0)
 
 
 @pytest.mark.slow

@@ -183,7 +183,11 @@ def _publish(spec, manifest):
     # launcher's summary names what is left (report.print_summary).
     versions.prune(spec.root, spec.version, spec.keep_versions, spec.keep_superseded_hours)
     _release_lock(spec)
-    files.delete_tree(spec.tmp_dir)  # after LATEST moved: readers need not wait for it
+    try:  # after LATEST moved: readers need not wait for it
+        files.delete_tree(spec.tmp_dir)
+    except Exception as e:  # refused (a retention policy): published all the same
+        logging.warning("could not delete %s (%s); published anyway", spec.tmp_dir,
+                        " ".join(str(e).split())[:300])
     return manifest
 
 

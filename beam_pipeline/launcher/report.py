@@ -99,13 +99,18 @@ def print_summary(root, published, notes=()):
 
 
 def leftover_versions(root, manifest):
-    """Versions the commit's cleanup should have deleted and could not."""
+    """Versions the commit's cleanup should have deleted and could not: what it would
+    delete as of the manifest's writing (so not a version that only became due since)."""
+    import datetime
+
     from beam_pipeline.store import versions
 
     config = manifest.get("config", {})
+    written = datetime.datetime.strptime(manifest["created_at"], "%Y-%m-%dT%H:%M:%SZ").replace(
+        tzinfo=datetime.timezone.utc)
     return versions.prune(root, manifest["version"], config.get("keep_versions", 0),
                           config.get("keep_superseded_hours", versions.KEEP_SUPERSEDED_HOURS),
-                          dry_run=True)
+                          dry_run=True, now=written)
 
 
 def split_map_lines(manifest):

@@ -293,7 +293,8 @@ def _publish_gcs(root, version, attempts=50):
                        "compare-and-swap attempts; nothing published")
 
 
-def prune(root, published, keep, keep_superseded_hours=KEEP_SUPERSEDED_HOURS, dry_run=False):
+def prune(root, published, keep, keep_superseded_hours=KEEP_SUPERSEDED_HOURS, dry_run=False,
+          now=None):
     """After `published` was published: delete what no reader or live build can need.
 
     * Incomplete versions older than `published` that no live build can own. On a local root
@@ -309,7 +310,7 @@ def prune(root, published, keep, keep_superseded_hours=KEEP_SUPERSEDED_HOURS, dr
     retention policy, a missing permission) is logged and the next version tried: the
     version that called this is published already, and the next build tries again.
     Returns the deleted version ids (with `dry_run`, the ones it would delete, deleting
-    nothing: what a refused delete left behind).
+    nothing: what a refused delete left behind, judged at `now`, by default the time).
     """
     try:
         versions = list_versions(root)
@@ -318,7 +319,7 @@ def prune(root, published, keep, keep_superseded_hours=KEEP_SUPERSEDED_HOURS, dr
                         "(%s)", root, " ".join(str(e).split())[:300])
         return []
     complete = sorted((v for v, done in versions.items() if done), reverse=True)
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = now or datetime.datetime.now(datetime.timezone.utc)
     deleted = []
     for v, done in sorted(versions.items()):
         if done:
@@ -328,11 +329,7 @@ def prune(root, published, keep, keep_superseded_hours=KEEP_SUPERSEDED_HOURS, dr
             drop = v < published and ("://" not in root or _seconds_between(v, published)
                                        > lock.SUBMITTED_TTL)
         if drop and not dry_run:
-            try:
-                delete_version(root, v)
-            except Exception as e:
-                logging.warning("cleanup of %s: version %s not deleted (%s); the next build "
-                                "tries again", root, v, " ".join(str(e).split())[:300])
+            if _refused(lambda v=v: delete_version(root, v), f"version {v} of {root}"):
                 continue
         if drop:
             deleted.append(v)
