@@ -183,7 +183,9 @@ class Regeneration(RuleBasedStateMachine):
     def replace_keeping_size_and_mtime(self, i, seed):
         """cp -p / rsync -a / tar: other bytes, the same size and mtime."""
         self.step()
-        pngs = [f for f in self.tree.files(readable_only=True) if f.endswith(".png")]
+        size = len(tiny_image(0, "png"))  # a PNG's bytes, whatever name they now have
+        pngs = [f for f in self.tree.files(readable_only=True)
+                if os.path.getsize(self.tree.path(f)) == size]
         if not pngs:
             return
         rel = pngs[i % len(pngs)]
@@ -347,7 +349,9 @@ class Regeneration(RuleBasedStateMachine):
         """Only bytes no stored record was made from are decoded (unless --full_rebuild,
         --resplit or other options): a kept key, a moved, renamed, swapped or copied image
         costs none; bytes only an older version held are converted again."""
-        if self.previous is None or mode in ("full_rebuild", "resplit") or config != self.config:
+        # --splits is not a record option (options.RECORD_OPTIONS); the leak flags are
+        if (self.previous is None or mode in ("full_rebuild", "resplit")
+                or config[1] != self.config[1]):
             return len(made)
         stored = {sha for _, sha, _ in self.previous.values()}
         return sum(1 for sha in made if sha not in stored)
