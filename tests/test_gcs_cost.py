@@ -151,4 +151,7 @@ def test_manifest_rows_are_stated_by_listing_their_folders(gcs, gcs_bucket, tmp_
 
     per_input = [e for e in gcs_counter.log if "/in/" in unquote(e[2]) and e[0] != "list"]
     assert per_input == []  # missing.jpg too: the folder's listing says it is not there
-    assert gcs_counter["list"] == 2, gcs_counter.log  # one per folder
+    input_lists = [e for e in gcs_counter.log
+                   if e[0] == "list" and "prefix=in/" in unquote(e[2])]
+    assert len(input_lists) == 2, gcs_counter.log  # one per folder (the root's own listings,
+    # of its versions for the leftover cleanup, are not the manifest's)
