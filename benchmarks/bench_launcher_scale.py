@@ -26,6 +26,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from common import Record, add_record_argument  # noqa: E402
 
 
 def fake_listing(n):
@@ -96,19 +98,24 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--objects", type=int, nargs="+", default=[1_000_000, 10_000_000])
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    add_record_argument(parser)
     args = parser.parse_args()
     if args.child:
         return child(int(args.child[0]), args.child[1])
+    record = Record("bench_launcher_scale", {"objects": args.objects, "record": args.record})
+    runs = []
     print(f"load {os.getloadavg()[0]:.1f}; stub gs:// listing, first night, local root")
     print("| listed objects | CPU s | us/object | wall s | peak RSS | peak scratch disk | "
           "shard listings |")
     print("|---|---|---|---|---|---|---|")
     for n in args.objects:
         f = measure(n)
+        runs.append(dict(f, objects=n))
         print(f"| {n:,} | {f['cpu']:,.0f} | {f['cpu'] / n * 1e6:.0f} | {f['wall']:,.0f} | "
               f"{f['peak_rss'] / 2**20:,.0f} MiB | {f['scratch_peak'] / 2**30:.2f} GiB | "
               f"{f['listings'] / 2**30:.2f} GiB |", flush=True)
     print(f"load {os.getloadavg()[0]:.1f}")
+    print(f"record: {record.save({'runs': runs})}")
 
 
 if __name__ == "__main__":
