@@ -82,11 +82,14 @@ def main():
     parser.add_argument("--photos", type=int, default=400)
     parser.add_argument("--large", type=int, default=24)
     parser.add_argument("--child", nargs=3)
+    from benchmarks.common import Record, add_record_argument, files_of, jpeg_tree
+
+    add_record_argument(parser)
     args = parser.parse_args()
     if args.child:
         return child(args.child[0], args.child[1], int(args.child[2]))
-
-    from benchmarks.common import files_of, jpeg_tree
+    record = Record("bench_writer_memory", {"photos": args.photos, "large": args.large,
+                                            "record": args.record})
     from tests.gcs_emulator import run_emulator
 
     sets = {"photos (~500x375, ~40 KB)": [open(p, "rb").read()
@@ -121,6 +124,9 @@ def main():
           f"{'per writer':>10} {'read-ahead bound':>16}")
     for name, mean, writers, grown, per, bound in rows:
         print(f"{name:<28} {mean:7.2f} {writers:7d} {grown:9.0f} {per:10.0f} {bound:16.0f}")
+    names = ("images", "mib_per_image", "writers", "peak_grown_mib", "per_writer_mib",
+             "read_ahead_bound_mib")
+    print(f"record: {record.save({'rows': [dict(zip(names, row)) for row in rows]})}")
 
 
 if __name__ == "__main__":
