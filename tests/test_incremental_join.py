@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from beam_pipeline.job.contracts import Origin
+from beam_pipeline.job.contracts import Kind, Origin, PlannedShard, ShardPlan, ShardTask
 from beam_pipeline.launcher import identity, incremental, plan
 from beam_pipeline.refs import ImageRef
 from beam_pipeline.store import catalog
@@ -77,12 +77,12 @@ def test_each_image_is_kept_changed_added_or_removed(tmp_path, previous):
                               "restored": 0, "removed": 1}
         assert inc.to_convert == 2
         # Each old shard keeps one of two members: copied; b and e go to delta shards.
-        assert [(s, i, kind, origin, e and e["path"]) for s, i, kind, origin, e in inc.tasks
-                if s == "train"][:2] == [
+        assert [(t.split, t.shard, t.kind, t.origin, t.previous and t.previous["path"])
+                for t in inc.tasks if t.split == "train"][:2] == [
             ("train", 0, "copy", "hash", "train-00000-of-00002.tfrecord"),
             ("train", 1, "copy", "hash", "train-00001-of-00002.tfrecord")]
-        listings = [(s, i, kind, origin, list(lines))
-                    for s, i, kind, origin, lines in incremental.task_listings(inc)]
+        listings = [(p.split, p.shard, p.kind, p.origin, list(p.lines))
+                    for p in incremental.task_listings(inc)]
         (_, _, _, _, copy0), (_, _, _, _, copy1) = listings[:2]
         assert json.loads(copy0[0]) == {"source": "train-00000-of-00002.tfrecord",
                                         "sha256": "0" * 64}
@@ -100,12 +100,32 @@ def test_each_image_is_kept_changed_added_or_removed(tmp_path, previous):
         inc.close()
 
 
+def test_the_increment_is_handed_on_as_a_shard_plan(tmp_path, previous):
+    inc = planned(tmp_path, [ref("a"), ref("b"), ref("d"), ref("e", size=30)], previous)
+    try:
+        shard_plan = incremental.shard_plan(inc)
+        assert isinstance(shard_plan, ShardPlan)
+        assert shard_plan.num_shards == inc.num_shards
+        assert (shard_plan.to_convert, shard_plan.increment) == (1, {
+            "unchanged": 3, "changed": 0, "added": 1, "moved": 0, "restored": 0,
+            "removed": 1, "from": "V1"})
+        shards = list(shard_plan.shards)
+        assert all(isinstance(p, PlannedShard) for p in shards)
+        assert [(p.split, p.shard, p.kind, p.origin) for p in shards] == [
+            ("train", 0, Kind.REUSE, Origin.HASH), ("train", 1, Kind.COPY, Origin.HASH),
+            ("train", 2, Kind.IMAGES, Origin.DELTA)]
+        task = shards[0].task("L")
+        assert task == ShardTask("train", 0, "L", Kind.REUSE, Origin.HASH)
+    finally:
+        inc.close()
+
+
 def test_an_unchanged_listing_reuses_every_shard(tmp_path, previous):
     inc = planned(tmp_path, [ref(k) for k in "abcd"], previous, max_delta_share=0.5)
     try:
         assert inc.counts == {"unchanged": 4, "changed": 0, "added": 0, "moved": 0,
                               "restored": 0, "removed": 0}
-        assert [kind for _, _, kind, _, _ in inc.tasks] == ["reuse", "reuse"]
+        assert [t.kind for t in inc.tasks] == ["reuse", "reuse"]
         assert inc.num_shards == {"train": 2} and len(inc.fresh) == 0
     finally:
         inc.close()
@@ -118,7 +138,7 @@ def test_a_moved_label_or_split_is_re_framed_not_reused(tmp_path, previous):
         assert inc.counts == {"unchanged": 2, "changed": 2, "added": 0, "moved": 0,
                               "restored": 0, "removed": 0}
         assert inc.to_convert == 0  # both re-framed from their stored records
-        assert [(s, i, kind) for s, i, kind, _, _ in inc.tasks] == [
+        assert [(t.split, t.shard, t.kind) for t in inc.tasks] == [
             ("test", 0, "images"), ("train", 0, "reuse"), ("train", 1, "images")]
         assert inc.num_shards == {"test": 1, "train": 2}
         sources = {ImageRef.from_json(line).key: ImageRef.from_json(line).source

@@ -1,5 +1,5 @@
-"""What crosses the job's seams: the shard task the launcher writes, the result a writer
-returns, and the CommitSpec the launcher hands the job.
+"""What crosses the job's seams: the shard plan and tasks the launcher writes, the result a
+writer returns, and the CommitSpec the launcher hands the job.
 
 Both are frozen, so no stage edits another's value: a stage that changes a result (reuse,
 dedupe) returns a new one with dataclasses.replace. Results cross processes as JSON (the
@@ -9,7 +9,7 @@ coder below), so a field that JSON cannot carry fails in the first test, not on 
 import dataclasses
 import enum
 import json
-from typing import Optional
+from typing import Iterable, Optional
 
 import apache_beam as beam
 
@@ -61,6 +61,36 @@ class ShardTask:
     def from_json(cls, line):
         split, shard, listing, kind, origin = json.loads(line)
         return cls(split, shard, listing, Kind(kind), Origin(origin))
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedShard:
+    """A shard task as a plan hands it to the shard index (launcher/shard_index.py): the
+    ShardTask before its listing file has a path, with the lines that file gets (streamed:
+    read from the plan's spills as the file is written)."""
+
+    split: str
+    shard: int
+    kind: Kind
+    origin: Origin
+    lines: Iterable = ()
+
+    def task(self, listing):
+        """The shard index's line for this shard, its listing written at `listing`."""
+        return ShardTask(self.split, self.shard, listing, self.kind, self.origin)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardPlan:
+    """What a plan, full (launcher/plan.py) or incremental (launcher/incremental.py), decided:
+    the shard count of each split, the shards (streamed once), the images the job decodes
+    (the rest are stored records reused or re-framed), and for an incremental plan what it
+    builds on (CommitSpec.increment: the counts and "from")."""
+
+    num_shards: dict                  # split -> N
+    shards: Iterable[PlannedShard]
+    to_convert: int
+    increment: Optional[dict] = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,10 +23,23 @@ import dataclasses
 import itertools
 import json
 import math
+from typing import Optional
 
 from beam_pipeline.algorithms.spill import SortedSpill
-from beam_pipeline.job.contracts import Kind, Origin
+from beam_pipeline.job.contracts import Kind, Origin, PlannedShard, ShardPlan
 from beam_pipeline.launcher import identity, plan
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """A shard of the incremental version: a previous shard carried over (reuse, copy: its
+    manifest entry in `previous`) or a new delta shard (images, previous None)."""
+
+    split: str
+    shard: int
+    kind: Kind
+    origin: Origin
+    previous: Optional[dict] = None
 
 
 @dataclasses.dataclass
@@ -35,7 +48,7 @@ class Increment:
 
     previous: str                 # version id it builds on
     num_shards: dict              # split -> N in the new version
-    tasks: list                   # [(split, shard, kind, origin, previous shard entry or None)]
+    tasks: list                   # [Task]
     kept: SortedSpill             # ("file position", merged catalog row JSON)
     fresh: SortedSpill            # (shard sort key, ImageRef JSON): to convert or re-frame
     fresh_shards: dict            # split -> (first new index, number of delta shards)
@@ -92,11 +105,11 @@ def plan_increment(resolved, previous_vdir, previous, spill_dir, target_shard_mb
             n = kept_in[s["path"]]
             if n:
                 kind = Kind.REUSE if n == s["num_examples"] else Kind.COPY
-                tasks.append((split, index, kind, Origin(s.get("origin", Origin.HASH)), s))
+                tasks.append(Task(split, index, kind, Origin(s.get("origin", Origin.HASH)), s))
                 index += 1
         deltas = min(count, max(1, math.ceil(size / (target_shard_mb * 2**20)))) if count else 0
         fresh_shards[split] = (index, deltas)
-        tasks += [(split, index + i, Kind.IMAGES, Origin.DELTA, None) for i in range(deltas)]
+        tasks += [Task(split, index + i, Kind.IMAGES, Origin.DELTA) for i in range(deltas)]
         if index + deltas:
             num_shards[split] = index + deltas
     counts = {k: resolved.counts[k] for k in identity.KINDS}
@@ -105,22 +118,28 @@ def plan_increment(resolved, previous_vdir, previous, spill_dir, target_shard_mb
                      to_convert=to_convert)
 
 
+def shard_plan(increment):
+    """Increment -> the ShardPlan the launcher writes, as a full plan's."""
+    return ShardPlan(increment.num_shards, task_listings(increment), increment.to_convert,
+                     increment=dict(increment.counts, **{"from": increment.previous}))
+
+
 def task_listings(increment):
-    """Increment -> (split, shard, kind, origin, listing lines) per task, streamed.
+    """Increment -> a PlannedShard per task, with its listing lines, streamed.
 
     reuse / copy: a header line {"source": previous shard file, "num_bytes", "crc32c" (or,
     from a version written before shards had one, "sha256"): its size and checksum} then
     the kept catalog rows in shard order; images: ImageRef lines, like a full build's.
     """
-    by_source = {entry["path"]: (split, shard, kind, origin,
-                                 {k: entry[k] for k in ("crc32c", "sha256", "num_bytes") if k in entry})
-                 for split, shard, kind, origin, entry in increment.tasks if entry}
+    by_source = {t.previous["path"]: t for t in increment.tasks if t.previous}
     for source, rows in itertools.groupby(increment.kept, key=lambda item: item[0].split()[0]):
-        split, shard, kind, origin, checksum = by_source[source]
+        task = by_source[source]
+        checksum = {k: task.previous[k] for k in ("crc32c", "sha256", "num_bytes")
+                    if k in task.previous}
         header = json.dumps({"source": source, **checksum})
-        yield split, shard, kind, origin, itertools.chain(
-            [header], (line for _, line in rows))
+        yield PlannedShard(task.split, task.shard, task.kind, task.origin, itertools.chain(
+            [header], (line for _, line in rows)))
     deltas = {split: n for split, (_, n) in increment.fresh_shards.items() if n}
     for split, shard, lines in plan.iter_shards(increment.fresh, deltas):
         first, _ = increment.fresh_shards[split]
-        yield split, first + shard, Kind.IMAGES, Origin.DELTA, lines
+        yield PlannedShard(split, first + shard, Kind.IMAGES, Origin.DELTA, lines)

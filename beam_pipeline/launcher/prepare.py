@@ -75,13 +75,13 @@ def prepare(build, root):
             return UpToDate(previous_version, "every input's bytes verified")
         labels = plan.label_ids(planned.labels_present, previous["labels"] if previous else (),
                                 label_file)
-        increment, num_shards, tasks, to_convert = _shard_tasks(
+        shard_plan = _shard_plan(
             build, root, resolved, labels, (previous_version, previous), reuse, scratch)
-        spec = _commit_spec(build, root, planned, labels, num_shards, increment, past)
+        spec = _commit_spec(build, root, planned, labels, shard_plan, past)
         files.copy_local_file(errors_path, spec.listing_errors_path)
-        shards_index = write_shard_listings(spec.tmp_dir, tasks)
+        shards_index = write_shard_listings(spec.tmp_dir, shard_plan.shards)
     return Planned(spec, shards_index, images=resolved.num_images, bytes=resolved.num_bytes,
-                   rejected=planned.errors, to_convert=to_convert,
+                   rejected=planned.errors, to_convert=shard_plan.to_convert,
                    notes=_splits_note(build, previous, resolved.counts["stored"]))
 
 
@@ -128,10 +128,9 @@ def _resolve(build, planned, past, reuse, scratch):
                             reuse=reuse, verify=build.verify_inputs, split_map=past.split_map)
 
 
-def _shard_tasks(build, root, resolved, labels, latest, reuse, scratch):
-    """-> (incremental plan or None, split -> shard count, stream of shard tasks, images
-    the job will decode)."""
-    from beam_pipeline.job.contracts import Kind, Origin
+def _shard_plan(build, root, resolved, labels, latest, reuse, scratch):
+    """-> ShardPlan: incremental when the previous version allows it, else full."""
+    from beam_pipeline.job.contracts import Kind, Origin, PlannedShard, ShardPlan
     from beam_pipeline.launcher import incremental, plan
 
     previous_version, previous = latest
@@ -142,17 +141,16 @@ def _shard_tasks(build, root, resolved, labels, latest, reuse, scratch):
             resolved, previous_vdir, previous, scratch, build.target_shard_mb,
             build.max_delta_share)
     if increment:
-        return (increment, increment.num_shards, incremental.task_listings(increment),
-                increment.to_convert)
+        return incremental.shard_plan(increment)
     # a full build: shards cut by hash; stored records re-framed unless --full_rebuild
     sources = reuse and not build.full_rebuild and not build.transform
     num_shards = shard_counts(resolved.per_split, build)
     lines = _full_build_lines(resolved, sources, previous_vdir)
     by_position = plan.by_shard_position(lines, scratch)
-    tasks = ((split, shard, Kind.IMAGES, Origin.HASH, lines)
-             for split, shard, lines in plan.iter_shards(by_position, num_shards))
+    shards = (PlannedShard(split, shard, Kind.IMAGES, Origin.HASH, lines)
+              for split, shard, lines in plan.iter_shards(by_position, num_shards))
     to_convert = resolved.num_images - (resolved.counts["stored"] if sources else 0)
-    return None, num_shards, tasks, to_convert
+    return ShardPlan(num_shards, shards, to_convert)
 
 
 def _full_build_lines(resolved, sources, previous_vdir):
@@ -169,7 +167,7 @@ def _full_build_lines(resolved, sources, previous_vdir):
         yield line
 
 
-def _commit_spec(build, root, planned, labels, num_shards, increment, past):
+def _commit_spec(build, root, planned, labels, shard_plan, past):
     from beam_pipeline.job.contracts import CommitSpec
     from beam_pipeline.store import lock, versions
 
@@ -178,12 +176,12 @@ def _commit_spec(build, root, planned, labels, num_shards, increment, past):
     tmp_dir = CommitSpec.tmp_dir_of(root, version)
     return CommitSpec(
         root=root, version=version, name=build.name, labels=tuple(labels),
-        num_shards=num_shards, listed=planned.listed, duplicates=planned.duplicates,
+        num_shards=shard_plan.num_shards, listed=planned.listed, duplicates=planned.duplicates,
         listing_errors_path=layout.join(tmp_dir, layout.LISTING_ERRORS),
         input_fingerprint=planned.fingerprint, config=build.build_config(),
         generator=generator(), max_error_rate=build.max_error_rate,
         keep_versions=build.keep_versions, write_index=build.write_index,
-        increment=increment and dict(increment.counts, **{"from": increment.previous}),
+        increment=shard_plan.increment,
         drop_content_duplicates=build.drop_content_duplicates,
         near_duplicates=build.near_duplicates,
         near_duplicate_radius=build.near_duplicate_radius,

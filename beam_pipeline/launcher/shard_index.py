@@ -6,22 +6,21 @@ shards is not inlined); each shard writer then streams its own listing file.
 
 
 def write_shard_listings(tmp_dir, shards):
-    """(split, shard, kind, origin, listing lines) stream -> one listing file per shard -> the
+    """PlannedShard stream -> one listing file per shard -> the
     path of the shard index the job reads. Small files are written 16 at a time (gs://
     latency); a shard of many tiny images is streamed, so memory stays flat either way.
     """
     import concurrent.futures
 
-    from beam_pipeline.job.contracts import ShardTask
     from beam_pipeline.store import files
     from dataset_format import layout
 
     index, in_flight = [], []
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
-        for split, shard, kind, origin, lines in shards:
-            path = layout.listing_file(tmp_dir, split, shard)
-            index.append(ShardTask(split, shard, path, kind, origin).to_json() + "\n")
-            small = _write_listing(path, lines)
+        for planned in shards:
+            path = layout.listing_file(tmp_dir, planned.split, planned.shard)
+            index.append(planned.task(path).to_json() + "\n")
+            small = _write_listing(path, planned.lines)
             if small is None:
                 continue
             in_flight.append(pool.submit(files.write_bytes, path, small))
