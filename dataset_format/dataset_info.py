@@ -17,7 +17,7 @@ from dataset_format.layout import (FORMAT_VERSION, LATEST, MANIFEST, READABLE_FO
 
 @dataclasses.dataclass(frozen=True)
 class ShardInfo:
-    path: str  # absolute (version dir joined with the manifest's relative path)
+    path: str  # absolute: the manifest's path resolved (layout.shard_file)
     num_examples: int
     num_bytes: Optional[int] = None
     sha256: Optional[str] = None  # hex, shards written before format 2 carried crc32c
@@ -78,7 +78,7 @@ class DatasetInfo:
 def from_manifest(vdir, manifest, followed_latest=False):
     splits = {}
     for name, s in manifest.get("splits", {}).items():
-        shards = tuple(ShardInfo(path=layout.join(vdir, sh["path"]),
+        shards = tuple(ShardInfo(path=layout.shard_file(vdir, sh["path"]),
                                  num_examples=int(sh["num_examples"]),
                                  num_bytes=sh.get("num_bytes"), sha256=sh.get("sha256"),
                                  crc32c=sh.get("crc32c"))

@@ -50,8 +50,9 @@ REWRITE_SUFFIX = ".dedup"              # a temp shard rewritten without dropped 
 REPLACING_SUFFIX = ".tmp"              # a local file being replaced atomically (LATEST)
 
 # 2: keys relative to their input (manifest["key_scheme"]) and catalog.parquet.
+# 3: a shard's path may name a file another version of the root wrote (shared_file).
 FORMAT_VERSION = 2
-READABLE_FORMAT_VERSIONS = (1, 2)
+READABLE_FORMAT_VERSIONS = (1, 2, 3)
 KEY_SCHEME = "relative/1"  # image/filename = path relative to its input root
 
 
@@ -80,6 +81,36 @@ def parse_shard_name(path):
 def index_name(shard_file):
     """The DALI / `tfrecord`-package index that sits next to a shard."""
     return shard_file + INDEX_SUFFIX
+
+
+SHARED_PREFIX = "../"  # a manifest or catalog path into a sibling version: ../VERSION/NAME
+
+
+def shard_file(vdir, rel):
+    """Where the file a manifest (or catalog) path `rel` names is: `rel` in the version
+    directory `vdir`, or, for `../VERSION/NAME` (format 3: a shard an earlier version wrote
+    and this one shares), NAME in that sibling version's directory. The `..` is resolved
+    here, not left to the filesystem: object stores have no directories to climb."""
+    if not rel.startswith(SHARED_PREFIX):
+        return join(vdir, rel)
+    version, name = shared_parts(rel)
+    return join(posixpath.dirname(str(vdir).rstrip("/")), version, name)
+
+
+def shared_parts(rel):
+    """`../VERSION/NAME` -> (VERSION, NAME); ValueError naming `rel` for any other form (a
+    path that climbs further, or into a subdirectory, is not one this format writes)."""
+    parts = rel.split("/")
+    if (len(parts) != 3 or parts[0] != ".." or not all(parts[1:])
+            or {parts[1], parts[2]} & {".", ".."}):
+        raise ValueError(f"{rel}: not a file of this version nor ../VERSION/NAME")
+    return parts[1], parts[2]
+
+
+def shared_path(version, rel):
+    """The path, relative to any version directory of the root, of the file that version
+    `version` names `rel` (a file of its own, or one it shares already: the same ref)."""
+    return rel if rel.startswith(SHARED_PREFIX) else f"{SHARED_PREFIX}{version}/{rel}"
 
 
 def version_dir(root, version):

@@ -53,7 +53,7 @@ def run(kind, result, listing, previous_vdir, write_index, redo=None):
     record goes to `redo` (converted again from its input, or rejected: rewrite.copy_frames).
     """
     header, rows = read_task(listing)
-    source = layout.join(previous_vdir, header["source"])
+    source = layout.shard_file(previous_vdir, header["source"])
     split, shard, final, temp = result.split, result.shard, result.path, result.temp
     damage = None if kind == Kind.COPY else unlike_manifest(source, header)
     if kind == Kind.COPY or damage:

@@ -312,5 +312,5 @@ def join_by_key(new, old):
 
 def stored_frame(previous_vdir, row):
     """A previous catalog row -> where its record's frame is."""
-    return StoredFrame(layout.join(previous_vdir, row["file"]), row["offset"], row["length"],
+    return StoredFrame(layout.shard_file(previous_vdir, row["file"]), row["offset"], row["length"],
                        row.get("phash"), row.get("phash_center"), row.get("near_descriptor"))

@@ -58,7 +58,7 @@ def sample(version_dir, manifest, n, split=None, seed=0):
     indexes, out = {}, []
     for i in picked:
         s, rel, k = slots[i]
-        path = layout.join(version_dir, rel)
+        path = layout.shard_file(version_dir, rel)
         if rel not in indexes:
             indexes[rel] = _read_index(tf.io.gfile, path)
         feature = example_pb2.Example.FromString(
@@ -91,7 +91,7 @@ def cross_split_pairs(version_dir, manifest, n, rejected=2):
         members = []
         for key in (a, b):
             split, rel, position = where[key]
-            path = layout.join(version_dir, rel)
+            path = layout.shard_file(version_dir, rel)
             if rel not in indexes:
                 indexes[rel] = _read_index(tf.io.gfile, path)
             members.append((split, key, _image(_record_at(tf.io.gfile, path, position,

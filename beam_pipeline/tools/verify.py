@@ -105,7 +105,7 @@ def _check_shard(gfile, vdir, shard, labels, label_offset, write_index, problems
     its end (its records cannot all be counted).
     """
     rel = shard["path"]
-    path = layout.join(vdir, rel)
+    path = layout.shard_file(vdir, rel)
     if not gfile.exists(path):
         problems.add(rel, "missing (the manifest lists it)")
         return None
