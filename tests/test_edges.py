@@ -296,7 +296,7 @@ class CountingPool:
 def test_read_ahead_is_bounded_in_bytes(tmp_path):
     """Reads that go to the thread pool (gs:// objects, stored records: the latter here,
     each record in its own shard file) hold at most the budget."""
-    from beam_pipeline.job import shards
+    from beam_pipeline.job import inputs
     from beam_pipeline.refs import StoredFrame
     from dataset_format import frames
 
@@ -311,7 +311,7 @@ def test_read_ahead_is_bounded_in_bytes(tmp_path):
         refs.append(ImageRef(f"cat/{i}.jpg", uri, "cat", None, mib << 20,
                              source=StoredFrame(str(path), 0, len(frame))))
     pool, consumed, most = CountingPool(sizes), 0, 0
-    for ref, data, error in shards._read_ahead(pool, iter(refs), budget=8 << 20):
+    for ref, data, error in inputs.read_ahead(pool, iter(refs), budget=8 << 20):
         assert error is None and data == bytes([int(ref.key[4])]) * ref.size
         most = max(most, pool.submitted - consumed)  # fetched or fetching, not yet written
         consumed += ref.size
@@ -324,7 +324,7 @@ def test_local_reads_ahead_give_what_fetch_gives_in_listing_order(tmp_path):
     as fetch (missing, a folder, over the limit), in order, mixed with pooled reads."""
     import concurrent.futures
 
-    from beam_pipeline.job import shards
+    from beam_pipeline.job import inputs
     from beam_pipeline.refs import StoredFrame
     from dataset_format import frames
 
@@ -338,13 +338,13 @@ def test_local_reads_ahead_give_what_fetch_gives_in_listing_order(tmp_path):
     refs.insert(2, ImageRef("cat/s", "gs://bucket/s.jpg", "cat", None, 6,
                             source=StoredFrame(str(tmp_path / "s.tfrecord"), 0, frame_length)))
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        got = list(shards._read_ahead(pool, iter(refs), max_bytes=1000))
+        got = list(inputs.read_ahead(pool, iter(refs), max_bytes=1000))
     assert [r.key for r, _, _ in got] == [r.key for r in refs]
     for ref, data, error in got:
         if ref.source:
             assert (data, error) == (b"stored", None)
             continue
-        want, want_error = shards.fetch(ref.uri, 1000)
+        want, want_error = inputs.fetch(ref.uri, 1000)
         assert data == want
         assert type(error) is type(want_error) and str(error) == str(want_error)
     assert [type(e).__name__ for _, _, e in got] == [
@@ -353,14 +353,14 @@ def test_local_reads_ahead_give_what_fetch_gives_in_listing_order(tmp_path):
 
 
 def test_a_file_that_grew_past_the_limit_after_listing_is_too_large_unread(tmp_path):
-    from beam_pipeline.job import images, shards
+    from beam_pipeline.job import images, inputs
 
     path = tmp_path / "grown.jpg"
     path.write_bytes(b"\xff" * (3 << 20))
-    data, error = shards.fetch(str(path), max_bytes=1 << 20)
+    data, error = inputs.fetch(str(path), max_bytes=1 << 20)
     assert data is None and isinstance(error, images.ImageError)
     assert (error.stage, error.reason) == ("read", "too_large")
-    assert shards.fetch(str(path), max_bytes=4 << 20)[0] == b"\xff" * (3 << 20)
+    assert inputs.fetch(str(path), max_bytes=4 << 20)[0] == b"\xff" * (3 << 20)
 
 
 @pytest.mark.slow

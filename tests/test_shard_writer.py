@@ -109,7 +109,7 @@ def test_shard_out_writes_the_frames_of_records_given_in_pieces(monkeypatch):
     """The writer's buffered output: the same bytes as framing each joined record, in any
     buffer size (a piece larger than the buffer goes straight to the file), and the CRC-32C
     of exactly those bytes."""
-    from beam_pipeline.job import records, shards
+    from beam_pipeline.job import records, shard_file
     from beam_pipeline.job.images import Encoded
 
     encoded = [Encoded(bytes(range(256)) * n, 7, 9, True) for n in (1, 40, 3)]
@@ -117,9 +117,9 @@ def test_shard_out_writes_the_frames_of_records_given_in_pieces(monkeypatch):
     want = b"".join(frames.tfrecord_frame(records.make_example(e, 2, "cat", f"cat/{i}.jpg"))
                     for i, e in enumerate(encoded))
     for size in (64, 4096, 1 << 20):
-        monkeypatch.setattr(shards._ShardOut, "SIZE", size)
+        monkeypatch.setattr(shard_file._FrameBuffer, "SIZE", size)
         out = io.BytesIO()
-        with shards._ShardOut(out) as shard:
+        with shard_file._FrameBuffer(out) as shard:
             lengths = [shard.write_frame(parts, length) for parts, length in made]
         assert out.getvalue() == want, size
         assert sum(lengths) == len(want)

@@ -3,7 +3,7 @@
 import yaml
 
 from beam_pipeline.job import workers
-from beam_pipeline.job.shards import READ_AHEAD
+from beam_pipeline.job.inputs import READ_AHEAD
 from beam_pipeline.launcher import options
 from tests.helpers import REPO
 

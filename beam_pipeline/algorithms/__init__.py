@@ -1,2 +1,3 @@
 """Plain algorithms with no knowledge of images or datasets: the external merge sort the
-launcher and commit use (spill)."""
+launcher and commit use (spill) and the ordered read-ahead of the shard writer and commit
+(read_ahead)."""

@@ -13,7 +13,7 @@ from apache_beam.io.filesystems import FileSystems
 from beam_pipeline.job import images, records
 from beam_pipeline.errors import error_record
 from beam_pipeline.job.contracts import ShardResult
-from beam_pipeline.job.shards import fetch
+from beam_pipeline.job.inputs import fetch
 from dataset_format import frames, layout, schema
 
 

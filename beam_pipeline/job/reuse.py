@@ -57,15 +57,13 @@ def run(kind, result, listing, previous_vdir, write_index, redo=None):
     split, shard, final, temp = result.split, result.shard, result.path, result.temp
     damage = None if kind == Kind.COPY else unlike_manifest(source, header)
     if kind == Kind.COPY or damage:
-        rows, crc32c, num_bytes, index, errors, redone = copy_frames(
-            source, temp, rows, split, shard, final, redo, deep=damage is not None)
+        result, errors, redone = copy_frames(source, result, rows, write_index, redo,
+                                             deep=damage is not None)
         if damage:
             logging.warning("%s: %s; its records copied one by one, CRCs checked", source,
                             damage)
-        return with_rows(dataclasses.replace(result, crc32c=crc32c, num_bytes=num_bytes,
-                                             errors=tuple(errors), repaired=redone,
-                                             converted=redone),
-                         rows, write_index, index)
+        return dataclasses.replace(result, errors=tuple(errors), repaired=redone,
+                                   converted=redone)
     link_or_copy(source, temp)
     # The file as it is: its checksum as the previous manifest gave it (crc32c, or sha256
     # from a version written before shards had a CRC-32C). Its index is written from the
@@ -73,9 +71,8 @@ def run(kind, result, listing, previous_vdir, write_index, redo=None):
     result = dataclasses.replace(result, crc32c=header.get("crc32c"),
                                  sha256=header.get("sha256"),
                                  num_bytes=sum(r["length"] for r in rows))
-    index = [frames.index_line(r["offset"], r["length"]) for r in rows]
     return with_rows(result, [dict(r, split=split, shard=shard, file=final) for r in rows],
-                     write_index, index)
+                     write_index)
 
 
 def unlike_manifest(path, header):

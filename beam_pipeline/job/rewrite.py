@@ -4,10 +4,9 @@ decoded. Incremental "copy" tasks and --drop_content_duplicates both end here.""
 import dataclasses
 import io
 
-import google_crc32c
-
 from beam_pipeline.job import reframe
-from beam_pipeline.store import catalog, files, ranges
+from beam_pipeline.job.shard_file import ShardFile
+from beam_pipeline.store import catalog, ranges
 from dataset_format import frames, layout, schema
 
 
@@ -15,9 +14,10 @@ class Damaged(IOError):
     """A stored record that is missing, cut short or fails a CRC or its catalog row."""
 
 
-def copy_frames(source, target, rows, split, shard, final, redo=None, deep=False):
-    """Copy the TFRecord frames of `rows` (catalog rows, in order) from `source` to `target`,
-    each one's CRCs checked on the way, so damage is never copied.
+def copy_frames(source, result, rows, write_index, redo=None, deep=False):
+    """Copy the TFRecord frames of `rows` (catalog rows, in order) from `source` into a new
+    shard at result.temp, with its catalog fragment and index (job/shard_file.py), each
+    record's CRCs checked on the way, so damage is never copied.
 
     The frames are read in runs (store/ranges.py): neighbouring kept frames in one ranged
     read, at most 1.1x their bytes downloaded, one run in memory at a time. A damaged
@@ -26,11 +26,11 @@ def copy_frames(source, target, rows, split, shard, final, redo=None, deep=False
     `redo` it raises Damaged. `deep`: also check each record's key and image sha256 against
     its row (a file whose checksum is not the manifest's may have been rewritten whole).
 
-    Returns (their new catalog rows, CRC-32C of the new file (frames.crc32c_text), its size,
-    index lines, error records, records converted again).
+    Returns (`result` with the new shard's files, size, CRC-32C and counts; error records;
+    records converted again).
     """
-    offset, crc, index, new_rows, errors, redone = 0, 0, [], [], [], 0
-    with files.create_final(target) as out:
+    errors, redone = [], 0
+    with _files_of(result, write_index) as out:
         for row, frame, why in _checked(source, rows, deep):
             fields = {}
             if why is not None:
@@ -41,13 +41,12 @@ def copy_frames(source, target, rows, split, shard, final, redo=None, deep=False
                 if frame is None:
                     errors.append(fields)
                     continue
-            out.write(frame)
-            crc = google_crc32c.extend(crc, frame)
-            index.append(frames.index_line(offset, len(frame)))
-            new_rows.append(dict(row, **fields, split=split, shard=shard, file=final,
-                                 position=len(new_rows), offset=offset, length=len(frame)))
-            offset += len(frame)
-    return new_rows, frames.crc32c_text(crc), offset, index, errors, redone
+            offset = out.num_bytes
+            out.write_frame(frame)
+            out.add(dict(row, **fields, split=result.split, shard=result.shard,
+                         file=result.path, position=out.num_examples, offset=offset,
+                         length=len(frame)))
+    return _written(result, out, crc32c=out.crc32c, num_bytes=out.num_bytes), errors, redone
 
 
 def _checked(source, rows, deep):
@@ -84,31 +83,35 @@ def damage(frame, row, deep=False):
     return None
 
 
-def with_rows(result, rows, write_index, index=None):
-    """`result` with the catalog fragment (and index) of its `rows` written, and counted."""
-    catalog_temp = result.catalog_temp or result.temp + layout.FRAGMENT_SUFFIX
-    with catalog.FragmentWriter(catalog_temp) as fragment:
+def with_rows(result, rows, write_index):
+    """`result` (a shard in place at result.temp) with the catalog fragment and index of its
+    `rows` written, and counted."""
+    with _files_of(result, write_index, shard=False) as out:
         for row in rows:
-            fragment.append(row)
-    index_temp = result.index_temp
-    if write_index and index is not None:
-        index_temp = layout.index_name(result.temp)
-        with files.create_final(index_temp) as f:
-            f.write("".join(index).encode())
-    counts = {}
-    for row in rows:
-        counts[row["label"]] = counts.get(row["label"], 0) + 1
-    return dataclasses.replace(result, catalog_temp=catalog_temp, index_temp=index_temp,
-                               num_examples=len(rows), label_counts=counts)
+            out.add(row)
+    return _written(result, out)
+
+
+def _files_of(result, write_index, shard=True):
+    """The ShardFile of `result`: its temp shard (unless `shard` is in place already), its
+    fragment and, with `write_index`, its index."""
+    fragment = result.catalog_temp or result.temp + layout.FRAGMENT_SUFFIX
+    index = layout.index_name(result.temp) if write_index else None
+    return ShardFile(result.temp if shard else None, fragment, index)
+
+
+def _written(result, out, **fields):
+    """`result` with what the ShardFile `out` wrote."""
+    return dataclasses.replace(result, catalog_temp=out.fragment_path,
+                               index_temp=out.index_path or result.index_temp,
+                               num_examples=out.num_examples, label_counts=out.label_counts,
+                               **fields)
 
 
 def keep_rows(result, drop_positions, write_index):
     """`result`'s temp shard rewritten without the records at `drop_positions`."""
     rows = [r for r in catalog.iter_rows(result.catalog_temp)
             if r["position"] not in drop_positions]
-    temp = result.temp + layout.REWRITE_SUFFIX
-    rows, crc32c, num_bytes, index, _, _ = copy_frames(
-        result.temp, temp, rows, result.split, result.shard, result.path)
-    return with_rows(dataclasses.replace(result, temp=temp, crc32c=crc32c, num_bytes=num_bytes,
-                                         catalog_temp=None),  # the original stays, for a retry
-                     rows, write_index, index)
+    rewritten = dataclasses.replace(result, temp=result.temp + layout.REWRITE_SUFFIX,
+                                    catalog_temp=None)  # the original stays, for a retry
+    return copy_frames(result.temp, rewritten, rows, write_index)[0]

@@ -15,6 +15,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
+from beam_pipeline.algorithms.read_ahead import threaded
+
 SCHEMA = pa.schema([
     ("key", pa.string()),          # image/filename: path relative to its input root
     ("uri", pa.string()),          # where it was read from
@@ -152,18 +154,8 @@ def fragment_row_groups(paths, columns=None):
 
 def _ahead(paths, read):
     """read(path) for each path, in order, the next FRAGMENTS_AHEAD read in threads."""
-    import collections
-    import concurrent.futures
-
-    ahead = FRAGMENTS_AHEAD
-    with concurrent.futures.ThreadPoolExecutor(ahead) as pool:
-        pending = collections.deque()
-        for path in paths:
-            pending.append(pool.submit(read, path))
-            if len(pending) > ahead:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
+    for _, data in threaded(paths, read, FRAGMENTS_AHEAD):
+        yield data
 
 
 def read_fragment(path):
