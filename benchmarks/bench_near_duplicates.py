@@ -505,7 +505,7 @@ def grouping_one(n, radius, bands, real_path, new_fraction=1.0):
     """Runs in a child process so the peak RSS is this size's own. Rows are made as the
     grouping reads them (as the commit step streams them from the catalog), timed with it;
     new_fraction < 1: the first rows are old (an incremental run against them)."""
-    from beam_pipeline.dedup import multi_index, near_duplicates
+    from beam_pipeline.dedup import band_plan, near_duplicates
 
     h, planted = synthetic_hashes(n, radius, real_path)
     splits = ("train", "validation", "test")
@@ -513,8 +513,8 @@ def grouping_one(n, radius, bands, real_path, new_fraction=1.0):
     rows = (near_duplicates.Row(f"img/{k:08d}.jpg", splits[k % 3], v, k < first_new)
             for k, v in enumerate(h.tolist()))
     chosen = []
-    choose = multi_index.choose_plan
-    multi_index.choose_plan = lambda *a: chosen.append(choose(*a)) or chosen[-1]
+    choose = band_plan.choose_plan
+    band_plan.choose_plan = lambda *a: chosen.append(choose(*a)) or chosen[-1]
     base = _memory_kb("VmRSS")
     t = time.perf_counter()
     found = near_duplicates.near_pairs(rows, radius, bands or None)
@@ -543,15 +543,15 @@ def _extrapolate(radius, bands, real):
     """The cost model's plan and estimate per image beyond the sizes run (its constants are
     per look-up and per compared pair, fitted on this machine; spill and key reading, ~6 us
     per image, left out)."""
-    from beam_pipeline.dedup import multi_index
+    from beam_pipeline.dedup import band_plan
 
     p = ((real[:, None] >> np.arange(64, dtype=np.uint64)) & np.uint64(1)).mean(0)
     cells = []
     for n in (50_000, 400_000, 1_000_000, 10_000_000, 100_000_000):
-        stats = multi_index.Stats(n, 0, tuple(int(round(q * n)) for q in p))
-        plan = multi_index.choose_plan(radius, stats, bands or None)
+        stats = band_plan.Stats(n, 0, tuple(int(round(q * n)) for q in p))
+        plan = band_plan.choose_plan(radius, stats, bands or None)
         cells.append(f"{n / 1e6:g}M {'x'.join(map(str, plan.widths))}/{plan.sub_radius} "
-                     f"{multi_index.estimate(plan, stats) / n * 1e6:.0f} us")
+                     f"{band_plan.estimate(plan, stats) / n * 1e6:.0f} us")
     print("model, plan and estimated join time per image: " + "; ".join(cells))
 
 

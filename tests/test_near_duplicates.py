@@ -7,12 +7,18 @@ import random
 import numpy as np
 import pytest
 
-from beam_pipeline.dedup import descriptor
+from beam_pipeline.dedup import band_plan, descriptor
 from beam_pipeline.dedup import multi_index as mi
 from beam_pipeline.dedup import near_duplicates as nd
 from beam_pipeline.dedup.near_duplicates import Row
 
 SPLITS = ("train", "validation", "test")
+
+
+def limits(monkeypatch, **values):
+    """Set the join's size limits where each is defined: the plan's or the join's module."""
+    for name, value in values.items():
+        monkeypatch.setattr(band_plan if hasattr(band_plan, name) else mi, name, value)
 
 
 def seeded_rows(n, radius, seed, old_every=0):
@@ -72,9 +78,8 @@ def test_tiny_memory_limits_give_the_same_pairs(radius, bands, old_every, tmp_pa
     files per band and compared across pieces), 5 candidates at a time (big buckets
     as tiles), buckets found by search rather than by offset table (at most 4 pieces, values
     wider than 3 bits); constant bits dropped."""
-    for name, value in (("SCAN_ROWS", 37), ("TABLE_ROWS", 20), ("PAIR_CHUNK", 5),
-                        ("DIRECT_BITS", 3), ("MAX_PIECE_BITS", 2)):
-        monkeypatch.setattr(mi, name, value)
+    limits(monkeypatch, SCAN_ROWS=37, TABLE_ROWS=20, PAIR_CHUNK=5, DIRECT_BITS=3,
+           MAX_PIECE_BITS=2)
     rows = biased_rows(150, radius, seed=7, old_every=old_every)
     assert found(rows, radius, bands, tmp_path) == brute(rows, radius)
     assert not list(tmp_path.iterdir()), "scratch files left behind"
@@ -83,7 +88,7 @@ def test_tiny_memory_limits_give_the_same_pairs(radius, bands, old_every, tmp_pa
 def test_offset_tables_and_many_pieces(tmp_path, monkeypatch):
     """Bands wider than DIRECT_BITS are cut into more pieces so buckets are found by offset
     table: 2**6 pieces per band here."""
-    monkeypatch.setattr(mi, "DIRECT_BITS", 10)
+    limits(monkeypatch, DIRECT_BITS=10)
     rows = biased_rows(300, 6, seed=9, old_every=3)
     assert found(rows, 6, 4, tmp_path) == brute(rows, 6)
 
@@ -193,29 +198,29 @@ def test_a_plan_too_wide_to_enumerate_is_refused():
 
 
 def stats(n, old=0, ones=None):
-    return mi.Stats(n - old, old, tuple(ones or [n // 2] * 63 + [n]))
+    return band_plan.Stats(n - old, old, tuple(ones or [n // 2] * 63 + [n]))
 
 
 def test_plan_pigeonhole_over_the_informative_bits():
-    p = mi.make_plan(10, 4, stats(1000))  # top bit always 1: 63 bits, equal entropy
+    p = band_plan.make_plan(10, 4, stats(1000))  # top bit always 1: 63 bits, equal entropy
     assert sum(p.widths) == 63 and sorted(p.widths) == [15, 16, 16, 16]
     assert p.runs == ((0, 63),) and p.sub_radius == 2  # 4 bands x 3 bits > 10
-    assert mi.make_plan(10, 11, stats(1000)).sub_radius == 0
+    assert band_plan.make_plan(10, 11, stats(1000)).sub_radius == 0
 
 
 def test_plan_grows_wider_bands_as_rows_grow():
     """The cost model trades look-ups (values within the sub-radius) for compared pairs: more
     rows, fewer and wider bands."""
-    bands = [len(mi.choose_plan(10, stats(n)).widths) for n in (1_000, 100_000, 10_000_000)]
+    bands = [len(band_plan.choose_plan(10, stats(n)).widths) for n in (1_000, 100_000, 10_000_000)]
     assert bands == sorted(bands, reverse=True) and bands[0] > bands[-1]
-    assert len(mi.choose_plan(4, stats(10_000_000)).widths) <= 3
+    assert len(band_plan.choose_plan(4, stats(10_000_000)).widths) <= 3
 
 
 def test_constant_bits_are_left_out_and_cut_runs_compress():
     ones = [0] * 64
     ones[5:20] = [50] * 15
     ones[40:60] = [50] * 20
-    p = mi.make_plan(3, 2, mi.Stats(100, 0, tuple(ones)))
+    p = band_plan.make_plan(3, 2, band_plan.Stats(100, 0, tuple(ones)))
     assert p.runs == ((5, 15), (40, 20)) and sum(p.widths) == 35
     import numpy as np
     h = np.array([(0b101 << 5) | (0b11 << 40)], np.uint64)
@@ -248,7 +253,7 @@ def test_incremental_pairs_equal_a_full_run(bands, tmp_path):
 
 def test_band_pieces_in_memory_stay_near_table_rows(tmp_path, monkeypatch):
     """Memory is bounded by TABLE_ROWS, not by the rows: 3000 rows, pieces of ~64."""
-    monkeypatch.setattr(mi, "TABLE_ROWS", 64)
+    limits(monkeypatch, TABLE_ROWS=64)
     sizes = []
     table = mi._Table
 
@@ -314,9 +319,7 @@ def test_two_hashes_per_row_give_each_pair_once_at_its_least_distance(radius, ba
 
 
 def test_two_hashes_with_tiny_memory_limits(tmp_path, monkeypatch):
-    for name, value in (("SCAN_ROWS", 37), ("TABLE_ROWS", 20), ("PAIR_CHUNK", 5),
-                        ("DIRECT_BITS", 3)):
-        monkeypatch.setattr(mi, name, value)
+    limits(monkeypatch, SCAN_ROWS=37, TABLE_ROWS=20, PAIR_CHUNK=5, DIRECT_BITS=3)
     rows = rows_with_centres(150, 10, seed=8, old_every=3)
     assert found(rows, 10, None, tmp_path) == least_brute(rows, 10)
     assert not list(tmp_path.iterdir()), "scratch files left behind"

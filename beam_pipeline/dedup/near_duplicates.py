@@ -36,7 +36,7 @@ import tempfile
 import numpy as np
 
 from beam_pipeline.dedup import descriptor
-from beam_pipeline.dedup import multi_index
+from beam_pipeline.dedup import band_plan, multi_index
 
 BITS = 64
 DEFAULT_RADIUS = 10  # chosen by measurement (docs/measurements.md): launcher/flags.py agrees
@@ -180,13 +180,13 @@ def components(pairs):
 def find_pairs(rows, radius=DEFAULT_RADIUS, bands=None, directory=None):
     """Yields (row a, row b, distance) for every pair within `radius`, except old-old pairs;
     `bands` None: the band count of lowest estimated cost for these rows
-    (multi_index.choose_plan). The scratch files live in a temporary directory under
+    (band_plan.choose_plan). The scratch files live in a temporary directory under
     `directory`."""
     if not 0 <= radius < BITS:
         raise ValueError(f"radius must be in 0..{BITS - 1}, not {radius}")
     with tempfile.TemporaryDirectory(prefix="near-duplicates-", dir=directory) as scratch:
         data = _Spilled(rows, scratch)
-        p = multi_index.choose_plan(radius, data.spill.stats(), bands)
+        p = band_plan.choose_plan(radius, data.spill.stats(), bands)
         found = [data.of_rows(*f) for f in multi_index.join(data.spill, p)]
         if not found:
             return
