@@ -22,6 +22,8 @@ class ShardInfo:
     num_bytes: Optional[int] = None
     sha256: Optional[str] = None  # hex, shards written before format 2 carried crc32c
     crc32c: Optional[str] = None  # the file's CRC-32C, base64 as Cloud Storage reports it
+    name: Optional[str] = None    # the manifest's path, relative to the version dir
+    origin: Optional[str] = None  # "hash" (a full plan's) or "delta" (new inputs, incremental)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +51,24 @@ class DatasetInfo:
     # True when the version came from ROOT/LATEST (what `info(root)` without `version=` does):
     # fine on one host; several hosts each following LATEST may land on different versions.
     followed_latest: bool = False
+    # What built it, for the next build deciding what it may reuse (launcher/prepare.py):
+    input_fingerprint: Optional[str] = None
+    config: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    generator: Optional[dict] = dataclasses.field(default=None, repr=False, compare=False)
+    key_scheme: Optional[str] = None
+    catalog_rows: Optional[int] = None  # the catalog's row count, when the manifest says
+
+    @property
+    def has_catalog(self):
+        """Whether the version has a catalog (a --sink beam build writes none): the splits
+        its images keep for life, and the records a next build may reuse."""
+        return "catalog" in self.manifest
+
+    @property
+    def has_split_map(self):
+        """Whether the manifest names its own split_map.parquet (versions before it had
+        none: their catalog is their split map)."""
+        return "split_map" in self.manifest
 
     @property
     def num_classes(self):
@@ -81,7 +101,8 @@ def from_manifest(vdir, manifest, followed_latest=False):
         shards = tuple(ShardInfo(path=layout.shard_file(vdir, sh["path"]),
                                  num_examples=int(sh["num_examples"]),
                                  num_bytes=sh.get("num_bytes"), sha256=sh.get("sha256"),
-                                 crc32c=sh.get("crc32c"))
+                                 crc32c=sh.get("crc32c"), name=sh["path"],
+                                 origin=sh.get("origin"))
                        for sh in s.get("shards", []))
         splits[name] = SplitInfo(name=name, num_examples=int(s["num_examples"]),
                                  num_bytes=s.get("num_bytes"),
@@ -91,7 +112,11 @@ def from_manifest(vdir, manifest, followed_latest=False):
                        version_dir=vdir,
                        labels=tuple(manifest.get("labels", ())),
                        label_offset=int(manifest.get("label_offset", 0)),
-                       splits=splits, manifest=manifest, followed_latest=followed_latest)
+                       splits=splits, manifest=manifest, followed_latest=followed_latest,
+                       input_fingerprint=manifest.get("input_fingerprint"),
+                       config=manifest.get("config") or {}, generator=manifest.get("generator"),
+                       key_scheme=manifest.get("key_scheme"),
+                       catalog_rows=(manifest.get("catalog") or {}).get("rows"))
 
 
 def info(path, version=None):

@@ -225,6 +225,29 @@ def test_a_damaged_split_map_falls_back_to_an_older_one_never_a_silent_resplit(t
     assert layout.SPLIT_MAP in str(e.value)
 
 
+def test_the_version_a_build_starts_from_is_its_manifest_typed(tmp_path):
+    from beam_pipeline.launcher import history
+
+    src, root = tmp_path / "src", tmp_path / "root"
+    make_images(src, {"cat": {f"c{i}.jpg": tiny_image(i, "jpg") for i in range(4)},
+                      "dog": {"d.jpg": tiny_image(9, "jpg")}})
+    v = build([src], root, *ARGS)
+    manifest = json.loads((root / "versions" / v["version"] / layout.MANIFEST).read_text())
+    past = history.find(str(root))
+    info = past.manifest
+    assert (info.version, info.version_dir) == (v["version"], v["version_dir"])
+    assert info.labels == ("cat", "dog")
+    assert (info.input_fingerprint, info.config, info.generator, info.key_scheme) == (
+        manifest["input_fingerprint"], manifest["config"], manifest["generator"],
+        manifest["key_scheme"])
+    assert (info.has_catalog, info.has_split_map, info.catalog_rows) == (True, True, 5)
+    assert past.catalog == info.catalog == f"{v['version_dir']}/{layout.CATALOG}"
+    shards = [(sh.name, sh.origin, sh.num_examples, sh.crc32c)
+              for s in info.splits.values() for sh in s.shards]
+    assert shards == [(sh["path"], sh["origin"], sh["num_examples"], sh["crc32c"])
+                      for s in manifest["splits"].values() for sh in s["shards"]]
+
+
 # --- the split map itself ---------------------------------------------------------------------
 
 def test_the_split_map_keeps_the_first_split_of_each_content(tmp_path):

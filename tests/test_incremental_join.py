@@ -13,7 +13,7 @@ from beam_pipeline.refs import ImageRef
 from beam_pipeline.store import catalog
 from beam_pipeline.store.catalog import FragmentWriter
 from beam_pipeline.algorithms.spill import SortedSpill
-from dataset_format import layout
+from dataset_format import dataset_info, layout
 
 SPLITS = plan.parse_splits("train=0.5,test=0.5")
 
@@ -49,7 +49,8 @@ def previous(tmp_path):
             writer.append(r)
     shards = [{"path": f"train-{i:05d}-of-00002.tfrecord", "num_examples": 2,
                "sha256": f"{i}" * 64, "origin": Origin.HASH} for i in range(2)]
-    return str(vdir), {"version": "V1", "splits": {"train": {"shards": shards}}}
+    manifest = {"version": "V1", "splits": {"train": {"num_examples": 4, "shards": shards}}}
+    return str(vdir), dataset_info.from_manifest(str(vdir), manifest)
 
 
 def planned(tmp_path, refs, previous, max_delta_share=1.0):
@@ -77,7 +78,7 @@ def test_each_image_is_kept_changed_added_or_removed(tmp_path, previous):
                               "restored": 0, "removed": 1}
         assert inc.to_convert == 2
         # Each old shard keeps one of two members: copied; b and e go to delta shards.
-        assert [(t.split, t.shard, t.kind, t.origin, t.previous and t.previous["path"])
+        assert [(t.split, t.shard, t.kind, t.origin, t.previous and t.previous.name)
                 for t in inc.tasks if t.split == "train"][:2] == [
             ("train", 0, "copy", "hash", "train-00000-of-00002.tfrecord"),
             ("train", 1, "copy", "hash", "train-00001-of-00002.tfrecord")]

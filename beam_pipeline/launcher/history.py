@@ -16,12 +16,13 @@ from typing import Optional
 from beam_pipeline.errors import UserError
 from beam_pipeline.store import split_map as split_maps
 from dataset_format import layout
+from dataset_format.dataset_info import DatasetInfo, from_manifest
 
 
 @dataclasses.dataclass(frozen=True)
 class History:
     version: Optional[str] = None          # the version this build builds on
-    manifest: Optional[dict] = None        # ... its manifest
+    manifest: Optional[DatasetInfo] = None  # ... its manifest, typed
     catalog: Optional[str] = None          # ... its catalog, when intact (reuse, re-framing)
     split_map: Optional[split_maps.SplitMap] = None  # None: a new root, or --resplit
     notes: tuple = ()                      # lines for the user: damage gone around
@@ -46,7 +47,7 @@ def find(root, resplit=False):
         notes.append(f"{problem}; building on {f'version {version}' if version else 'nothing'}"
                      f" (the newest complete version), and LATEST moves to this build")
     catalog = None
-    if manifest and "catalog" in manifest:
+    if manifest and manifest.has_catalog:
         catalog, why = _intact_catalog(root, version, manifest)
         if why:
             notes.append(f"{why}; nothing is reused from version {version}: every image is "
@@ -78,13 +79,15 @@ def _complete_versions(root, versions):
 
 
 def _manifest(root, version):
+    """(DatasetInfo, None) or (None, the problem with the version's manifest)."""
     from beam_pipeline.store import files
 
-    path = layout.join(layout.version_dir(root, version), layout.MANIFEST)
+    vdir = layout.version_dir(root, version)
+    path = layout.join(vdir, layout.MANIFEST)
     try:
         manifest = files.read_json(path)
         manifest["splits"], manifest["labels"]  # the fields a build relies on
-        return manifest, None
+        return from_manifest(vdir, manifest), None
     except FileNotFoundError:
         return None, f"{path}: missing (LATEST names version {version})"
     except Exception as e:
@@ -98,14 +101,14 @@ def _intact_catalog(root, version, manifest):
     from apache_beam.io.filesystem import CompressionTypes
     from apache_beam.io.filesystems import FileSystems
 
-    path = layout.join(layout.version_dir(root, version), manifest["catalog"]["path"])
+    path = manifest.catalog
     try:
         with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
             rows = pq.ParquetFile(f).metadata.num_rows
     except Exception as e:
         return None, f"{path}: {split_maps.describe(e)}"
-    if rows != manifest["catalog"].get("rows", rows):
-        return None, f"{path}: {rows} rows, the manifest says {manifest['catalog']['rows']}"
+    if manifest.catalog_rows is not None and rows != manifest.catalog_rows:
+        return None, f"{path}: {rows} rows, the manifest says {manifest.catalog_rows}"
     return path, None
 
 
@@ -122,10 +125,10 @@ def _split_map(root, candidates, notes):
             continue
         path = layout.join(vdir, layout.SPLIT_MAP)
         try:
-            if "split_map" in manifest or files.exists(path):
+            if manifest.has_split_map or files.exists(path):
                 smap = split_maps.read(path)
-            elif "catalog" in manifest:  # a version written before split maps
-                smap = split_maps.read_catalog(layout.join(vdir, manifest["catalog"]["path"]))
+            elif manifest.has_catalog:  # a version written before split maps
+                smap = split_maps.read_catalog(manifest.catalog)
             else:  # no catalog (--sink beam): no map to read here
                 continue
         except split_maps.SplitMapUnreadable as e:

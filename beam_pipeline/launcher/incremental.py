@@ -28,6 +28,7 @@ from typing import Optional
 from beam_pipeline.algorithms.spill import SortedSpill
 from beam_pipeline.job.contracts import Kind, Origin, PlannedShard, ShardPlan
 from beam_pipeline.launcher import identity, plan
+from dataset_format.dataset_info import ShardInfo
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +40,7 @@ class Task:
     shard: int
     kind: Kind
     origin: Origin
-    previous: Optional[dict] = None
+    previous: Optional[ShardInfo] = None
 
 
 @dataclasses.dataclass
@@ -68,7 +69,8 @@ def kept_as_is(ref, row):
 
 def plan_increment(resolved, previous_vdir, previous, spill_dir, target_shard_mb,
                    max_delta_share):
-    """identity.Resolved + the previous version -> Increment, or None to build in full."""
+    """identity.Resolved + the previous version (a DatasetInfo) -> Increment, or None to
+    build in full."""
     kept, fresh = SortedSpill(spill_dir), SortedSpill(spill_dir)
     kept_in = collections.Counter()             # previous shard file -> members kept
     fresh_size = collections.defaultdict(lambda: [0, 0])  # split -> [count, bytes]
@@ -90,10 +92,10 @@ def plan_increment(resolved, previous_vdir, previous, spill_dir, target_shard_mb
         fresh_size[ref.split][1] += ref.size
 
     tasks, num_shards, fresh_shards = [], {}, {}
-    for split in sorted(set(previous["splits"]) | set(fresh_size)):
-        shards = previous["splits"].get(split, {}).get("shards", [])
-        kept_total = sum(kept_in[s["path"]] for s in shards)
-        delta_kept = sum(kept_in[s["path"]] for s in shards if s.get("origin") == Origin.DELTA)
+    for split in sorted(set(previous.splits) | set(fresh_size)):
+        shards = previous.splits[split].shards if split in previous.splits else ()
+        kept_total = sum(kept_in[s.name] for s in shards)
+        delta_kept = sum(kept_in[s.name] for s in shards if s.origin == Origin.DELTA)
         count, size = fresh_size.get(split, (0, 0))
         total = kept_total + count
         if total and (delta_kept + count) / total > max_delta_share:
@@ -102,10 +104,10 @@ def plan_increment(resolved, previous_vdir, previous, spill_dir, target_shard_mb
             return None
         index = 0
         for s in shards:
-            n = kept_in[s["path"]]
+            n = kept_in[s.name]
             if n:
-                kind = Kind.REUSE if n == s["num_examples"] else Kind.COPY
-                tasks.append(Task(split, index, kind, Origin(s.get("origin", Origin.HASH)), s))
+                kind = Kind.REUSE if n == s.num_examples else Kind.COPY
+                tasks.append(Task(split, index, kind, Origin(s.origin or Origin.HASH), s))
                 index += 1
         deltas = min(count, max(1, math.ceil(size / (target_shard_mb * 2**20)))) if count else 0
         fresh_shards[split] = (index, deltas)
@@ -113,7 +115,7 @@ def plan_increment(resolved, previous_vdir, previous, spill_dir, target_shard_mb
         if index + deltas:
             num_shards[split] = index + deltas
     counts = {k: resolved.counts[k] for k in identity.KINDS}
-    return Increment(previous=previous["version"], num_shards=num_shards, tasks=tasks,
+    return Increment(previous=previous.version, num_shards=num_shards, tasks=tasks,
                      kept=kept, fresh=fresh, fresh_shards=fresh_shards, counts=counts,
                      to_convert=to_convert)
 
@@ -131,11 +133,11 @@ def task_listings(increment):
     from a version written before shards had one, "sha256"): its size and checksum} then
     the kept catalog rows in shard order; images: ImageRef lines, like a full build's.
     """
-    by_source = {t.previous["path"]: t for t in increment.tasks if t.previous}
+    by_source = {t.previous.name: t for t in increment.tasks if t.previous}
     for source, rows in itertools.groupby(increment.kept, key=lambda item: item[0].split()[0]):
         task = by_source[source]
-        checksum = {k: task.previous[k] for k in ("crc32c", "sha256", "num_bytes")
-                    if k in task.previous}
+        checksum = {k: getattr(task.previous, k) for k in ("crc32c", "sha256", "num_bytes")
+                    if getattr(task.previous, k) is not None}
         header = json.dumps({"source": source, **checksum})
         yield PlannedShard(task.split, task.shard, task.kind, task.origin, itertools.chain(
             [header], (line for _, line in rows)))

@@ -64,7 +64,7 @@ def prepare(build, root):
     with tempfile.TemporaryDirectory(prefix="image-tfrecords-") as scratch:
         errors_path = os.path.join(scratch, layout.LISTING_ERRORS)
         planned = _plan_listing(build, label_file, scratch, errors_path)
-        same = (previous and previous.get("input_fingerprint") == planned.fingerprint
+        same = (previous and previous.input_fingerprint == planned.fingerprint
                 and not build.force and not build.resplit
                 and not past.notes)  # a damaged root is rebuilt, which repairs it
         if same and not build.verify_inputs:
@@ -73,7 +73,7 @@ def prepare(build, root):
         resolved = _resolve(build, planned, past, reuse, scratch)
         if same and not resolved.changed():
             return UpToDate(previous_version, "every input's bytes verified")
-        labels = plan.label_ids(planned.labels_present, previous["labels"] if previous else (),
+        labels = plan.label_ids(planned.labels_present, previous.labels if previous else (),
                                 label_file)
         shard_plan = _shard_plan(
             build, root, resolved, labels, (previous_version, previous), reuse, scratch)
@@ -89,7 +89,7 @@ def _splits_note(build, previous, published):
     """Changed --splits move no published image (a split is kept for life): say so."""
     from beam_pipeline.launcher import plan
 
-    before = (previous or {}).get("config", {}).get("splits")
+    before = previous.config.get("splits") if previous else None
     if (not before or build.resplit or not published
             or plan.parse_splits(before) == plan.parse_splits(build.splits)):
         return ()
@@ -134,7 +134,7 @@ def _shard_plan(build, root, resolved, labels, latest, reuse, scratch):
     from beam_pipeline.launcher import incremental, plan
 
     previous_version, previous = latest
-    previous_vdir = previous and layout.version_dir(root, previous_version)
+    previous_vdir = previous.version_dir if previous else None
     increment = None
     if reuse and can_increment(build, previous, labels):
         increment = incremental.plan_increment(
@@ -197,12 +197,11 @@ def can_reuse(build, previous):
     be reused or re-framed."""
     from beam_pipeline.launcher import options as opts
 
-    if previous is None or build.resplit or "catalog" not in previous:
+    if previous is None or build.resplit or not previous.has_catalog:
         return False
-    return (not opts.changed(previous.get("config", {}), build.build_config(),
-                             opts.RECORD_OPTIONS)
-            and previous.get("key_scheme") == layout.KEY_SCHEME
-            and previous.get("generator") == generator())
+    return (not opts.changed(previous.config, build.build_config(), opts.RECORD_OPTIONS)
+            and previous.key_scheme == layout.KEY_SCHEME
+            and previous.generator == generator())
 
 
 def can_increment(build, previous, labels):
@@ -214,9 +213,9 @@ def can_increment(build, previous, labels):
 
     if build.full_rebuild or build.transform:
         return False  # (--transform needs every train image's pixels: a full build)
-    if opts.changed(previous.get("config", {}), build.build_config(), opts.LAYOUT_OPTIONS):
+    if opts.changed(previous.config, build.build_config(), opts.LAYOUT_OPTIONS):
         return False
-    return list(labels[:len(previous["labels"])]) == list(previous["labels"])
+    return list(labels[:len(previous.labels)]) == list(previous.labels)
 
 
 def shard_counts(per_split, build):
@@ -263,7 +262,7 @@ def require_tensorflow(build):
 
 def has_split_map(previous):
     """Whether the latest version holds the splits its images keep for life (its catalog)."""
-    return bool(previous) and "catalog" in previous
+    return bool(previous) and previous.has_catalog
 
 
 def refuse_catalogless(build, root, previous):

@@ -56,13 +56,13 @@ class _HashingReader:
         return data
 
     def mismatch(self, shard):
-        """What differs from the shard entry's checksum, or None."""
-        if shard.get("crc32c") is not None and crc32c_text(self.crc) != shard["crc32c"]:
+        """What differs from the shard's checksum (a ShardInfo), or None."""
+        if shard.crc32c is not None and crc32c_text(self.crc) != shard.crc32c:
             return (f"crc32c {crc32c_text(self.crc)} does not match the manifest's "
-                    f"{shard['crc32c']} (file changed or corrupt)")
-        if self.sha256 is not None and self.sha256.hexdigest() != shard["sha256"]:
+                    f"{shard.crc32c} (file changed or corrupt)")
+        if self.sha256 is not None and self.sha256.hexdigest() != shard.sha256:
             return (f"sha256 {self.sha256.hexdigest()[:12]}… does not match the manifest's "
-                    f"{shard['sha256'][:12]}… (file changed or corrupt)")
+                    f"{shard.sha256[:12]}… (file changed or corrupt)")
         return None
 
     def drain(self):
@@ -99,19 +99,18 @@ class _Problems:
 
 def _check_shard(gfile, vdir, shard, labels, label_offset, write_index, problems,
                  catalog=None, split=None):
-    """Read one shard end to end (and its catalog rows, with `catalog`).
+    """Read one shard (a ShardInfo) end to end (and its catalog rows, with `catalog`).
 
     Returns {class name: records}, or None when the shard is missing or could not be read to
     its end (its records cannot all be counted).
     """
-    rel = shard["path"]
-    path = layout.shard_file(vdir, rel)
+    rel, path = shard.name, shard.path
     if not gfile.exists(path):
         problems.add(rel, "missing (the manifest lists it)")
         return None
     counts, frames, shard_problems, complete, seen = {}, [], [], True, []
     with gfile.GFile(path, "rb") as raw:
-        f = _HashingReader(raw, sha256=bool(shard.get("sha256")))
+        f = _HashingReader(raw, sha256=bool(shard.sha256))
         offset = 0
         while True:
             try:
@@ -148,12 +147,12 @@ def _check_shard(gfile, vdir, shard, labels, label_offset, write_index, problems
                 shard_problems.append(f"record {k}: {schema.SHA256} does not match "
                                       f"{schema.ENCODED}")
             counts[text] = counts.get(text, 0) + 1
-    if f.size != shard.get("num_bytes", f.size):
-        shard_problems.insert(0, f"size {f.size} bytes, manifest says {shard['num_bytes']}")
+    if shard.num_bytes is not None and f.size != shard.num_bytes:
+        shard_problems.insert(0, f"size {f.size} bytes, manifest says {shard.num_bytes}")
     if (mismatch := f.mismatch(shard)) is not None:
         shard_problems.insert(0, mismatch)
-    if complete and len(frames) != shard["num_examples"]:
-        shard_problems.append(f"{len(frames)} records, manifest says {shard['num_examples']}")
+    if complete and len(frames) != shard.num_examples:
+        shard_problems.append(f"{len(frames)} records, manifest says {shard.num_examples}")
     for p in shard_problems[:MAX_PROBLEMS_PER_FILE]:
         problems.add(rel, p)
     if len(shard_problems) > MAX_PROBLEMS_PER_FILE:
@@ -219,8 +218,8 @@ def _check_near_duplicates_file(gfile, vdir, manifest, problems):
                                    f"{near[field]}")
 
 
-def _check_tfds(gfile, vdir, manifest, problems):
-    tfds = manifest.get("tfds")
+def _check_tfds(gfile, vdir, info, problems):
+    tfds = info.manifest.get("tfds")
     if not tfds:
         return
     for rel in tfds.get("files", []):
@@ -229,10 +228,10 @@ def _check_tfds(gfile, vdir, manifest, problems):
     info_path = layout.join(vdir, layout.TFDS_DATASET_INFO)
     if layout.TFDS_DATASET_INFO in tfds.get("files", []) and gfile.exists(info_path):
         with gfile.GFile(info_path, "r") as f:
-            info = json.load(f)
-        for s in info.get("splits", []):
-            split = manifest["splits"].get(s["name"])
-            want = [sh["num_examples"] for sh in split["shards"]] if split else None
+            tfds_info = json.load(f)
+        for s in tfds_info.get("splits", []):
+            split = info.splits.get(s["name"])
+            want = [sh.num_examples for sh in split.shards] if split else None
             got = [int(n) for n in s.get("shardLengths", [])]
             if got != want:
                 problems.add(layout.TFDS_DATASET_INFO, f"split {s['name']!r} shard lengths {got} "
@@ -252,15 +251,15 @@ def check(path):
     except (FileNotFoundError, ValueError, tf.errors.OpError) as e:
         raise NotADataset(str(e)) from e
     problems = _Problems()
-    labels = list(manifest.get("labels", []))
-    label_offset = int(manifest.get("label_offset", 0))
-    write_index = bool((manifest.get("config") or {}).get("write_index", False))
+    info = dataset_info.from_manifest(vdir, manifest)
+    labels, label_offset = list(info.labels), info.label_offset
+    write_index = bool(info.config.get("write_index", False))
     files = records = 0
     written = 0
     catalog = CatalogCheck(gfile, vdir, manifest, problems)
-    for split, s in sorted(manifest.get("splits", {}).items()):
+    for split, s in sorted(info.splits.items()):
         counted, readable = {}, True
-        for shard in s.get("shards", []):
+        for shard in s.shards:
             counts = _check_shard(gfile, vdir, shard, labels, label_offset, write_index, problems,
                                   catalog, split)
             files += 1
@@ -270,32 +269,32 @@ def check(path):
             for label, n in counts.items():
                 counted[label] = counted.get(label, 0) + n
                 records += n
-        shard_sum = sum(sh["num_examples"] for sh in s.get("shards", []))
-        if shard_sum != s["num_examples"]:
-            problems.add(f"manifest split {split!r}", f"num_examples {s['num_examples']} but its "
+        shard_sum = sum(sh.num_examples for sh in s.shards)
+        if shard_sum != s.num_examples:
+            problems.add(f"manifest split {split!r}", f"num_examples {s.num_examples} but its "
                                                       f"shards add up to {shard_sum}")
-        bytes_sum = sum(sh.get("num_bytes", 0) for sh in s.get("shards", []))
-        if "num_bytes" in s and bytes_sum != s["num_bytes"]:
-            problems.add(f"manifest split {split!r}", f"num_bytes {s['num_bytes']} but its "
+        bytes_sum = sum(sh.num_bytes or 0 for sh in s.shards)
+        if s.num_bytes is not None and bytes_sum != s.num_bytes:
+            problems.add(f"manifest split {split!r}", f"num_bytes {s.num_bytes} but its "
                                                       f"shards add up to {bytes_sum}")
-        if sum(s.get("label_counts", {}).values()) != s["num_examples"]:
+        if sum(s.label_counts.values()) != s.num_examples:
             problems.add(f"manifest split {split!r}",
-                         f"label_counts add up to {sum(s['label_counts'].values())}, "
-                         f"num_examples is {s['num_examples']}")
+                         f"label_counts add up to {sum(s.label_counts.values())}, "
+                         f"num_examples is {s.num_examples}")
         if readable:
-            for label in sorted(set(counted) | set(s.get("label_counts", {}))):
-                want, got = s.get("label_counts", {}).get(label, 0), counted.get(label, 0)
+            for label in sorted(set(counted) | set(s.label_counts)):
+                want, got = s.label_counts.get(label, 0), counted.get(label, 0)
                 if want != got:
                     problems.add(f"split {split!r}",
                                  f"class {label!r}: {got} records, manifest says {want}")
             total = sum(counted.values())
-            if total != s["num_examples"]:
+            if total != s.num_examples:
                 problems.add(f"split {split!r}",
-                             f"{total} records, manifest num_examples is {s['num_examples']}")
+                             f"{total} records, manifest num_examples is {s.num_examples}")
         else:
             problems.add(f"split {split!r}", "records per class not counted: a shard is missing "
                                              "or cannot be read to its end (see above)")
-        written += s["num_examples"]
+        written += s.num_examples
     acc = manifest.get("accounting")
     if acc:
         if acc.get("written") != written:
@@ -306,12 +305,11 @@ def check(path):
         if acc.get("listed") != parts:
             problems.add("manifest accounting", f"listed {acc.get('listed')} != duplicates + "
                                                 f"failed + written + leaks = {parts}")
-    catalog.finish([sh["path"] for s in manifest.get("splits", {}).values()
-                    for sh in s.get("shards", [])])
+    catalog.finish([sh.name for s in info.splits.values() for sh in s.shards])
     _check_errors_file(gfile, vdir, manifest, problems)
     _check_near_duplicates_file(gfile, vdir, manifest, problems)
-    _check_tfds(gfile, vdir, manifest, problems)
-    return {"problems": problems.items, "version_dir": vdir, "version": manifest.get("version"),
+    _check_tfds(gfile, vdir, info, problems)
+    return {"problems": problems.items, "version_dir": vdir, "version": info.version,
             "shards": files, "records": records, "warnings": _warnings(manifest)}
 
 
