@@ -6,8 +6,7 @@ import re
 
 import pytest
 
-from beam_pipeline.store import catalog
-from dataset_format import schema
+from dataset_format import catalog_schema, schema
 from tests.helpers import REPO, build, make_images
 
 DOC = (REPO / "docs" / "format.md").read_text()
@@ -74,7 +73,7 @@ def test_the_example_keys_table_is_the_schema():
 
 def test_the_catalog_table_is_the_parquet_schema():
     assert table("catalog.parquet") == {f.name: str(f.type).replace("double", "float64")
-                                        for f in catalog.SCHEMA}
+                                        for f in catalog_schema.arrow_schema()}
 
 
 def test_every_manifest_field_of_a_full_build_is_documented_and_present(built_dataset):

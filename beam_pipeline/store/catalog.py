@@ -1,4 +1,5 @@
-"""catalog.parquet: one row per stored example — which image sits where, with what label and hash.
+"""catalog.parquet's I/O: one row per stored example — which image sits where, with what label
+and hash (its columns: dataset_format/catalog_schema.py).
 
 Each shard writer writes its shard's rows as a small Parquet fragment beside the temp
 shard; commit appends the fragments, shard by shard, into VDIR/catalog.parquet with one
@@ -16,35 +17,10 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
 from beam_pipeline.algorithms.read_ahead import threaded
+from dataset_format import catalog_schema
+from dataset_format.catalog_schema import DESCRIPTOR
 
-SCHEMA = pa.schema([
-    ("key", pa.string()),          # image/filename: path relative to its input root
-    ("uri", pa.string()),          # where it was read from
-    ("label", pa.string()),
-    ("label_id", pa.int64()),
-    ("split", pa.string()),
-    ("shard", pa.int32()),         # shard index within the split
-    ("file", pa.string()),         # shard file name, relative to the version directory
-    ("position", pa.int32()),      # record number within the shard
-    ("offset", pa.int64()),        # byte offset of its TFRecord frame in the shard file
-    ("length", pa.int64()),        # frame length in bytes
-    ("sha256", pa.string()),       # of the stored image/encoded bytes
-    ("height", pa.int32()),        # of the stored image
-    ("width", pa.int32()),
-    ("input_size", pa.int64()),
-    ("input_stamp", pa.string()),  # change token: "mtime_ns:ctime_ns", or "gen:N" on gs://
-    ("input_sha256", pa.string()),  # of the input bytes: identity for a key not seen before
-    ("input_md5", pa.string()),    # the gs:// listing's md5Hash of the input (base64): the
-                                   # same identity without reading it; null locally
-    ("phash", pa.int64()),         # --near_duplicates: 64-bit perceptual hash as a signed
-                                   # int64 (dedup/perceptual.py); null when not computed
-    ("phash_center", pa.int64()),  # ... of the central 90%; null also in rows hashed before it
-    ("near_descriptor", pa.binary()),  # --near_duplicates: dedup/descriptor.py's bytes, the
-                                       # second opinion on a pair; null in rows from before it
-])
-
-
-DESCRIPTOR = "near_descriptor"
+SCHEMA = catalog_schema.arrow_schema()  # the columns: dataset_format/catalog_schema.py
 ROWS_PER_BATCH = 8192
 
 

@@ -1,0 +1,72 @@
+"""catalog.parquet's columns (docs/format.md, "catalog.parquet"): one row per stored example.
+
+The column list is the one source: `arrow_schema()` is what the writer's fragments and the
+merged catalog are written with (beam_pipeline/store/catalog.py does the Parquet I/O), and
+`CatalogRow` is the typed row derived from it. Pure Python: pyarrow is imported only by
+`arrow_schema()`.
+"""
+
+import dataclasses
+from typing import Optional
+
+# name -> Arrow type name, in file order.
+COLUMNS = {
+    "key": "string",             # image/filename: path relative to its input root
+    "uri": "string",             # where it was read from
+    "label": "string",
+    "label_id": "int64",
+    "split": "string",
+    "shard": "int32",            # shard index within the split
+    "file": "string",            # shard file name, relative to the version directory
+    "position": "int32",         # record number within the shard
+    "offset": "int64",           # byte offset of its TFRecord frame in the shard file
+    "length": "int64",           # frame length in bytes
+    "sha256": "string",          # of the stored image/encoded bytes
+    "height": "int32",           # of the stored image
+    "width": "int32",
+    "input_size": "int64",
+    "input_stamp": "string",     # change token: "mtime_ns:ctime_ns", or "gen:N" on gs://
+    "input_sha256": "string",    # of the input bytes: identity for a key not seen before
+    "input_md5": "string",       # the gs:// listing's md5Hash of the input (base64): the
+                                 # same identity without reading it; null locally
+    "phash": "int64",            # --near_duplicates: 64-bit perceptual hash as a signed
+                                 # int64 (dedup/perceptual.py); null when not computed
+    "phash_center": "int64",     # ... of the central 90%; null also in rows hashed before it
+    "near_descriptor": "binary",  # --near_duplicates: dedup/descriptor.py's bytes, the
+                                  # second opinion on a pair; null in rows from before it
+}
+
+DESCRIPTOR = "near_descriptor"
+
+_PYTHON_TYPES = {"string": str, "int32": int, "int64": int, "binary": bytes}
+
+
+def arrow_schema():
+    """The catalog's pyarrow schema, built from COLUMNS."""
+    import pyarrow as pa
+
+    return pa.schema([(name, getattr(pa, kind)()) for name, kind in COLUMNS.items()])
+
+
+def _row_type():
+    """A frozen dataclass with one field per column (None: null, as in rows written before
+    a column existed)."""
+    fields = [(name, Optional[_PYTHON_TYPES[kind]], dataclasses.field(default=None))
+              for name, kind in COLUMNS.items()]
+
+    def from_dict(cls, row):
+        """A row as store/catalog.py's readers give it (a dict of columns); an unknown
+        column is a KeyError naming it."""
+        unknown = set(row) - set(COLUMNS)
+        if unknown:
+            raise KeyError(f"not catalog columns: {sorted(unknown)}")
+        return cls(**row)
+
+    return dataclasses.make_dataclass(
+        "CatalogRow", fields, frozen=True,
+        namespace={"__module__": __name__,
+                   "__doc__": "One catalog row, typed: a field per COLUMNS entry.",
+                   "from_dict": classmethod(from_dict), "to_dict": dataclasses.asdict})
+
+
+CatalogRow = _row_type()
