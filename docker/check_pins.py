@@ -1,6 +1,6 @@
 """Fail unless every installed requirement of a package is the version constraints.txt pins.
 
-    python check_pins.py constraints.txt "image-tfrecords[transform]"
+    python check_pins.py constraints.txt "image-tfrecords[transform]" [pip setuptools ...]
 
 Walks the installed requirement graph from the package (with its extras, markers evaluated
 for this interpreter) and compares each distribution with its pin. The worker image runs
@@ -30,9 +30,9 @@ def pins(path):
     return found
 
 
-def closure(top):
-    """{canonical name: installed version} of `top` and everything it requires."""
-    seen, done, todo = {}, set(), [(Requirement(top), "the command line")]
+def closure(tops):
+    """{canonical name: installed version} of `tops` and everything they require."""
+    seen, done, todo = {}, set(), [(Requirement(top), "the command line") for top in tops]
     while todo:
         req, parent = todo.pop()
         name = canonicalize_name(req.name)
@@ -55,17 +55,18 @@ def closure(top):
 
 
 def main(argv):
-    constraints, top = argv
-    pinned, installed = pins(constraints), closure(top)
+    constraints, *tops = argv
+    pinned, installed = pins(constraints), closure(tops)
     bad = [f"{name}: installed {version}, constraints.txt pins {pinned[name]}"
            for name, version in sorted(installed.items())
            if name in pinned and pinned[name] != version]
     same = sum(pinned.get(name) == version for name, version in installed.items())
-    unpinned = sorted(set(installed) - set(pinned) - {canonicalize_name(Requirement(top).name)})
+    own = canonicalize_name(Requirement(tops[0]).name)
+    unpinned = sorted(set(installed) - set(pinned) - {own})
     for line in bad:
         print(line, file=sys.stderr)
-    print(f"{len(installed)} distributions in the closure of {top}: {same} match their pins, "
-          f"{len(bad)} differ, {len(unpinned)} not pinned"
+    print(f"{len(installed)} distributions in the closure of {' '.join(tops)}: {same} match "
+          f"their pins, {len(bad)} differ, {len(unpinned)} not pinned"
           f"{': ' + ', '.join(unpinned) if unpinned else ''}")
     return 1 if bad else 0
 

@@ -7,11 +7,20 @@
 # time, so a worker VM installs nothing when it starts: submit with --sdk_container_image
 # and without --setup_file, and workers need no PyPI (no public IP, no Cloud NAT).
 #
-# No TensorFlow by default: the job never imports it. For --transform, build a second image
-# with the extra (and launch from an environment that has it too):
+# The build needs no index either: every pip install here takes its wheels from the
+# wheelhouse that docker/build_wheelhouse.py makes from constraints.txt (build/wheelhouse,
+# mounted for the install only, so no wheel stays in a layer; BuildKit, Docker's default
+# builder since 23.0). Pin the base by digest as well where your registry policy asks:
+#   docker buildx imagetools inspect apache/beam_python3.11_sdk:2.77.0   # "Digest: sha256:…"
+# then FROM apache/beam_python3.11_sdk:2.77.0@sha256:… (docs/dataflow.md).
+#
+# No TensorFlow by default: the job never imports it. For --transform, build a wheelhouse
+# and a second image with the extra (and launch from an environment that has it too):
+#   python docker/build_wheelhouse.py --extras transform
 #   docker build -f docker/worker.Dockerfile --build-arg EXTRAS=transform -t …-transform .
 #
-# Build from the repository root (BuildKit sends only the files COPY names):
+# Build from the repository root (BuildKit sends only the files COPY and the mount name):
+#   python docker/build_wheelhouse.py
 #   docker build -f docker/worker.Dockerfile \
 #     -t us-central1-docker.pkg.dev/PROJECT/dataflow/image-tfrecords-worker:2.77.0 .
 #   docker push us-central1-docker.pkg.dev/PROJECT/dataflow/image-tfrecords-worker:2.77.0
@@ -25,12 +34,17 @@ ENV PIP_NO_CACHE_DIR=1 \
 
 WORKDIR /opt/image-tfrecords
 
-# 1. Dependencies only, pinned by constraints.txt (the set the tests ran with). This layer
-#    changes only when setup.py or constraints.txt do, so code edits rebuild in seconds.
-#    (setup.py reads the version from beam_pipeline/__init__.py, so that file comes along.)
+# 1. The pinned pip and setuptools, then the dependencies only, pinned by constraints.txt
+#    (the set the tests ran with), all from the wheelhouse. This layer changes only when
+#    setup.py, constraints.txt or the wheelhouse do, so code edits rebuild in seconds.
+#    (setup.py reads the version from beam_pipeline/__init__.py, so that file comes along;
+#    the pinned setuptools builds it: --no-build-isolation, nothing fetched.)
 COPY constraints.txt setup.py docker/check_pins.py ./
 COPY beam_pipeline/__init__.py beam_pipeline/__init__.py
-RUN pip install -c constraints.txt ".${EXTRAS:+[$EXTRAS]}" \
+RUN --mount=type=bind,source=build/wheelhouse,target=/wheelhouse \
+    pip install --no-index --find-links /wheelhouse -c constraints.txt pip setuptools \
+    && pip install --no-index --find-links /wheelhouse --no-build-isolation \
+       -c constraints.txt ".${EXTRAS:+[$EXTRAS]}" \
     && pip uninstall -y image-tfrecords
 
 # 2. The package itself, without touching the dependencies installed above. Then prove the
@@ -40,8 +54,8 @@ COPY beam_pipeline/ beam_pipeline/
 COPY dataset_format/ dataset_format/
 COPY tf_quiet/ tf_quiet/
 COPY readers/ readers/
-RUN pip install --no-deps . \
-    && python check_pins.py constraints.txt "image-tfrecords${EXTRAS:+[$EXTRAS]}" \
+RUN pip install --no-index --no-deps --no-build-isolation . \
+    && python check_pins.py constraints.txt "image-tfrecords${EXTRAS:+[$EXTRAS]}" pip setuptools \
     && python -c "import sys, beam_pipeline.cli, beam_pipeline.job.pipeline, dataset_format.layout; \
 assert sys.modules['apache_beam'].__version__ == '2.77.0'; \
 assert '${EXTRAS}' or 'tensorflow' not in sys.modules, 'the job imported TensorFlow'"

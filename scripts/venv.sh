@@ -8,7 +8,7 @@ ensure_venv() {  # $1: extras, e.g. "test", "transform" or ""
   if [ ! -x "$VENV/bin/python" ]; then
     echo "Creating $VENV (first run installs apache-beam${extras:+ and the $extras extra}: a few minutes, up to ~3 GB)..."
     python3 -m venv "$VENV"
-    "$VENV/bin/pip" install -q --upgrade pip
+    "$VENV/bin/pip" install -q -c constraints.txt pip  # the pinned pip, as in the images
   fi
   stamp="$VENV/.installed-$(cat setup.py constraints.txt | sha256sum | cut -c1-16)-${extras:-base}"
   if [ ! -f "$stamp" ]; then

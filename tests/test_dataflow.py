@@ -270,7 +270,7 @@ def test_worker_dockerfile_matches_pinned_versions():
             assert (REPO / path).exists(), path
     # The tested stack, checked at build time; no TensorFlow unless EXTRAS asks for it.
     assert 'ARG EXTRAS=""' in dockerfile
-    assert 'pip install -c constraints.txt ".${EXTRAS:+[$EXTRAS]}"' in dockerfile
+    assert '-c constraints.txt ".${EXTRAS:+[$EXTRAS]}"' in dockerfile  # offline: test_containers
     assert "python check_pins.py constraints.txt" in dockerfile
 
 
