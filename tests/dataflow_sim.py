@@ -49,23 +49,25 @@ class Job:
         finally:
             fn.teardown()
 
-    def attempt_elsewhere(self, task, env):
+    def attempt_elsewhere(self, task, env, gate=None):
         """The same attempt on another worker: a separate process with environment `env`
         (e.g. STORAGE_EMULATOR_HOST through another proxy) -> a Popen whose stdout will be
-        the ShardResult's JSON (`finish`)."""
+        the ShardResult's JSON (`finish`). With `gate` (a directory), the process imports
+        and sets its DoFn up, says so (gate/ready), and starts the attempt only when
+        `release(proc, gate)` says go: Beam's import takes seconds, the attempt a fraction."""
         import os
         import pickle
         import subprocess
         import sys
+        import tempfile
 
         from tests.helpers import REPO
 
-        import tempfile
-
+        if gate:
+            gate.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("wb", suffix=".pickle", delete=False) as f:
-            pickle.dump((self, task), f)
-        code = ("import pickle, sys; job, task = pickle.load(open(sys.argv[1], 'rb')); "
-                "print(job.attempt(task).to_json())")
+            pickle.dump((self, task, gate and str(gate)), f)
+        code = "import sys, tests.dataflow_sim as sim; sim._attempt_here(sys.argv[1])"
         return subprocess.Popen([sys.executable, "-c", code, f.name], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, cwd=REPO,
                                 env=dict(os.environ, PYTHONPATH=str(REPO), **env))
@@ -87,6 +89,42 @@ def plan(argv):
     lock.hand_off(root, planned.spec.version, max_seconds=runner._max_seconds(pipeline_options))
     return Job(build.encode_options(), planned,
                list(pipeline.read_shard_index(planned.shards_index)))
+
+
+def _attempt_here(pickled):
+    """attempt_elsewhere's process: unpickle, set up, wait at the gate, attempt, print."""
+    import os
+    import pickle
+    import time
+
+    job, task, gate = pickle.load(open(pickled, "rb"))
+    fn = job.writer()
+    if gate:
+        open(os.path.join(gate, "ready"), "w").close()
+        deadline = time.monotonic() + 300
+        while not os.path.exists(os.path.join(gate, "go")):
+            if time.monotonic() > deadline:
+                raise SystemExit("never released at the gate")
+            time.sleep(0.001)
+    try:
+        (result,) = fn.process(task)
+    finally:
+        fn.teardown()
+    print(result.to_json())
+
+
+def release(proc, gate, timeout=120):
+    """Wait until attempt_elsewhere's process is ready at `gate`, then let it go."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not (gate / "ready").exists():
+        if proc.poll() is not None:
+            raise AssertionError(f"the other attempt died before its start: "
+                                 f"{proc.stderr.read().decode()[-3000:]}")
+        assert time.monotonic() < deadline, "the other attempt never got ready"
+        time.sleep(0.01)
+    (gate / "go").touch()
 
 
 def finish(proc, timeout=300):

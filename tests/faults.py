@@ -14,7 +14,8 @@ Every JSON-API request (google-cloud-storage, and so Beam's gcsio) then goes thr
 * Generation preconditions, which gcp-storage-emulator ignores (its source has no
   ifGenerationMatch anywhere): a request carrying `ifGenerationMatch` / `ifGenerationNotMatch`
   is checked against the object's current generation and answered 412 when it does not hold,
-  atomically with its execution (one such request at a time). Covered: single-request
+  atomically with its execution (one such request at a time, across every proxy of the
+  process). Covered: single-request
   uploads (media, multipart), downloads, metadata reads, deletes, copies and rewrites (the
   destination). Reads of a `generation` that is no longer live are answered 404, as GCS
   answers them in a bucket without object versioning (the emulator keeps one generation
@@ -22,6 +23,10 @@ Every JSON-API request (google-cloud-storage, and so Beam's gcsio) then goes thr
   upload starts, not when its last chunk lands, and requests inside a batch are not checked.
 * Forced answers (`proxy.fail(text, status, times)`): a request whose decoded target
   contains `text` is answered `status` (e.g. 403, or 503 a few times), before any drawn fault.
+* Held uploads (`proxy.hold(pattern, barrier)`): the first upload whose target or metadata
+  matches `pattern` waits at `barrier` (shared with other proxies) before it is forwarded,
+  so the attempts behind several proxies are all inside that upload at one moment; `held`
+  records when it arrived and was let go.
 * Finished resumable uploads: GCS answers a later request to a completed upload session
   with the object (that is how a client whose final answer was lost learns the upload is
   done); the emulator has forgotten the session and says 404, so the proxy answers instead.
@@ -37,11 +42,15 @@ import socket
 import socketserver
 import struct
 import threading
+import time
 import urllib.parse
 
 from tests.gcs_emulator import _header, _read_head, read_body
 
 FAULTS = ("503", "429", "drop", "drop_after")
+# One for every proxy in this process: two proxies in front of one emulator (two workers'
+# storage paths) must not both see "absent" and both write (as GCS never lets them).
+_CAS_LOCK = threading.Lock()
 _OBJECT = re.compile(r".*/b/([^/]+)/o/(.+)$")  # the last /b/B/o/NAME: a copy's destination
 
 
@@ -55,11 +64,12 @@ class FaultProxy(socketserver.ThreadingTCPServer):
         self.rate, self.faults = rate, tuple(faults)
         self.random = random.Random(seed)
         self.draw_lock = threading.Lock()      # one random stream, drawn in arrival order
-        self.cas_lock = threading.Lock()       # precondition check + execution, atomically
+        self.cas_lock = _CAS_LOCK              # precondition check + execution, atomically
         self.requests, self.injected, self.refused_412 = 0, {f: 0 for f in faults}, 0
         self.log = []                          # (fault, method, path) of each injected fault
         self.finished_uploads = {}             # upload_id -> the answer that completed it
         self.forced = []                       # [text, status, times left (None: always)]
+        self.holds, self.held = [], []         # [pattern, barrier]; (arrived, released, target)
         super().__init__(("127.0.0.1", 0), _Handler)
         self.thread = threading.Thread(target=self.serve_forever, daemon=True)
 
@@ -94,11 +104,34 @@ class FaultProxy(socketserver.ThreadingTCPServer):
         """Answer `status` to requests whose decoded target contains `text` (`times` times,
         or always); with `method`, only requests of that method, including the requests
         inside a batch (the whole batch is answered `status`, as a refused batch would be
-        by the client). `fail_clear()` forgets them all."""
+        by the client). `fail_clear()` forgets them all (and the holds)."""
         self.forced.append([text, status, times, method])
 
     def fail_clear(self):
-        self.forced = []
+        self.forced, self.holds, self.held = [], [], []
+
+    def hold(self, pattern, barrier):
+        """Hold the first upload (a request to /upload/) whose decoded target or body
+        matches the regex `pattern` at `barrier` (a threading.Barrier with a timeout); a
+        broken barrier lets it through and is recorded as released None."""
+        self.holds.append([re.compile(pattern), barrier])
+
+    def wait_if_held(self, target, body):
+        if "/upload/" not in target or not self.holds:
+            return
+        text = urllib.parse.unquote(target) + "\n" + body[:65536].decode("latin-1")
+        with self.draw_lock:
+            rule = next((r for r in self.holds if r[0].search(text)), None)
+            if rule is None:
+                return
+            self.holds.remove(rule)
+        arrived = time.monotonic()
+        try:
+            rule[1].wait()
+            released = time.monotonic()
+        except threading.BrokenBarrierError:
+            released = None
+        self.held.append((arrived, released, urllib.parse.unquote(target)))
 
     def forced_answer(self, target, method="GET", body=b""):
         decoded = urllib.parse.unquote(target)
@@ -216,6 +249,7 @@ class _Handler(socketserver.BaseRequestHandler):
             sock.sendall(_error(forced, {403: "Forbidden", 503: "Service Unavailable"}
                                 .get(forced, "Error")))
             return
+        server.wait_if_held(target, body)
         fault = server.draw(method, target.split("?")[0])
         if fault in ("503", "429"):
             sock.sendall(_error(int(fault), "Service Unavailable" if fault == "503"

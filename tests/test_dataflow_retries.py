@@ -7,14 +7,18 @@ behind tests/faults.py's proxy (generation preconditions and generation reads en
 faults injected where a test says).
 """
 
+import re
+import threading
 import time
 
 import pytest
 from google.api_core import exceptions
 
-from beam_pipeline.job import commit
+from beam_pipeline.job import commit, reuse
+from beam_pipeline.job.contracts import Kind
 from beam_pipeline.store import gcs as gcs_store, lock, versions
-from tests.dataflow_sim import finish, plan
+from dataset_format import layout
+from tests.dataflow_sim import finish, plan, release
 from tests.faults import FaultProxy
 from tests.helpers import build, image_bytes, make_images
 
@@ -127,10 +131,32 @@ def test_a_cleanup_the_bucket_refuses_is_a_warning_in_the_summary_not_a_failed_b
     assert first["version"] in versions.prune(root, third["version"], 1, 0)
 
 
+def both_at_once(job, task, mine_storage, zombie_storage, gate):
+    """One shard's DoFn in this process (through `mine_storage`) and in another, a zombie on
+    another worker (through `zombie_storage`), truly concurrent: the zombie starts once it
+    has imported Beam and set up, and each attempt's shard upload is held until both have
+    begun theirs -> (mine, theirs)."""
+    barrier = threading.Barrier(2, timeout=120)
+    name = layout.shard_name(job.spec.name, task.split, task.shard,
+                             job.spec.num_shards[task.split])
+    upload = re.escape(name) + r'(\.[0-9a-f]{12})?"'  # the file at NAME or NAME.ATTEMPT,
+    for storage in (mine_storage, zombie_storage):    # not its index or catalog fragment
+        storage.hold(upload, barrier)
+    zombie = job.attempt_elsewhere(task, {"STORAGE_EMULATOR_HOST": zombie_storage.url}, gate)
+    release(zombie, gate)
+    mine = job.attempt(task)
+    theirs = finish(zombie)
+    ((mine_in, mine_out, _),), ((their_in, their_out, _),) = (mine_storage.held,
+                                                              zombie_storage.held)
+    assert mine_out is not None and their_out is not None, "an attempt never uploaded"
+    assert max(mine_in, their_in) < min(mine_out, their_out)  # both writing at one moment
+    return mine, theirs
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("committed", ["winner", "loser"])
 def test_a_zombie_attempt_with_other_bytes_overwrites_nothing_and_the_manifest_matches_the_bucket(
-        inputs, gcs, committed):
+        inputs, gcs, proxy, tmp_path, committed):
     """One shard's DoFn twice at once: this process, and a zombie on another worker (a
     separate process) whose storage path refuses it one image (403: an image fault, so its
     shard holds one record less). The first to finish puts the shard at its final name; the
@@ -141,10 +167,57 @@ def test_a_zombie_attempt_with_other_bytes_overwrites_nothing_and_the_manifest_m
     (task,) = job.tasks
     with FaultProxy(gcs.endpoint) as zombie_storage:  # open until the end: the emulator's
         zombie_storage.fail("in/dog/002.jpg", 403)     # mediaLinks name the proxy they came by
-        zombie = job.attempt_elsewhere(task, {"STORAGE_EMULATOR_HOST": zombie_storage.url})
-        mine = job.attempt(task)
-        theirs = finish(zombie)
+        mine, theirs = both_at_once(job, task, proxy, zombie_storage, tmp_path / "gate")
         check_zombie_outcome(job, gcs, mine, theirs, committed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("committed", ["winner", "loser"])
+def test_a_copied_shard_written_by_two_attempts_at_once_publishes_what_the_bucket_holds(
+        inputs, gcs, proxy, tmp_path, committed):
+    """An incremental night: one input deleted, so its shard's surviving records are copied
+    from the previous version (a "copy" task) and the other shard is reused. The copy task
+    runs twice at once; the zombie's storage refuses the previous shard (its records are
+    converted again from their inputs) and one of those inputs (rejected). Whichever
+    attempt is committed, every shard's manifest entry is the object in the bucket, and
+    every input is written or rejected with a reason."""
+    src, root = inputs
+    args = [*ARGS[:2], "--num_shards", "2", *ARGS[4:]]
+    first = build(src, root, *args)
+    bucket = src[len("gs://"):].split("/")[0]
+    gcs.client.bucket(bucket).blob("in/cat/000.jpg").delete()
+    job = plan(["--input", src, "--output", root, *args])
+    (copy_task,) = [t for t in job.tasks if t.kind == Kind.COPY]
+    header, kept = reuse.read_task(copy_task.listing)
+    refused = kept[0]["uri"].split("/", 3)[3]
+    with FaultProxy(gcs.endpoint) as zombie_storage:
+        zombie_storage.fail(f"out/versions/{first['version']}/{header['source']}", 403)
+        zombie_storage.fail(refused, 403)
+        mine, theirs = both_at_once(job, copy_task, proxy, zombie_storage, tmp_path / "gate")
+        others = [job.attempt(t) for t in job.tasks if t is not copy_task]
+    assert [t.kind for t in job.tasks if t is not copy_task] == [Kind.REUSE]
+    assert (mine.num_examples, theirs.num_examples) == (len(kept), len(kept) - 1)
+    assert [e["reason"] for e in theirs.errors] == ["damaged_record"]
+    final = f"{job.spec.vdir}/{mine.path}"
+    winner, loser = sorted((mine, theirs), key=lambda r: r.temp != final)
+    assert winner.temp == final and loser.temp.startswith(f"{job.spec.tmp_dir}/")
+    assert _object(gcs, final) == (winner.num_bytes, winner.crc32c)  # not overwritten
+    chosen = winner if committed == "winner" else loser
+    manifest = job.commit([chosen, *others])
+    shards = manifest["splits"]["train"]["shards"]
+    for entry in shards:
+        assert (entry["num_bytes"], entry["crc32c"]) == _object(
+            gcs, f"{job.spec.vdir}/{entry['path']}"), entry
+    written, rejected = manifest["accounting"]["written"], manifest["errors"]["count"]
+    assert written == sum(r.num_examples for r in (chosen, *others)) == manifest["catalog"]["rows"]
+    assert (written + rejected, rejected) == (5, len(chosen.errors))  # 6 inputs, one deleted
+
+
+def _object(gcs, uri):
+    """(size, crc32c) of a bucket object, from its metadata."""
+    bucket, name = uri[len("gs://"):].split("/", 1)
+    blob = gcs.client.bucket(bucket).get_blob(name)
+    return blob.size, blob.crc32c
 
 
 def check_zombie_outcome(job, gcs, mine, theirs, committed):

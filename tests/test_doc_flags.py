@@ -75,6 +75,8 @@ def _program(command):
             return TOOLS[word]
         if word.endswith(".py") and word.startswith(("bench_", "baseline_", "codec_")):
             return f"benchmarks/{word}"
+        if word.endswith(".py") and (REPO / "docker" / word).is_file():  # the image scripts
+            return f"docker/{word}"
     return "any"
 
 
@@ -127,7 +129,7 @@ def _unknown(text, programs, context=""):
         if program is None:
             continue
         flags = {f"--{f}" for f in FLAG.findall(command)}
-        if program.startswith("benchmarks/"):
+        if program.startswith(("benchmarks/", "docker/")):
             allowed = _benchmark_flags(program)
         else:  # a paragraph about a benchmark may name its flags
             allowed = programs[program].union(*(_benchmark_flags(f"benchmarks/{b}")
@@ -137,7 +139,7 @@ def _unknown(text, programs, context=""):
 
 
 def _benchmark_flags(path):
-    """The flags a benchmark script declares (spelt as string literals in its source)."""
+    """The flags a benchmark (or image) script declares (string literals in its source)."""
     return set(re.findall(r"[\"'](--[a-z][a-z0-9_]*)[\"']", (REPO / path).read_text()))
 
 

@@ -45,12 +45,15 @@ def link_or_copy(source, target):
     FileSystems.copy([source], [target])  # on GCS a server-side copy, complete or absent
 
 
-def run(kind, result, listing, previous_vdir, write_index, redo=None):
+def run(kind, result, listing, previous_vdir, write_index, redo=None, vdir=None):
     """A reuse or copy task -> its ShardResult (`result`: split, shard, path and temp set).
 
     Nothing damaged is carried forward: a shard is reused only when its size and checksum
     are the previous manifest's, and copied records have their CRCs checked. A damaged
     record goes to `redo` (converted again from its input, or rejected: rewrite.copy_frames).
+    Copied records are written to the attempt's temp name (the caller places them: two
+    attempts may differ); a reused file, the same bytes from any attempt, goes straight to
+    its final name in `vdir` when given.
     """
     header, rows = read_task(listing)
     source = layout.shard_file(previous_vdir, header["source"])
@@ -64,11 +67,13 @@ def run(kind, result, listing, previous_vdir, write_index, redo=None):
                             damage)
         return dataclasses.replace(result, errors=tuple(errors), repaired=redone,
                                    converted=redone)
+    if vdir is not None:
+        temp = layout.join(vdir, final)
     link_or_copy(source, temp)
     # The file as it is: its checksum as the previous manifest gave it (crc32c, or sha256
     # from a version written before shards had a CRC-32C). Its index is written from the
     # catalog rows, not linked: a damaged index is not carried forward either.
-    result = dataclasses.replace(result, crc32c=header.get("crc32c"),
+    result = dataclasses.replace(result, temp=temp, crc32c=header.get("crc32c"),
                                  sha256=header.get("sha256"),
                                  num_bytes=sum(r["length"] for r in rows))
     return with_rows(result, [dict(r, split=split, shard=shard, file=final) for r in rows],

@@ -94,10 +94,12 @@ class WriteShardFn(beam.DoFn):
                              kind=task.kind, origin=task.origin,
                              writer=f"{socket.gethostname()}:{os.getpid()}")  # counted by commit
         if task.kind != Kind.IMAGES:  # incremental: a previous shard reused or its records copied
-            if self.direct:
-                result = dataclasses.replace(result, temp=layout.join(self.vdir, final))
-            yield reuse.run(task.kind, result, task.listing, self.previous_vdir,
-                            self.write_index, redo=self._redo)
+            done = reuse.run(task.kind, result, task.listing, self.previous_vdir,
+                             self.write_index, redo=self._redo,
+                             vdir=self.vdir if self.direct else None)
+            # Copied records went to this attempt's temp name: they may differ from another
+            # attempt's (an input one of them could not read), so the first to finish wins.
+            yield attempts.place(done, self.vdir) if self.direct and done.temp == temp else done
             return
         shard_recipe = attempts.recipe(
             task.listing, name=final, labels=self.label_ids, encode=self.encode_options,
