@@ -8,8 +8,10 @@ Every distribution the package needs (with its extras), plus the installers the 
 (pip, setuptools), as one wheel each at its constraints.txt pin, for the Dataflow worker's
 platform: Linux x86_64, CPython 3.11, glibc up to --glibc (2.36: Debian 12, the Beam SDK
 image's base). Run it where an index is reachable, on that platform (or inside
-python:3.11-slim-bookworm): `pip wheel` builds the few pins published only as sdists
-(google-apitools) here, which a cross-platform `pip download --platform` cannot.
+python:3.11-slim-bookworm): `pip wheel` builds the one pin published only as an sdist
+(google-apitools, pure Python) here, which a cross-platform `pip download --platform`
+cannot. Everything else must come as a published wheel (--only-binary): nothing compiled
+against this host's libraries slips in.
 
 It fails, writing nothing, when the resolved set holds a distribution constraints.txt does
 not pin (the images would then differ from build to build): pin it there. The images check
@@ -35,6 +37,9 @@ except ImportError:  # a bare interpreter: pip always carries a copy
 
 REPO = Path(__file__).resolve().parent.parent
 INSTALLERS = ("pip", "setuptools")  # the images install these first, pinned, from here
+# Pins published only as sdists, built into wheels here: pure Python, so the wheel is
+# py3-none-any (checked). Every other distribution must be a published wheel.
+SDIST_ONLY = ("google-apitools",)
 PYTHON = (3, 11)  # the worker image's (docker/worker.Dockerfile's FROM)
 # PEP 600's hook: pip asks an importable `_manylinux` whether a manylinux_2_N wheel runs
 # here; answering for the target's glibc keeps a newer build host's wheels out.
@@ -55,7 +60,8 @@ def host_problem():
 
 
 def unpinned(wheels, pinned):
-    """One line per wheel whose distribution constraints.txt doesn't pin at that version."""
+    """One line per wheel whose distribution constraints.txt doesn't pin at that version,
+    or that was compiled here (a plain linux_* tag: it would run on this host only)."""
     bad = []
     for wheel in wheels:
         name, version = wheel.name.split("-")[:2]
@@ -63,6 +69,8 @@ def unpinned(wheels, pinned):
         if pin is None or Version(pin) != Version(version):
             bad.append(f"{wheel.name}: constraints.txt "
                        + (f"pins {pin}" if pin else "does not pin it (pin it there)"))
+        elif wheel.name.endswith(("-linux_x86_64.whl", "-linux_aarch64.whl")):
+            bad.append(f"{wheel.name}: compiled on this host, not a published manylinux wheel")
     return bad
 
 
@@ -77,6 +85,7 @@ def build(requirements, out, constraints, glibc, env=None):
         env = dict(os.environ if env is None else env)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(hook), env.get("PYTHONPATH")]))
         done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--wheel-dir", str(wheels),
+                               "--only-binary=:all:", f"--no-binary={','.join(SDIST_ONLY)}",
                                "-c", str(constraints), *requirements], env=env)
         if done.returncode:
             raise SystemExit(f"error: pip wheel failed (exit {done.returncode}), output above")

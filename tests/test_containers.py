@@ -11,6 +11,7 @@ the system's site-packages.
 import json
 import os
 import re
+import runpy
 import sys
 import venv
 
@@ -103,6 +104,24 @@ def test_dockerfiles_install_only_from_the_wheelhouse_and_run_the_pin_check():
     assert {"pip", "setuptools"} <= set(_pins())
 
 
+def test_the_wheelhouse_refuses_unpinned_and_host_compiled_wheels_and_caps_glibc(tmp_path):
+    script = runpy.run_path(str(SCRIPT))
+    names = ["six-1.17.0-py2.py3-none-any.whl", "six-1.16.0-py2.py3-none-any.whl",
+             "left_pad-1.0-py3-none-any.whl", "crcmod-1.7-cp311-cp311-linux_x86_64.whl",
+             "pillow-12.3.0-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl"]
+    pinned = {"six": "1.17.0", "crcmod": "1.7", "pillow": "12.3.0"}
+    assert script["unpinned"]([tmp_path / n for n in names], pinned) == [
+        "six-1.16.0-py2.py3-none-any.whl: constraints.txt pins 1.17.0",
+        "left_pad-1.0-py3-none-any.whl: constraints.txt does not pin it (pin it there)",
+        "crcmod-1.7-cp311-cp311-linux_x86_64.whl: compiled on this host, not a published "
+        "manylinux wheel"]
+    hook = {}  # PEP 600's _manylinux module, as pip imports it in the script's pip run
+    exec(script["MANYLINUX_HOOK"].format(glibc=(2, 28)), hook)
+    assert [hook["manylinux_compatible"](2, minor, arch) for minor, arch in (
+        (17, "x86_64"), (28, "x86_64"), (31, "x86_64"), (17, "aarch64"))] == [
+        True, True, False, False]
+
+
 @pytest.mark.slow
 def test_wheelhouse_slice_installs_at_its_pins_offline_into_a_bare_venv(tmp_path):
     wheelhouse = tmp_path / "wheelhouse"
@@ -167,3 +186,10 @@ def test_a_missing_wheel_fails_the_offline_install_and_an_unpinned_one_the_wheel
     assert made.returncode == 1 and not out.exists(), made.stdout[-2000:]
     assert re.search(r"^error: six-[\d.]+-py2\.py3-none-any\.whl: constraints\.txt does not pin "
                      r"it \(pin it there\)$", made.stderr, re.M), made.stderr[-2000:]
+
+    # Bases older than the pinned wheels need: pillow's cp311 wheels want glibc 2.27+.
+    old = tmp_path / "old"
+    made = _run(sys.executable, SCRIPT, "--out", old, "--glibc", "2.17", "pillow")
+    assert made.returncode == 1 and not old.exists(), made.stdout[-2000:]
+    assert made.stderr.rstrip().endswith("error: pip wheel failed (exit 1), output above")
+    assert "pillow" in made.stdout + made.stderr
