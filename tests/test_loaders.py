@@ -6,6 +6,7 @@ Records come from tests/tiny_dataset.py: record `rid`'s red is 6 * rid, green 10
 
 import collections
 import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -151,12 +152,18 @@ def _no_tensorflow_in_worker(worker_id):
     assert "tensorflow" not in sys.modules, "a DataLoader worker imported TensorFlow"
 
 
-def test_torch_dataloader_two_workers_map_style(root):
+@pytest.mark.parametrize("context", [
+    "fork",  # the source as workers inherit it
+    # pickled into fresh interpreters that must not import TensorFlow: each imports torch
+    # (~6 s); fast, the same no-TensorFlow check: test_importing_and_reading_loads_no_tensorflow
+    pytest.param("spawn", marks=pytest.mark.slow)])
+def test_torch_dataloader_two_workers_map_style(root, context):
     torch = pytest.importorskip("torch", reason="torch is in the test extra")
     source = RecordSource(root, "train")
     loader = torch.utils.data.DataLoader(
         source, batch_size=5, shuffle=True, num_workers=2, generator=torch.Generator().manual_seed(0),
-        multiprocessing_context="spawn", worker_init_fn=_no_tensorflow_in_worker)
+        multiprocessing_context=context,
+        worker_init_fn=_no_tensorflow_in_worker if context == "spawn" else None)
     keys, batches = [], 0
     for batch in loader:
         images, labels, batch_keys = batch
@@ -166,6 +173,8 @@ def test_torch_dataloader_two_workers_map_style(root):
         keys += batch_keys
         batches += 1
     assert batches == 8 and sorted(keys) == ALL_TRAIN_KEYS  # each record exactly once
+    copy = pickle.loads(pickle.dumps(source))  # what a spawned worker gets
+    assert [_rid_of(copy[i]) for i in range(len(copy))] == TRAIN
 
 
 def test_torch_dataloader_two_workers_two_hosts_iterable(root):

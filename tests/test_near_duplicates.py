@@ -37,9 +37,19 @@ def seeded_rows(n, radius, seed, old_every=0):
 
 
 def brute(rows, radius):
-    return {tuple(sorted((a.key, b.key))) + ((a.hash ^ b.hash).bit_count(),)
-            for i, a in enumerate(rows) for b in rows[i + 1:]
-            if (a.hash ^ b.hash).bit_count() <= radius and not (a.old and b.old)}
+    """Every pair within radius but old-old ones, by comparing all pairs (numpy, a block of
+    rows against all at a time: 3000 rows in ~0.1 s, where a Python loop took ~1.5 s)."""
+    h = np.array([r.hash for r in rows], np.uint64)
+    old = np.array([r.old for r in rows], bool)
+    out = set()
+    for lo in range(0, len(rows), 512):
+        d = np.bitwise_count(h[lo:lo + 512, None] ^ h[None, :])
+        for i, j in zip(*np.nonzero(d <= radius)):
+            i = int(i) + lo
+            if i < j and not (old[i] and old[j]):
+                a, b = rows[i], rows[j]
+                out.add(tuple(sorted((a.key, b.key))) + (int(d[i - lo, j]),))
+    return out
 
 
 def found(rows, radius, bands=None, tmp_path=None):

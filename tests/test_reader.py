@@ -183,6 +183,8 @@ def test_labels_and_shapes(pipeline_root, training):
     assert ds.element_spec[0].shape.as_list() == [None, SIZE, SIZE, 3]
     assert ds.element_spec[0].dtype == tf.float32 and ds.element_spec[1].dtype == tf.int32
     batches = list(ds)
+    n = meta.splits[split].num_examples  # the last batch kept: ceil(n / 4) batches
+    assert ds.cardinality().numpy() == len(batches) == -(-n // 4)
     for images, _ in batches:
         assert 0.0 <= images.numpy().min() and images.numpy().max() <= 1.0
     seen = collections.Counter(meta.labels[i] for _, b in batches for i in b.numpy())
@@ -218,12 +220,14 @@ def test_eval_is_deterministic(root):
     assert_same_arrays(first, again)  # same length, same arrays, same order
     assert_same_arrays(first, fresh)
     assert sum(len(labels) for labels in first[1::2]) == 9  # every validation record
+    assert ds.cardinality().numpy() == len(first) // 2 == 3
 
 
 def test_training_with_seed_is_reproducible(root):
     def epochs(seed, n=2):
         ds = readers.make_dataset(str(root), batch_size=8, image_size=SIZE, seed=seed,
                                   shuffle_buffer=16)
+        assert ds.cardinality().numpy() == 3  # 30 records: training drops the remainder
         return [[x.numpy() for b in ds for x in b] for _ in range(n)]  # n iterations
 
     a, b, c = epochs(7), epochs(7), epochs(8, n=1)
@@ -263,15 +267,20 @@ def test_host_sharding_covers_each_record_once(root, training, pipelines, split)
         assert sorted(all_ids) == list(range(n)) and max(lengths) - min(lengths) <= 1
 
 
-def test_training_hosts_run_equal_steps_with_full_batches(root):
+@pytest.mark.parametrize("hosts,steps", [
+    (2, 5),  # 30 records: ranges of 15; 5 batches of 3 each
+    # ranges of 7, 8, 7, 8: training reads 7 each, 2 batches; slow: 4 pipelines (~1 s
+    # each), the plan's arithmetic for every host count is tests/test_hosts_plan.py's
+    pytest.param(4, 2, marks=pytest.mark.slow)])
+def test_training_hosts_run_equal_steps_with_full_batches(root, hosts, steps):
     """Each host reads only its plan's records (files cut by a range boundary included),
     no record twice across hosts, in equal full batches."""
     cards, seen = [], []
-    for i in range(4):  # 30 records: ranges of 7, 8, 7, 8; training reads 7 each
+    for i in range(hosts):
         ds = readers.make_dataset(str(root), batch_size=3, image_size=SIZE, seed=1,
-                                  input_context=Ctx(4, i), version=VERSION)
+                                  input_context=Ctx(hosts, i), version=VERSION)
         batches = list(ds)
-        assert [int(b[1].shape[0]) for b in batches] == [3, 3]
+        assert [int(b[1].shape[0]) for b in batches] == [3] * steps
         assert ds.element_spec[0].shape[0] == 3
         ids, labels = _ids_labels(batches)
         # shard s holds records s, s + 4, ... (write_dataset): a piece's ids follow from it
@@ -281,8 +290,8 @@ def test_training_hosts_run_equal_steps_with_full_batches(root):
         assert labels == [r % 3 for r in ids]
         cards.append(int(ds.cardinality()))
         seen += ids
-    assert cards == [2] * 4
-    assert len(seen) == len(set(seen)) == 24
+    assert cards == [steps] * hosts
+    assert len(seen) == len(set(seen)) == 3 * steps * hosts
 
 
 def test_several_hosts_need_a_pinned_version(root, monkeypatch, caplog):
@@ -380,7 +389,14 @@ def test_transform_normalizes_with_its_statistics(tmp_path):
     assert labels.dtype == tf.int32 and labels.numpy().tolist() == plain_labels.numpy().tolist()
     want = (plain.numpy().astype(np.float64) - mean) / std
     np.testing.assert_allclose(images.numpy().astype(np.float64), want, atol=0.6 / 10)
-    # training: the reader's own random crops and flips, seeded
+
+
+@pytest.mark.slow  # two more pipelines; fast, seeded: test_training_with_seed_is_reproducible
+def test_transform_training_is_seeded(tmp_path):
+    """Training with transform=True: the reader's own random crops and flips, seeded."""
+    write_dataset(tmp_path)
+    _with_transform_statistics(tmp_path, [100.0, 50.0, 25.0], [60.0, 30.0, 10.0])
+    kw = dict(batch_size=9, image_size=(SIZE, SIZE + 2))
     a = [x.numpy() for b in readers.make_dataset(str(tmp_path), transform=True, seed=1,
                                                  **kw) for x in b]
     b = [x.numpy() for b in readers.make_dataset(str(tmp_path), transform=True, seed=1,
@@ -393,17 +409,18 @@ def test_host_sharding_real_input_context(root):
                                      num_replicas_in_sync=2)
     ds = readers.make_dataset(str(root), "train", batch_size=4, image_size=SIZE,
                               input_context=ctx, drop_remainder=False, version=VERSION)
-    assert sum(b[1].shape[0] for b in ds) == 15
+    batches = [b[1].shape[0] for b in ds]
+    assert sum(batches) == 15 and ds.cardinality().numpy() == len(batches) == 4
 
 
+# Also asserted where a test builds that dataset anyway (one tf.data pipeline costs ~1 s):
+# training drops the remainder (test_training_with_seed_is_reproducible), keeps it when told
+# (test_labels_and_shapes), evaluation (test_eval_is_deterministic), one of two training
+# hosts (test_host_sharding_real_input_context).
 @pytest.mark.parametrize("kwargs,batches", [
-    (dict(split="train"), 3),  # 30 records, batch 8, training drops the remainder
-    (dict(split="train", drop_remainder=False), 4),
-    (dict(split="validation", batch_size=4), 3),
     (dict(split="train", repeat=2), 7),
     # several hosts evaluating: unknown (their lengths may differ by a batch), 2 read
     (dict(split="validation", batch_size=2, input_context=Ctx(3, 0), version=VERSION), -2),
-    (dict(split="train", input_context=Ctx(2, 1), drop_remainder=False, version=VERSION), 2),
 ])
 def test_cardinality(root, kwargs, batches):
     ds = readers.make_dataset(str(root), **dict(dict(batch_size=8, image_size=SIZE), **kwargs))

@@ -39,9 +39,13 @@ def _eval(root, split, **kw):
                                 **kw)
 
 
-@pytest.mark.parametrize("spec,window", [("train[:10%]", (0, 4)), ("train[33%:67%]", (12, 25)),
-                                         ("train[30:]", (30, 37)), ("train[-5:-2]", (32, 35)),
-                                         ("train[1shard:2shard]", (10, 19))])
+# The windows' arithmetic for every boundary: tests/test_slices.py (pure Python); here the
+# reader reads them: two fast, the rest slow (one tf.data pipeline each, ~1 s)
+@pytest.mark.parametrize("spec,window", [
+    pytest.param("train[:10%]", (0, 4), marks=pytest.mark.slow), ("train[33%:67%]", (12, 25)),
+    pytest.param("train[30:]", (30, 37), marks=pytest.mark.slow),
+    pytest.param("train[-5:-2]", (32, 35), marks=pytest.mark.slow),
+    ("train[1shard:2shard]", (10, 19))])
 def test_split_slices_read_the_tfds_window(root, spec, window):
     ds = _eval(root, spec, batch_size=None, image_size=8)
     assert [_rid(image) for image, _ in ds] == TRAIN[window[0]:window[1]]

@@ -125,6 +125,7 @@ PLANS = st.lists(st.tuples(st.integers(1, 9), st.sampled_from([1, 2, 3]),
                            st.sampled_from([6, 12])), min_size=2, max_size=4)
 
 
+@pytest.mark.slow  # ~18 s of tf.data pipelines; fast: the two resume tests below
 @settings(max_examples=12 if LONG else 3, deadline=None, phases=NO_SHRINK,
           suppress_health_check=[HealthCheck.function_scoped_fixture,
                                  HealthCheck.too_slow])
