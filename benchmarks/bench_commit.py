@@ -50,6 +50,7 @@ def child(args):
 
     sys.path.insert(0, args.code)
     from beam_pipeline.job import commit as commit_module
+    from beam_pipeline.job import label_counts
     from beam_pipeline.store import catalog, gcs
 
     # The emulator queues at most 5 connections it has not accepted yet, and answers a batch
@@ -81,7 +82,7 @@ def child(args):
         keep_versions=0, write_index=False)
     kwargs = {}
     if new:  # what the job's other commit steps would hand over
-        counts = commit_module.SumLabelCounts()
+        counts = label_counts.SumLabelCounts()
         kwargs = {"label_counts": counts.extract_output(
                       counts.merge_accumulators([counts.add_input(counts.create_accumulator(),
                                                                   r) for r in results])),

@@ -1,7 +1,7 @@
 """The job's last stage: finalize the shards -> build the manifest -> publish.
 
 The writers already put every shard under its final name, the label counts arrive summed
-across workers (SumLabelCounts) and the error records as one JSONL file (WriteErrors), so
+across workers (label_counts.py) and the error records as one JSONL file (WriteErrors), so
 the one process that commits holds one small entry per shard and makes no request per
 shard but its catalog fragment's read.
 
@@ -17,8 +17,9 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from beam_pipeline.dedup import duplicates, leaks
-from beam_pipeline.job import rewrite
+from beam_pipeline.job import errors_file, rewrite
 from beam_pipeline.job.contracts import Origin, ShardResult
+from beam_pipeline.job.label_counts import SumLabelCounts, minus_dropped, sum_label_counts
 from beam_pipeline.job.manifest import Finalized, build_manifest
 from beam_pipeline.store import catalog, files, lock, split_map, versions
 from dataset_format import frames, layout
@@ -79,8 +80,8 @@ def finalize(results, spec, label_counts=None, error_files=()):
     if label_counts is None:
         label_counts = sum_label_counts(results)
     else:  # combined before commit: take the rewritten shards' dropped rows off
-        label_counts = _minus_dropped(label_counts, original, cataloged)
-    reasons = _write_errors(results, spec, error_files)
+        label_counts = minus_dropped(label_counts, original, cataloged)
+    reasons = errors_file.write_errors(results, spec, error_files)
     _check_error_budget(sum(reasons.values()), spec)
     by_shard = {(r.split, r.shard): r for r in results}
     shards = _commit_shards(spec, by_shard)
@@ -102,58 +103,6 @@ def _commit_shards(spec, by_shard):
         return {split: list(pool.map(lambda i, split=split: _commit_shard(
                     spec, split, i, by_shard.get((split, i))), range(n)))
                 for split, n in sorted(spec.num_shards.items())}
-
-
-def sum_label_counts(results, into=None):
-    """ShardResults -> {split: {class: images}} (adding to `into`)."""
-    counts = {} if into is None else into
-    for r in results:
-        if r.split is not None:
-            _add_counts(counts, {r.split: r.label_counts})
-    return counts
-
-
-def _add_counts(into, counts):
-    """Add {split: {class: images}} `counts` into `into`."""
-    for split, by_label in counts.items():
-        target = into.setdefault(split, {})
-        for label, n in by_label.items():
-            target[label] = target.get(label, 0) + n
-
-
-def _minus_dropped(label_counts, before, after):
-    """Combined counts, less the rows that rewritten shards dropped (read from the original
-    fragment of each rewritten shard: only with --drop_content_duplicates and the like)."""
-    counts = {split: dict(c) for split, c in label_counts.items()}
-    for old, new in zip(before, after):
-        if old is new:
-            continue
-        split = counts.setdefault(old.split, {})
-        for table in catalog.iter_tables(old.catalog_temp, columns=["label"]):
-            for label in table["label"].to_pylist():
-                split[label] = split.get(label, 0) - 1
-        _add_counts(counts, {new.split: new.label_counts})
-    return counts
-
-
-class SumLabelCounts(beam.CombineFn):
-    """ShardResults -> {split: {class: images}}, combined across workers, so no process ever
-    holds every shard's counts (with 20k classes, thousands per shard)."""
-
-    def create_accumulator(self):
-        return {}
-
-    def add_input(self, accumulator, result):
-        return sum_label_counts((result,), accumulator)
-
-    def merge_accumulators(self, accumulators):
-        merged = {}
-        for accumulator in accumulators:
-            _add_counts(merged, accumulator)
-        return merged
-
-    def extract_output(self, accumulator):
-        return accumulator
 
 
 def _write_manifest(spec, manifest, extra_files):
@@ -213,30 +162,6 @@ def _release_lock(spec):
     """A job submitted by a launcher that did not wait holds ROOT/.lock: done with it now.
     (A waiting launcher's lock is its own to release; this leaves it alone.)"""
     lock.release_submitted(spec.root, spec.version)
-
-
-def _write_errors(results, spec, error_files=()):
-    """The listing's errors, the shards' (from `error_files`, or the results) ->
-    VDIR/errors.jsonl, streamed; returns {reason: count}."""
-    reasons = {}
-
-    def lines():
-        for path in (spec.listing_errors_path, *error_files):
-            for line in _iter_lines(path):
-                yield json.loads(line)
-        for r in results:
-            yield from r.errors
-
-    with files.create_final(layout.join(spec.vdir, layout.ERRORS)) as out:
-        batch = []
-        for error in lines():
-            reasons[error["reason"]] = reasons.get(error["reason"], 0) + 1
-            batch.append(json.dumps(error, sort_keys=True) + "\n")
-            if len(batch) >= 4096:
-                out.write("".join(batch).encode())
-                batch = []
-        out.write("".join(batch).encode())
-    return reasons
 
 
 def _check_error_budget(failed, spec):
@@ -347,16 +272,6 @@ def _rename(temp, final):
         FileSystems.rename([temp], [final])
     elif not FileSystems.exists(final):
         raise FileNotFoundError(f"shard temp file {temp} is missing")
-
-
-def _iter_lines(path):
-    """A JSONL file's non-empty lines, streamed (none when there is no such file)."""
-    if not path or not FileSystems.exists(path):
-        return
-    with FileSystems.open(path) as f:
-        for line in f:
-            if line.strip():
-                yield line.decode()
 
 
 class Commit(beam.PTransform):
