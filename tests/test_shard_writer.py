@@ -65,26 +65,24 @@ def _check(expected_keys, moments):
     return check
 
 
-def _run(tmp_path, moments):
+def test_write_shard_fn_yields_results_that_match_their_files(tmp_path):
+    """Without and with --transform's pixel moments: two writers in one pipeline (a
+    TestPipeline costs ~2 s to start)."""
     inputs = {"cat/a.jpg": image_bytes(CLASS_COLOURS["cat"]),
               "dog/b.jpg": image_bytes(CLASS_COLOURS["dog"]),
               "cat/broken.jpg": b"not an image",
               "cat/c.jpg": image_bytes((221, 40, 40))}
     task = _task(tmp_path, inputs)
     with beam_test.TestPipeline() as p:
-        results = (p | beam.Create([task])
-                   | beam.ParDo(WriteShardFn(str(tmp_path / "tmp"), "t", {"train": 1}, LABEL_IDS,
-                                             EncodeOptions(), write_index=True, moments=moments))
-                   .with_output_types(ShardResult))
-        assert_that(results, _check(["cat/a.jpg", "dog/b.jpg", "cat/c.jpg"], moments))
-
-
-def test_write_shard_fn_yields_a_result_that_matches_its_files(tmp_path):
-    _run(tmp_path, moments=False)
-
-
-def test_write_shard_fn_sums_pixel_moments_for_the_transform(tmp_path):
-    _run(tmp_path, moments=True)
+        tasks = p | beam.Create([task])
+        for moments in (False, True):
+            results = (tasks
+                       | f"Write{moments}" >> beam.ParDo(WriteShardFn(
+                           str(tmp_path / f"v{moments}" / "tmp"), "t", {"train": 1}, LABEL_IDS,
+                           EncodeOptions(), write_index=True, moments=moments))
+                       .with_output_types(ShardResult))
+            assert_that(results, _check(["cat/a.jpg", "dog/b.jpg", "cat/c.jpg"], moments),
+                        label=f"Check{moments}")
 
 
 def test_shard_task_keeps_the_index_line_format():
