@@ -18,15 +18,15 @@ from beam_pipeline.store import lock
 @lock.release_on_exit  # the lock taken below is released however run() ends
 def run(argv=None):
     """Build one dataset version -> Published, Submitted or UpToDate (launcher/ types)."""
-    from beam_pipeline.launcher import (listing, options as opts, prepare, report,
+    from beam_pipeline.launcher import (checks, listing, options as opts, prepare, report,
                                         runner as runners)
 
     pipeline_options, build = opts.parse(argv)
     runners.refuse_classic_template(pipeline_options)  # before anything is created
-    prepare.require_tensorflow(build)
+    checks.require_tensorflow(build)
     listing.check_exist(build.input)  # before the output root is created
     root = build.output.rstrip("/")
-    prepare.check_writable(root)
+    checks.check_writable(root)
     lock.acquire(root, wait=build.wait)  # one build per root: exit 2 (or --wait) if held
     planned = prepare.prepare(build, root)
     if isinstance(planned, prepare.UpToDate):

@@ -3,6 +3,7 @@
 Lives below launcher/ and job/ so the job (Beam workers) never imports the launcher.
 """
 
+import collections
 import dataclasses
 import json
 from typing import Optional
@@ -13,6 +14,9 @@ SPLIT_NAMES = ("train", "validation", "test")  # split folders a directory input
 # planner's passes read a field from the parsed list without building an ImageRef.
 (LINE_KEY, LINE_URI, LINE_LABEL, LINE_SPLIT, LINE_SIZE, LINE_STAMP, LINE_SHA256, LINE_SOURCE,
  LINE_MD5) = range(9)
+# ... and as a named tuple of those fields, read without building an ImageRef (a frozen
+# dataclass: ~3 us): Listed._make(json.loads(line)).
+Listed = collections.namedtuple("Listed", "key uri label split size stamp sha256 source md5")
 
 
 @dataclasses.dataclass(frozen=True, order=True)

@@ -18,7 +18,7 @@ import shutil
 
 import pytest
 
-from beam_pipeline.launcher import plan
+from beam_pipeline.launcher import rules
 from beam_pipeline.store import split_map
 from dataset_format import layout
 from tests.helpers import build, check_invariants, make_images
@@ -43,10 +43,10 @@ def sha(path):
 
 def hashed_into(split, prefix, ext="jpg"):
     """A file name (under cat/) whose key hashes into `split`, and one that does not."""
-    parsed = plan.parse_splits(SPLITS)
+    parsed = rules.parse_splits(SPLITS)
     names = [f"{prefix}{i}.{ext}" for i in range(200)]
-    inside = next(n for n in names if plan.assign_split(f"cat/{n}", parsed) == split)
-    outside = next(n for n in names if plan.assign_split(f"cat/{n}", parsed) != split)
+    inside = next(n for n in names if rules.assign_split(f"cat/{n}", parsed) == split)
+    outside = next(n for n in names if rules.assign_split(f"cat/{n}", parsed) != split)
     return inside, outside
 
 
@@ -155,8 +155,8 @@ def test_resplit_starts_over_and_splits_changes_apply_to_new_content_only(tmp_pa
     after = content_splits(v)
     assert {s: after[s] for s in before} == before
     v = build([src], root, *ARGS, "--resplit")
-    assert content_splits(v)[sha(path)] == plan.assign_split(
-        "cat/" + path.name, plan.parse_splits(SPLITS))
+    assert content_splits(v)[sha(path)] == rules.assign_split(
+        "cat/" + path.name, rules.parse_splits(SPLITS))
     assert v["manifest"]["split_map"]["from"] is None
 
 

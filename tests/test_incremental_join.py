@@ -8,14 +8,14 @@ import json
 import pytest
 
 from beam_pipeline.job.contracts import Kind, Origin, PlannedShard, ShardPlan, ShardTask
-from beam_pipeline.launcher import identity, incremental, plan
+from beam_pipeline.launcher import identity, incremental, rules
 from beam_pipeline.refs import ImageRef
 from beam_pipeline.store import catalog
 from beam_pipeline.store.catalog import FragmentWriter
 from beam_pipeline.algorithms.spill import SortedSpill
 from dataset_format import dataset_info, layout
 
-SPLITS = plan.parse_splits("train=0.5,test=0.5")
+SPLITS = rules.parse_splits("train=0.5,test=0.5")
 
 
 def test_join_by_key_pairs_sorted_streams():
@@ -96,7 +96,7 @@ def test_each_image_is_kept_changed_added_or_removed(tmp_path, previous):
         b = next(ImageRef.from_json(l) for *_, lines in listings[2:] for l in lines
                  if ImageRef.from_json(l).key == "b")
         # A key whose bytes changed is new content (b's new size no input had: not read).
-        assert b.split == plan.assign_split("b", SPLITS)
+        assert b.split == rules.assign_split("b", SPLITS)
     finally:
         inc.close()
 

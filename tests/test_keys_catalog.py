@@ -8,14 +8,14 @@ import random
 import pyarrow.parquet as pq
 import pytest
 
-from beam_pipeline.launcher import plan
+from beam_pipeline.launcher import listing, plan, rules
 from beam_pipeline.store import versions
 from beam_pipeline.refs import ImageRef
 from beam_pipeline.algorithms.spill import SortedSpill
 from dataset_format import layout, schema
 from tests.helpers import FAST, build, check_invariants, make_images, read_records
 
-SPLITS = plan.parse_splits("train=0.8,validation=0.1,test=0.1")
+SPLITS = rules.parse_splits("train=0.8,validation=0.1,test=0.1")
 
 
 # --- pure: the spill sort and the planner --------------------------------------------------------
@@ -35,7 +35,7 @@ def test_sorted_spill_merges_chunks_in_order(tmp_path):
 
 def _plan(items, tmp_path, chunk=None):
     errors = []
-    p = plan.plan_listing(iter(items), versions.Fingerprint({"a": 1}, "0"), None,
+    p = listing.plan_listing(iter(items), versions.Fingerprint({"a": 1}, "0"), None,
                           str(tmp_path), errors.append)
     return p, errors
 
@@ -67,11 +67,11 @@ def test_plan_is_independent_of_listing_order_and_cuts_shards_by_hash(tmp_path):
                 for split, shard, lines in plan.iter_shards(by_position, num_shards)}
     expected = {}  # shard_of(split, key), ordered by shard_position inside a shard
     for r in refs:
-        split = plan.assign_split(r.key, SPLITS)
-        expected.setdefault((split, plan.shard_of(split, r.key, num_shards[split])), []).append(
+        split = rules.assign_split(r.key, SPLITS)
+        expected.setdefault((split, rules.shard_of(split, r.key, num_shards[split])), []).append(
             ImageRef(r.key, r.uri, r.label, split, r.size, r.stamp))
     for shard in expected.values():
-        shard.sort(key=lambda ref: plan.shard_position(ref.split, ref.key))
+        shard.sort(key=lambda ref: rules.shard_position(ref.split, ref.key))
     assert streamed == expected
     assert sum(len(v) for v in streamed.values()) == 300
     for spill in (a.by_key, b.by_key, ra.by_key, rb.by_key, by_position):

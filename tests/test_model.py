@@ -38,7 +38,7 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
                                  rule)
 
 from beam_pipeline.errors import UserError
-from beam_pipeline.launcher import plan
+from beam_pipeline.launcher import rules
 from dataset_format import layout
 from tests.helpers import build, check_invariants
 from tests.model_tree import (CLASSES, INPUTS, Tree, full_build_record, near_copy,
@@ -272,7 +272,7 @@ class Regeneration(RuleBasedStateMachine):
         the previous version's record of the bytes (same class/name, name, first key); the
         split map (every content published since --resplit); the key hash."""
         if mode == "resplit" or self.previous is None:
-            return plan.assign_split(key, splits)
+            return rules.assign_split(key, splits)
         if key in self.previous and self.previous[key][1] == sha:
             return self.previous[key][0]
         same = {k: split for k, (split, s, u) in self.previous.items() if s == sha}
@@ -286,7 +286,7 @@ class Regeneration(RuleBasedStateMachine):
                 return same[known[0]]
         if sha in self.history:
             return self.history[sha]
-        return plan.assign_split(key, splits)
+        return rules.assign_split(key, splits)
 
     def check_version(self, result, mode, config):
         from beam_pipeline.tools import verify
@@ -304,7 +304,7 @@ class Regeneration(RuleBasedStateMachine):
             manifest["accounting"], listed=len(listed), written=len(got),
             failed=len(unreadable), leaks=len(excluded), duplicates=0)
         catalog = {r["key"]: r for r in catalog_rows(result["version_dir"])}
-        splits = plan.parse_splits(config[0])
+        splits = rules.parse_splits(config[0])
         published, made = {}, []
         for key, rel in listed.items():
             if key in unreadable:

@@ -33,7 +33,7 @@ def test_manifest_invariants(built_dataset):
     assert m["accounting"]["listed"] == 39 and m["accounting"]["written"] == 36
     assert m["accounting"]["failed"] == 3 and m["accounting"]["duplicates"] == 0
     # Keys are paths relative to the input root ("circle/circle_000.jpg"), so the hashed splits
-    # are the same on every run and every machine (plan.assign_split, pinned in
+    # are the same on every run and every machine (rules.assign_split, pinned in
     # test_records_plan.py), and each split gets its 2 shards.
     assert {s: info["num_examples"] for s, info in m["splits"].items()} == {
         "train": 26, "validation": 5, "test": 5}

@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from beam_pipeline.launcher import plan
+from beam_pipeline.launcher import plan, rules
 from beam_pipeline.job import records
 from beam_pipeline.job.images import Encoded
 from beam_pipeline.refs import SPLIT_NAMES, ImageRef
@@ -82,9 +82,9 @@ def test_tfrecord_frame_matches_tf_writer(tmp_path):
 # --- splits -----------------------------------------------------------------------------------
 
 def test_parse_splits_ok():
-    assert plan.parse_splits("train=0.8,validation=0.1,test=0.1") == (
+    assert rules.parse_splits("train=0.8,validation=0.1,test=0.1") == (
         ("train", 0.8), ("validation", 0.1), ("test", 0.1))
-    assert plan.parse_splits(" train = 1 ") == (("train", 1.0),)
+    assert rules.parse_splits(" train = 1 ") == (("train", 1.0),)
 
 
 @pytest.mark.parametrize("text, named", [
@@ -99,15 +99,15 @@ def test_parse_splits_ok():
 ])
 def test_parse_splits_errors_name_the_bad_value(text, named):
     with pytest.raises(ValueError) as info:
-        plan.parse_splits(text)
+        rules.parse_splits(text)
     assert named in str(info.value) and "--splits" in str(info.value)
 
 
 def test_assign_split_stable_and_proportional():
-    splits = plan.parse_splits("train=0.7,validation=0.2,test=0.1")
+    splits = rules.parse_splits("train=0.7,validation=0.2,test=0.1")
     keys = [f"/data/class{i % 5}/img_{i:05d}.jpg" for i in range(5000)]
-    first = [plan.assign_split(k, splits) for k in keys]
-    assert first == [plan.assign_split(k, splits) for k in keys]
+    first = [rules.assign_split(k, splits) for k in keys]
+    assert first == [rules.assign_split(k, splits) for k in keys]
     counts = collections.Counter(first)
     assert set(counts) == {"train", "validation", "test"}
     for name, fraction in splits:
@@ -119,7 +119,7 @@ def test_assign_split_stable_and_proportional():
 # shards across versions of the same dataset: a breaking change, not a test to update.
 # Keys are paths relative to an input root, as the listing makes them.
 
-PINNED_SPLITS = plan.parse_splits("train=0.8,validation=0.1,test=0.1")
+PINNED_SPLITS = rules.parse_splits("train=0.8,validation=0.1,test=0.1")
 
 # key -> (its split by hash, its shard in that split for num_shards 1, 3, 16)
 PINNED = {
@@ -141,15 +141,15 @@ PINNED = {
 @pytest.mark.parametrize("key", PINNED)
 def test_split_and_shard_of_pinned_keys(key):
     split, shards = PINNED[key]
-    assert plan.assign_split(key, PINNED_SPLITS) == split
-    assert tuple(plan.shard_of(split, key, n) for n in (1, 3, 16)) == shards
+    assert rules.assign_split(key, PINNED_SPLITS) == split
+    assert tuple(rules.shard_of(split, key, n) for n in (1, 3, 16)) == shards
 
 
 def test_unit_hash_pinned_values():
-    assert plan.unit_hash("split", "cat/000.jpg") == 0.6917624722071029
-    assert plan.unit_hash("shard", "train", "cat/000.jpg") == 0.8729854129553617
-    assert plan.unit_hash("x") == 0.17750681999964502
-    assert plan.shard_position("train", "cat/000.jpg") == 0.8729854129553617
+    assert rules.unit_hash("split", "cat/000.jpg") == 0.6917624722071029
+    assert rules.unit_hash("shard", "train", "cat/000.jpg") == 0.8729854129553617
+    assert rules.unit_hash("x") == 0.17750681999964502
+    assert rules.shard_position("train", "cat/000.jpg") == 0.8729854129553617
     # the documented recipe: the first 8 bytes of sha256("split\0key"), big-endian, / 2**64
     digest = hashlib.sha256("split\0cat/000.jpg".encode()).digest()
     assert int.from_bytes(digest[:8], "big") / 2.0**64 == 0.6917624722071029
@@ -157,8 +157,8 @@ def test_unit_hash_pinned_values():
 
 def test_shard_of_layout_splits_pinned():
     """A ROOT/<split>/<class>/ layout fixes the split; the shard still hashes (split, key)."""
-    assert [plan.shard_of(s, "train/dog/x.png", 3) for s in SPLIT_NAMES] == [1, 2, 1]
-    assert [plan.shard_of(s, "validation/cat/y.jpg", 3) for s in SPLIT_NAMES] == [0, 2, 2]
+    assert [rules.shard_of(s, "train/dog/x.png", 3) for s in SPLIT_NAMES] == [1, 2, 1]
+    assert [rules.shard_of(s, "validation/cat/y.jpg", 3) for s in SPLIT_NAMES] == [0, 2, 2]
 
 
 PINNED_NUM_SHARDS = {"train": 3, "validation": 1, "test": 2}
@@ -175,7 +175,7 @@ PINNED_SHARDS = {
 def test_shard_contents_and_order_pinned():
     """The launcher's streaming path: refs spilled sorted by shard_sort_key, cut into shards."""
     by_position = sorted(
-        (plan.shard_sort_key(split, key),
+        (rules.shard_sort_key(split, key),
          ImageRef(key=key, uri=f"/in/{key}", label="x", split=split).to_json())
         for key, (split, _) in PINNED.items())
 
@@ -186,15 +186,15 @@ def test_shard_contents_and_order_pinned():
 
 
 def test_label_ids_pinned():
-    assert plan.label_ids({"owl", "cat", "dog", "fox", "Zebra", "ant"}) == [
+    assert rules.label_ids({"owl", "cat", "dog", "fox", "Zebra", "ant"}) == [
         "Zebra", "ant", "cat", "dog", "fox", "owl"]  # code-point order: capitals first
-    assert plan.label_ids({"owl", "cat", "ant"}, previous=["dog", "cat"]) == [
+    assert rules.label_ids({"owl", "cat", "ant"}, previous=["dog", "cat"]) == [
         "dog", "cat", "ant", "owl"]
-    assert plan.label_ids({"owl"}, previous=["dog"], label_file=["b", "a"]) == ["b", "a"]
+    assert rules.label_ids({"owl"}, previous=["dog"], label_file=["b", "a"]) == ["b", "a"]
 
 
 def test_unit_hash_range():
-    values = [plan.unit_hash("x", str(i)) for i in range(1000)]
+    values = [rules.unit_hash("x", str(i)) for i in range(1000)]
     assert all(0 <= v < 1 for v in values) and len(set(values)) == 1000
 
 
@@ -202,22 +202,22 @@ def test_unit_hash_range():
 
 @pytest.mark.parametrize("num_shards", [1, 2, 7, 16])
 def test_shard_of_in_range_and_spread(num_shards):
-    shards = [plan.shard_of("train", f"k{i}", num_shards) for i in range(2000)]
+    shards = [rules.shard_of("train", f"k{i}", num_shards) for i in range(2000)]
     assert set(shards) == set(range(num_shards))
-    assert shards == [plan.shard_of("train", f"k{i}", num_shards) for i in range(2000)]
+    assert shards == [rules.shard_of("train", f"k{i}", num_shards) for i in range(2000)]
 
 
 def test_shard_depends_on_split():
-    a = [plan.shard_position("train", f"k{i}") for i in range(50)]
-    b = [plan.shard_position("test", f"k{i}") for i in range(50)]
+    a = [rules.shard_position("train", f"k{i}") for i in range(50)]
+    b = [rules.shard_position("test", f"k{i}") for i in range(50)]
     assert a != b
 
 
 def test_auto_num_shards():
-    assert plan.auto_num_shards(0, 128) == 1
-    assert plan.auto_num_shards(128 * 2**20, 128) == 1
-    assert plan.auto_num_shards(128 * 2**20 + 1, 128) == 2
-    assert plan.auto_num_shards(3 * 2**20, 1) == 3
+    assert rules.auto_num_shards(0, 128) == 1
+    assert rules.auto_num_shards(128 * 2**20, 128) == 1
+    assert rules.auto_num_shards(128 * 2**20 + 1, 128) == 2
+    assert rules.auto_num_shards(3 * 2**20, 1) == 3
 
 
 @pytest.mark.parametrize("cpus, direct_workers", [(1, 0), (2, 0), (64, 0), (8, 3), (2, 16)])
@@ -226,32 +226,32 @@ def test_auto_shard_count_is_the_same_on_any_machine(monkeypatch, cpus, direct_w
     worker count (that parallelism comes from the runner), so the bytes match everywhere."""
     from apache_beam.options.pipeline_options import DirectOptions
 
-    from beam_pipeline.launcher import options, prepare
+    from beam_pipeline.launcher import options
 
     monkeypatch.setattr("os.cpu_count", lambda: cpus)
     pipeline_options, build = options.parse(["--input=in", "--output=out", "--target_shard_mb=1",
                                              f"--direct_num_workers={direct_workers}"])
     assert pipeline_options.view_as(DirectOptions).direct_num_workers == direct_workers
     per_split = {"train": (9000, 5 * 2**20 + 1), "validation": (3, 2**20), "test": (2, 9 * 2**20)}
-    assert prepare.shard_counts(per_split, build) == {"train": 6, "validation": 1, "test": 2}
+    assert rules.shard_counts(per_split, build.num_shards, build.target_shard_mb) == {"train": 6, "validation": 1, "test": 2}
 
 
 # --- labels -----------------------------------------------------------------------------------
 
 def test_label_ids_sorted_by_default():
-    assert plan.label_ids({"tulip", "daisy", "rose"}) == ["daisy", "rose", "tulip"]
+    assert rules.label_ids({"tulip", "daisy", "rose"}) == ["daisy", "rose", "tulip"]
 
 
 def test_label_ids_keep_previous_and_append_new_sorted():
     previous = ["rose", "daisy"]  # earlier version's order, not sorted
-    got = plan.label_ids({"daisy", "zinnia", "aster", "rose"}, previous)
+    got = rules.label_ids({"daisy", "zinnia", "aster", "rose"}, previous)
     assert got == ["rose", "daisy", "aster", "zinnia"]
     # A class that vanished keeps its id.
-    assert plan.label_ids({"daisy"}, previous) == ["rose", "daisy"]
+    assert rules.label_ids({"daisy"}, previous) == ["rose", "daisy"]
 
 
 def test_label_file_order_wins():
-    got = plan.label_ids({"daisy", "rose"}, previous=["rose", "daisy"],
+    got = rules.label_ids({"daisy", "rose"}, previous=["rose", "daisy"],
                          label_file=["tulip", "daisy", "rose"])
     assert got == ["tulip", "daisy", "rose"]
 

@@ -18,13 +18,13 @@ import time
 
 import pytest
 
-from beam_pipeline.launcher import identity, plan
+from beam_pipeline.launcher import identity, rules
 from beam_pipeline.refs import ImageRef
 from beam_pipeline.algorithms.spill import SortedSpill
 from dataset_format import layout, schema
 from tests.helpers import build, check_invariants, image_bytes, make_images, read_records
 
-SPLITS = plan.parse_splits("train=0.8,validation=0.1,test=0.1")
+SPLITS = rules.parse_splits("train=0.8,validation=0.1,test=0.1")
 ARGS = ["--name", "pets", "--target_shard_mb", "0.01", "--no_transform"]
 
 
@@ -62,7 +62,7 @@ def _resolve(refs, rows, tmp_path, **kw):
 def _not_split(key, split):
     """A key whose hash does not give `split` (so a kept split shows it was remembered)."""
     for i in range(100):
-        if plan.assign_split(f"{i}{key}", SPLITS) != split:
+        if rules.assign_split(f"{i}{key}", SPLITS) != split:
             return f"{i}{key}"
 
 
@@ -100,7 +100,7 @@ def test_a_new_key_with_stored_content_keeps_its_split(tmp_path):
     assert got[moved][0].split == "test" and got[moved][1]["key"] == "old/x.jpg"
     assert got[moved][0].sha256 == sha
     assert got[new] == (got[new][0], None)
-    assert got[new][0].split == plan.assign_split(new, SPLITS)
+    assert got[new][0].split == rules.assign_split(new, SPLITS)
     assert got["fixed/x.jpg"][0].split == "validation"  # a split folder or column wins
     # The same file (uri, size, stamp) under a new key: an input added. Not even read.
     assert got[same_file][0].split == "validation" and got[same_file][1]["key"] == "z.jpg"
@@ -108,7 +108,7 @@ def test_a_new_key_with_stored_content_keeps_its_split(tmp_path):
     assert counts["hashed"] == 2  # y.jpg has a size no stored input has: never read
     # No split map (a new root, or --resplit): every split from the key hash.
     got, _ = _resolve(refs, None, tmp_path)
-    assert got[moved][0].split == plan.assign_split(moved, SPLITS)
+    assert got[moved][0].split == rules.assign_split(moved, SPLITS)
 
 
 # --- builds ------------------------------------------------------------------------------------
@@ -163,9 +163,9 @@ def test_adding_a_second_input_moves_no_example_and_decodes_only_the_new_one(tmp
     moved = [k for k in before if after[f"photos/{k}"]["split"] != before[k]["split"]]
     assert moved == []  # before: ~1/3 of them changed split, the key hash having changed
     # ...and the key hash would have moved many of them: the splits were remembered.
-    assert sum(plan.assign_split(f"photos/{k}", SPLITS) != r["split"]
+    assert sum(rules.assign_split(f"photos/{k}", SPLITS) != r["split"]
                for k, r in before.items()) > 50
-    assert after["scans/cat/s.jpg"]["split"] == plan.assign_split("scans/cat/s.jpg", SPLITS)
+    assert after["scans/cat/s.jpg"]["split"] == rules.assign_split("scans/cat/s.jpg", SPLITS)
     assert v2["manifest"]["build"] == dict(v2["manifest"]["build"], converted=1, reframed=300)
     check_invariants(v2)
     same_as_full_build(v2, tmp_path)
@@ -310,7 +310,7 @@ def test_a_copied_tree_is_read_not_decoded_and_resplit_starts_over(tmp_path):
     same_as_full_build(v3, tmp_path)
     v4 = built([tmp_path / "copy", extra], tmp_path / "root", "--resplit")
     assert {k: r["split"] for k, r in catalog_of(v4).items()} == {
-        k: plan.assign_split(k, SPLITS) for k in catalog_of(v3)}
+        k: rules.assign_split(k, SPLITS) for k in catalog_of(v3)}
     assert v4["manifest"]["build"]["reframed"] == 0
 
 

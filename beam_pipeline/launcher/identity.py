@@ -33,11 +33,12 @@ import dataclasses
 import json
 from json.encoder import encode_basestring_ascii as json_string  # = json.dumps(a str)
 
-from beam_pipeline.launcher import plan
+from beam_pipeline.launcher import rules
 from beam_pipeline.launcher.same_bytes import (  # noqa: F401 (input_sha256: tests)
     by_content, by_md5, first_match, hashed, input_sha256)
-from beam_pipeline.refs import LINE_KEY, LINE_SIZE, LINE_SPLIT, ImageRef, StoredFrame
+from beam_pipeline.refs import LINE_KEY, LINE_SIZE, LINE_SPLIT, ImageRef, Listed, StoredFrame
 from beam_pipeline.algorithms.spill import SortedSpill
+from beam_pipeline.store import catalog
 from dataset_format import layout
 
 KINDS = ("unchanged", "changed", "added", "moved", "restored", "removed")
@@ -122,7 +123,7 @@ def resolve(by_key, rows, splits, spill_dir, reuse=True, verify=False, split_map
             if line is None:
                 out.counts["removed"] += 1
                 continue
-            ref = plan.Listed._make(json.loads(line))  # its fields; no ImageRef built
+            ref = Listed._make(json.loads(line))  # its fields; no ImageRef built
             if old is None:
                 orphans.add(json_string(ref.uri), line)
                 continue
@@ -158,7 +159,7 @@ def _all_added(out, by_key, splits):
     for _, line in by_key:
         fields = json.loads(line)  # ImageRef.to_json's list (refs.LINE_* positions)
         if fields[LINE_SPLIT] is None:
-            fields[LINE_SPLIT] = plan.assign_split(fields[LINE_KEY], splits)
+            fields[LINE_SPLIT] = rules.assign_split(fields[LINE_KEY], splits)
             line = json.dumps(fields)
         out.add_line(fields[LINE_KEY], fields[LINE_SPLIT], fields[LINE_SIZE], line, None, "added")
     return out
@@ -284,13 +285,13 @@ def _new_keys(out, refs, kinds, previous, smap, splits, spill_dir, reuse, verify
                 ref = ImageRef.from_json(line)
                 known = smap.split_of(ref.sha256)
                 out.add(dataclasses.replace(
-                    ref, split=ref.split or known or plan.assign_split(ref.key, splits)),
+                    ref, split=ref.split or known or rules.assign_split(ref.key, splits)),
                     None, kinds[1] if known else kinds[2])
 
 
 def _unknown(out, ref, splits, kind):
     """A ref whose bytes could not be read for hashing: new content as far as we know."""
-    out.add(dataclasses.replace(ref, split=ref.split or plan.assign_split(ref.key, splits)),
+    out.add(dataclasses.replace(ref, split=ref.split or rules.assign_split(ref.key, splits)),
             None, kind)
 
 
@@ -314,3 +315,21 @@ def stored_frame(previous_vdir, row):
     """A previous catalog row -> where its record's frame is."""
     return StoredFrame(layout.shard_file(previous_vdir, row["file"]), row["offset"], row["length"],
                        row.get("phash"), row.get("phash_center"), row.get("near_descriptor"))
+
+
+@dataclasses.dataclass(frozen=True)
+class IdentityConfig:
+    """What the identity stage needs of the build options."""
+
+    splits: tuple          # parsed --splits: (name, fraction) pairs
+    reuse: bool            # the previous version's records may be reused (policy.can_reuse)
+    verify: bool = False   # --verify_inputs: hash every input
+    resplit: bool = False  # --resplit: no split map, no previous splits
+
+
+def resolve_listing(listing, past, config, spill_dir):
+    """The identity stage: the listing's refs (by key) against what the build starts from
+    (history.History: the previous catalog when intact, the split map) -> Resolved."""
+    rows = catalog.iter_rows(past.catalog) if past.catalog and not config.resplit else None
+    return resolve(listing.by_key, rows, config.splits, spill_dir, reuse=config.reuse,
+                   verify=config.verify, split_map=past.split_map)

@@ -27,8 +27,26 @@ from typing import Optional
 
 from beam_pipeline.algorithms.spill import SortedSpill
 from beam_pipeline.job.contracts import Kind, Origin, PlannedShard, ShardPlan
-from beam_pipeline.launcher import identity, plan
+from beam_pipeline.launcher import identity
+from beam_pipeline.launcher.plan import iter_shards
+from beam_pipeline.launcher.rules import shard_sort_key
 from dataset_format.dataset_info import ShardInfo
+
+
+@dataclasses.dataclass(frozen=True)
+class IncrementConfig:
+    """What the incremental plan needs of the build options."""
+
+    target_shard_mb: float    # --target_shard_mb: the size of new delta shards
+    max_delta_share: float    # --max_delta_share: above it, a full build instead
+
+
+def incremental_plan(resolved, previous, config, spill_dir):
+    """The incremental stage: identity.Resolved + the previous version (a DatasetInfo) ->
+    ShardPlan, or None when a full build is due (too many delta images)."""
+    increment = plan_increment(resolved, previous.version_dir, previous, spill_dir,
+                               config.target_shard_mb, config.max_delta_share)
+    return increment and shard_plan(increment)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +105,7 @@ def plan_increment(resolved, previous_vdir, previous, spill_dir, target_shard_mb
         if row is not None:
             ref = dataclasses.replace(ref, source=identity.stored_frame(previous_vdir, row))
         to_convert += row is None
-        fresh.add(plan.shard_sort_key(ref.split, ref.key), ref.to_json())
+        fresh.add(shard_sort_key(ref.split, ref.key), ref.to_json())
         fresh_size[ref.split][0] += 1
         fresh_size[ref.split][1] += ref.size
 
@@ -142,6 +160,6 @@ def task_listings(increment):
         yield PlannedShard(task.split, task.shard, task.kind, task.origin, itertools.chain(
             [header], (line for _, line in rows)))
     deltas = {split: n for split, (_, n) in increment.fresh_shards.items() if n}
-    for split, shard, lines in plan.iter_shards(increment.fresh, deltas):
+    for split, shard, lines in iter_shards(increment.fresh, deltas):
         first, _ = increment.fresh_shards[split]
         yield PlannedShard(split, first + shard, Kind.IMAGES, Origin.DELTA, lines)

@@ -12,13 +12,41 @@ bucket get the same splits and shards. With several inputs each key is prefixed 
 input's name (the root's last path component; a manifest's file stem).
 """
 
+import dataclasses
+import json
 import os
 import posixpath
+from json.encoder import encode_basestring_ascii as json_string  # = json.dumps(a str)
+from typing import Optional
 
+from beam_pipeline import __version__
+from beam_pipeline.algorithms.spill import SortedSpill
 from beam_pipeline.errors import UserError, error_record
 from beam_pipeline.launcher.folders import GLOB_CHARS, glob_root, list_directory, list_glob
 from beam_pipeline.launcher.manifests import list_manifest
-from beam_pipeline.refs import ImageRef
+from beam_pipeline.refs import ImageRef, Listed
+from beam_pipeline.store.versions import Fingerprint
+
+
+@dataclasses.dataclass(frozen=True)
+class ListingConfig:
+    """What the listing stage needs of the build options."""
+
+    inputs: tuple                  # --input specs
+    max_bytes: int = 0             # --max_image_mb in bytes (0: no limit)
+    fingerprint_config: dict = dataclasses.field(default_factory=dict)  # options fingerprinted
+    label_file: Optional[tuple] = None  # --label_file's classes, in order
+
+
+def list_inputs(config, spill_dir, errors_path):
+    """The listing stage: every input listed, deduplicated and fingerprinted in one streaming
+    pass -> Listing (refs spilled by key); listing errors go to errors_path (JSONL)."""
+    with open(errors_path, "w") as errors_file:
+        return plan_listing(
+            iter_inputs(config.inputs, config.max_bytes),
+            Fingerprint(config.fingerprint_config, __version__),
+            set(config.label_file) if config.label_file else None, spill_dir,
+            lambda e: errors_file.write(json.dumps(e) + "\n"))
 
 
 def iter_inputs(specs, max_bytes=0):
@@ -126,3 +154,65 @@ def _list_spec(spec):
     if GLOB_CHARS & set(spec):
         return list_glob(spec)
     return list_directory(spec.rstrip("/") or "/")
+
+
+# --- the listing pass: dedupe, fingerprint, labels; refs spilled by key ---------------------
+
+@dataclasses.dataclass
+class Listing:
+    """What one streaming pass over the listing learned; refs wait on disk in key order."""
+
+    fingerprint: str
+    labels_present: set
+    listed: int = 0
+    duplicates: int = 0
+    errors: int = 0
+    num_images: int = 0
+    by_key: Optional[SortedSpill] = None  # (key JSON, ImageRef JSON; split only where fixed)
+
+
+def plan_listing(items, fingerprint, known_labels, spill_dir, write_error):
+    """Listed items (ImageRef or error dict) -> Listing, in flat memory.
+
+    Sorts by uri on disk to drop duplicates (the same file listed again, by any input:
+    same label and split, counted; otherwise a `conflicting_duplicate` error) and to
+    fingerprint in a stable order (keys are then unique: each input's keys are distinct
+    paths under its own prefix), then spills the refs again by key for identity.resolve,
+    which gives every image its split. `fingerprint` has add(ref) and hexdigest();
+    `write_error` takes each errors.jsonl record; `known_labels` (a --label_file's
+    classes) or None.
+    """
+    plan = Listing(fingerprint="", labels_present=set(), by_key=SortedSpill(spill_dir))
+    with SortedSpill(spill_dir) as by_uri:
+        for item in items:
+            plan.listed += 1
+            if isinstance(item, ImageRef):
+                by_uri.add(json_string(item.uri), item.to_json())
+            else:
+                plan.errors += 1
+                write_error(item)
+        first = None
+        for _, line in by_uri:
+            ref = Listed._make(json.loads(line))  # no ImageRef: the line is passed on as is
+            if first is not None and ref.uri == first.uri:
+                if (ref.label, ref.split) == (first.label, first.split):
+                    plan.duplicates += 1
+                else:
+                    plan.errors += 1
+                    write_error(error_record(
+                        ref.uri, "read", "conflicting_duplicate",
+                        f"listed again with label {ref.label!r}, split {ref.split!r}; kept "
+                        f"label {first.label!r}, split {first.split!r}"))
+                continue
+            first = ref
+            fingerprint.add(ref)
+            if known_labels is not None and ref.label not in known_labels:
+                plan.errors += 1
+                write_error(error_record(ref.uri, "read", "unknown_label",
+                                         f"class {ref.label!r} is not in --label_file"))
+                continue
+            plan.labels_present.add(ref.label)
+            plan.num_images += 1
+            plan.by_key.add(json_string(ref.key), line)
+    plan.fingerprint = fingerprint.hexdigest()
+    return plan

@@ -20,7 +20,7 @@ class BuildOptions(PipelineOptions):
 
     def validate_build(self):
         """Check values where they are set, naming the bad one."""
-        from beam_pipeline.launcher import plan
+        from beam_pipeline.launcher import rules
 
         if not self.input:
             raise UserError("--input is required (a directory, glob or .csv/.jsonl manifest)")
@@ -56,7 +56,7 @@ class BuildOptions(PipelineOptions):
             if not ok:
                 raise UserError(message)
         try:
-            plan.parse_splits(self.splits)
+            rules.parse_splits(self.splits)
             self.encode_options()
         except ValueError as e:
             raise UserError(str(e)) from e
@@ -91,8 +91,8 @@ def check_location(flag, location):
                     "folder whose name has a colon)")
 
 
-# What an option changes, for reusing the previous version's records (prepare.can_reuse,
-# prepare.can_increment; README, "Incremental builds"). Every other option changes neither:
+# What an option changes, for reusing the previous version's records (policy.can_reuse,
+# policy.can_increment; README, "Incremental builds"). Every other option changes neither:
 # --max_error_rate, --keep_versions, --splits (new content only), --name, ... reuse all.
 RECORD_OPTIONS = frozenset({  # the stored records (bytes, which inputs pass, catalog hashes):
     "max_side", "reencode", "jpeg_quality", "validate", "max_pixels",  # a change converts

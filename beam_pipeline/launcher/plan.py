@@ -1,160 +1,52 @@
-"""Pure planning: what each listed image becomes (label id, split, shard), no bytes read.
+"""The full plan: every image cut into shards by its key hash, one listing per shard.
 
-These decisions must be stable across runs: an image never changes split,
-an existing class never changes id, and the same inputs give the same shards.
+identity.Resolved (every image with its split and the previous record it may reuse)
+-> sorted on disk by (split, shard hash) -> one run per shard -> ShardPlan. A stored
+record is re-framed (its listing line carries it) unless the build re-converts everything.
 """
 
-import collections
 import dataclasses
-import hashlib
 import itertools
 import json
-import math
-from json.encoder import encode_basestring_ascii as json_string  # = json.dumps(a str)
 from typing import Optional
 
-from beam_pipeline.refs import LINE_KEY, LINE_SPLIT, ImageRef
 from beam_pipeline.algorithms.spill import SortedSpill
+from beam_pipeline.job.contracts import Kind, Origin, PlannedShard, ShardPlan
+from beam_pipeline.launcher import identity
+from beam_pipeline.launcher.rules import position_of, shard_counts, shard_sort_key
+from beam_pipeline.refs import LINE_KEY, LINE_SPLIT, ImageRef
 
 
-def unit_hash(*parts):
-    """A stable float in [0, 1) from strings (not Python's salted hash())."""
-    digest = hashlib.sha256("\0".join(parts).encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2.0**64
+@dataclasses.dataclass(frozen=True)
+class FullPlanConfig:
+    """What the full plan needs of the build options and the previous version."""
+
+    num_shards: int                       # --num_shards (0: auto by size)
+    target_shard_mb: float                # --target_shard_mb
+    reframe: bool                         # re-frame stored records (not --full_rebuild)
+    previous_vdir: Optional[str] = None   # where the stored records are
 
 
-def parse_splits(text):
-    """'train=0.8,validation=0.2' -> (('train', 0.8), ('validation', 0.2)), checked."""
-    pairs = []
-    for item in filter(None, (s.strip() for s in text.split(","))):
-        name, sep, value = item.partition("=")
-        try:
-            fraction = float(value)
-        except ValueError:
-            fraction = -1.0
-        if not sep or not name.strip().isidentifier() or not 0 < fraction <= 1:
-            raise ValueError(f"--splits: bad item {item!r}; expected NAME=FRACTION "
-                             "like train=0.8,validation=0.1,test=0.1")
-        pairs.append((name.strip(), fraction))
-    names = [n for n, _ in pairs]
-    if not pairs or len(set(names)) != len(names):
-        raise ValueError(f"--splits: {text!r} must name each split once")
-    if abs(sum(f for _, f in pairs) - 1.0) > 1e-6:
-        raise ValueError(f"--splits: fractions in {text!r} add up to "
-                         f"{sum(f for _, f in pairs):g}, not 1")
-    return tuple(pairs)
+def full_plan(resolved, config, spill_dir):
+    """identity.Resolved -> ShardPlan of a full build (shards cut by hash)."""
+    num_shards = shard_counts(resolved.per_split, config.num_shards, config.target_shard_mb)
+    lines = _full_build_lines(resolved, config.reframe, config.previous_vdir)
+    by_position = by_shard_position(lines, spill_dir)
+    shards = (PlannedShard(split, shard, Kind.IMAGES, Origin.HASH, lines)
+              for split, shard, lines in iter_shards(by_position, num_shards))
+    to_convert = resolved.num_images - (resolved.counts["stored"] if config.reframe else 0)
+    return ShardPlan(num_shards, shards, to_convert)
 
 
-def assign_split(key, splits):
-    """The split for an image with no fixed split: its key's hash on the cumulative fractions."""
-    u = unit_hash("split", key)
-    edge = 0.0
-    for name, fraction in splits:
-        edge += fraction
-        if u < edge:
-            return name
-    return splits[-1][0]
-
-
-def shard_position(split, key):
-    """The (split, key) hash: picks the shard and orders records inside it."""
-    return unit_hash("shard", split, key)
-
-
-def shard_sort_key(split, key):
-    """A text key that sorts like (split, shard_position): 16 hex digits of the same hash."""
-    digest = hashlib.sha256("\0".join(("shard", split, key)).encode()).digest()
-    return f"{split} {digest[:8].hex()}"
-
-
-def position_of(sort_key):
-    """shard_sort_key -> (split, shard_position)."""
-    split, _, hex_position = sort_key.rpartition(" ")
-    return split, int(hex_position, 16) / 2.0**64
-
-
-def shard_of(split, key, num_shards):
-    return min(int(shard_position(split, key) * num_shards), num_shards - 1)
-
-
-def auto_num_shards(total_bytes, target_mb):
-    """Shards of ~target_mb each. Only data and options count: a launcher's core count would
-    make the shards (and their bytes) depend on where the build was started."""
-    return max(1, math.ceil(total_bytes / (target_mb * 2**20)))
-
-
-def label_ids(present, previous=(), label_file=None):
-    """Ordered class list: a label file's order, else earlier ids kept and new classes appended."""
-    if label_file is not None:
-        return list(label_file)
-    known = list(previous)
-    return known + sorted(set(present) - set(known))
-
-
-@dataclasses.dataclass
-class Plan:
-    """What one streaming pass over the listing learned; refs wait on disk in key order."""
-
-    fingerprint: str
-    labels_present: set
-    listed: int = 0
-    duplicates: int = 0
-    errors: int = 0
-    num_images: int = 0
-    by_key: Optional[SortedSpill] = None  # (key JSON, ImageRef JSON; split only where fixed)
-
-
-# ImageRef.to_json's fields, read without building an ImageRef (a frozen dataclass: ~3 us)
-Listed = collections.namedtuple("Listed", "key uri label split size stamp sha256 source md5")
-
-
-def plan_listing(items, fingerprint, known_labels, spill_dir, write_error):
-    """Listed items (ImageRef or error dict) -> Plan, in flat memory.
-
-    Sorts by uri on disk to drop duplicates (the same file listed again, by any input:
-    same label and split, counted; otherwise a `conflicting_duplicate` error) and to
-    fingerprint in a stable order (keys are then unique: each input's keys are distinct
-    paths under its own prefix), then spills the refs again by key for identity.resolve,
-    which gives every image its split. `fingerprint` has add(ref) and hexdigest();
-    `write_error` takes each errors.jsonl record; `known_labels` (a --label_file's
-    classes) or None.
-    """
-    from beam_pipeline.errors import error_record
-
-    plan = Plan(fingerprint="", labels_present=set(), by_key=SortedSpill(spill_dir))
-    with SortedSpill(spill_dir) as by_uri:
-        for item in items:
-            plan.listed += 1
-            if isinstance(item, ImageRef):
-                by_uri.add(json_string(item.uri), item.to_json())
-            else:
-                plan.errors += 1
-                write_error(item)
-        first = None
-        for _, line in by_uri:
-            ref = Listed._make(json.loads(line))  # no ImageRef: the line is passed on as is
-            if first is not None and ref.uri == first.uri:
-                if (ref.label, ref.split) == (first.label, first.split):
-                    plan.duplicates += 1
-                else:
-                    plan.errors += 1
-                    write_error(error_record(
-                        ref.uri, "read", "conflicting_duplicate",
-                        f"listed again with label {ref.label!r}, split {ref.split!r}; kept "
-                        f"label {first.label!r}, split {first.split!r}"))
-                continue
-            first = ref
-            fingerprint.add(ref)
-            if known_labels is not None and ref.label not in known_labels:
-                plan.errors += 1
-                write_error(error_record(ref.uri, "read", "unknown_label",
-                                         f"class {ref.label!r} is not in --label_file"))
-                continue
-            plan.labels_present.add(ref.label)
-            plan.num_images += 1
-            plan.by_key.add(json_string(ref.key), line)
-    plan.fingerprint = fingerprint.hexdigest()
-    return plan
+def _full_build_lines(resolved, reframe, previous_vdir):
+    """A full build's listing lines: with the stored record to re-frame when there is one
+    (and `reframe`); the others as they were spilled."""
+    for line, row in resolved.ref_lines():
+        if row is not None and reframe:
+            ref = ImageRef.from_json(line)
+            line = dataclasses.replace(
+                ref, source=identity.stored_frame(previous_vdir, row)).to_json()
+        yield line
 
 
 def by_shard_position(ref_lines, spill_dir):

@@ -17,8 +17,7 @@ import itertools
 import json
 
 from beam_pipeline.algorithms.spill import SortedSpill
-from beam_pipeline.launcher import plan
-from beam_pipeline.refs import ImageRef
+from beam_pipeline.refs import ImageRef, Listed
 
 HASH_THREADS = 16  # inputs read at once to hash them (gs:// latency)
 
@@ -39,7 +38,7 @@ def by_md5(rest, by_md5, spill_dir, moved, verify):
     plain, missed = SortedSpill(spill_dir), SortedSpill(spill_dir)
     with SortedSpill(spill_dir) as keyed:
         for size, line in rest:
-            ref = plan.Listed._make(json.loads(line))
+            ref = Listed._make(json.loads(line))
             if ref.md5 and not verify and ref.sha256 is None:
                 keyed.add(f"{ref.md5} {size}", line)
             else:

@@ -1,0 +1,62 @@
+"""Checks of the inputs and the environment before any work: each a one-line UserError
+naming what to fix (exit 2)."""
+
+import importlib.util
+import os
+
+from apache_beam.io.filesystems import FileSystems
+
+from beam_pipeline.errors import UserError
+from beam_pipeline.store import files
+
+
+def require_tensorflow(build):
+    """The base install has no TensorFlow (workers never need it); --transform does, and so
+    does the comparison sink. Say so before any work, not as an ImportError on a worker."""
+    flag = "--transform" if build.transform else "--sink beam" if build.sink == "beam" else None
+    needed = ["tensorflow"] + (["tensorflow_transform"] if build.transform else [])
+    missing = [m for m in needed if flag and importlib.util.find_spec(m) is None]
+    if missing:
+        raise UserError(f"{flag} needs {' and '.join(missing)}, which is not installed: "
+                        "pip install -c constraints.txt '.[transform]' (and on Dataflow, a "
+                        "worker image built with --build-arg EXTRAS=transform)")
+
+
+def has_split_map(previous):
+    """Whether the latest version (a DatasetInfo) holds the splits its images keep for life
+    (its catalog)."""
+    return bool(previous) and previous.has_catalog
+
+
+def refuse_catalogless(build, root, previous):
+    """`--sink beam` writes no catalog: published over a root with a split map, it would
+    leave the next build none, and every image would be split again by its key hash."""
+    if build.sink == "beam" and has_split_map(previous) and not build.resplit:
+        raise UserError(f"--sink beam writes no catalog, so it would erase the split map of "
+                        f"{root} (the splits its published images keep for life); build the "
+                        "comparison into another --output, or add --resplit to start the "
+                        "split map over")
+
+
+def check_writable(root):
+    """Fail before any listing when --output can't take a file."""
+    probe = f"{root}/.write-check-{os.getpid()}"
+    try:
+        if not root.startswith("gs://"):
+            os.makedirs(root, exist_ok=True)
+        files.write_bytes(probe, b"ok")
+        FileSystems.delete([probe])
+    except Exception as e:
+        raise UserError(f"--output {root}: not writable ({type(e).__name__}: {e})") from e
+
+
+def read_label_file(path):
+    """--label_file -> its class names, in order: one unique name per line."""
+    try:
+        with FileSystems.open(path) as f:
+            names = [l.strip() for l in f.read().decode().splitlines() if l.strip()]
+    except Exception as e:
+        raise UserError(f"--label_file {path}: cannot read it ({e})") from e
+    if not names or len(set(names)) != len(names):
+        raise UserError(f"--label_file {path}: needs one unique class name per line")
+    return names
