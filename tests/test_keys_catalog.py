@@ -36,7 +36,7 @@ def test_sorted_spill_merges_chunks_in_order(tmp_path):
 def _plan(items, tmp_path, chunk=None):
     errors = []
     p = listing.plan_listing(iter(items), versions.Fingerprint({"a": 1}, "0"), None,
-                          str(tmp_path), errors.append)
+                             str(tmp_path), errors.append)
     return p, errors
 
 
@@ -50,6 +50,29 @@ def _splits(p, tmp_path):
 def _refs(n):
     return [ImageRef(f"c{i % 3}/{i:04d}.jpg", f"/data/c{i % 3}/{i:04d}.jpg", f"c{i % 3}",
                      None, 100 + i, "1500:1500") for i in range(n)]
+
+
+def test_the_full_plan_is_a_shard_plan_of_the_hash_cut(tmp_path):
+    """plan.full_plan (a frozen config, not the options) -> the same ShardPlan type the
+    incremental plan returns: --num_shards per split, every image once, in its hash shard."""
+    from beam_pipeline.job.contracts import Kind, Origin, PlannedShard, ShardPlan
+
+    listed, _ = _plan(_refs(120), tmp_path)
+    resolved = _splits(listed, tmp_path)
+    config = plan.FullPlanConfig(num_shards=3, target_shard_mb=1, reframe=False)
+    shard_plan = plan.full_plan(resolved, config, str(tmp_path))
+    assert isinstance(shard_plan, ShardPlan) and shard_plan.increment is None
+    assert shard_plan.to_convert == 120
+    assert shard_plan.num_shards == {s: 3 for s in resolved.per_split}
+    seen = {}
+    for planned in shard_plan.shards:
+        assert isinstance(planned, PlannedShard)
+        assert (planned.kind, planned.origin) == (Kind.IMAGES, Origin.HASH)
+        for line in planned.lines:
+            ref = ImageRef.from_json(line)
+            seen[ref.key] = (planned.split, planned.shard)
+            assert planned.shard == rules.shard_of(planned.split, ref.key, 3)
+    assert sorted(seen) == sorted(r.key for r in _refs(120))
 
 
 def test_plan_is_independent_of_listing_order_and_cuts_shards_by_hash(tmp_path):

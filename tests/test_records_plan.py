@@ -300,3 +300,22 @@ def test_serialize_example_equals_tensorflow_deterministic_serialization():
     assert parsed.features.feature["a"].int64_list.value == [-5]
     assert parsed.SerializeToString(deterministic=True) == negative
     assert examples.parse_example(negative) == {"a": -5, "b": b"\x00\xff"}  # the way back
+
+
+def test_the_rules_are_a_leaf_and_prepare_imports_at_the_top():
+    """rules.py imports nothing of the package (every stage may use it, it uses none);
+    prepare.py, the orchestration, shows its dependencies at the top: no import inside a
+    function."""
+    import ast
+    import inspect
+
+    from beam_pipeline.launcher import prepare
+
+    tree = ast.parse(inspect.getsource(rules))
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert imported == {"hashlib", "math"}
+    tree = ast.parse(inspect.getsource(prepare))
+    local = [f.name for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)
+             for n in ast.walk(f) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    assert local == []
