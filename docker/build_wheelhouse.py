@@ -6,12 +6,13 @@
 
 Every distribution the package needs (with its extras), plus the installers the images pin
 (pip, setuptools), as one wheel each at its constraints.txt pin, for the Dataflow worker's
-platform: Linux x86_64, CPython 3.11, glibc up to --glibc (2.36: Debian 12, the Beam SDK
-image's base). Run it where an index is reachable, on that platform (or inside
-python:3.11-slim-bookworm): `pip wheel` builds the one pin published only as an sdist
-(google-apitools, pure Python) here, which a cross-platform `pip download --platform`
-cannot. Everything else must come as a published wheel (--only-binary): nothing compiled
-against this host's libraries slips in.
+platform: Linux x86_64, CPython 3.11, glibc up to --glibc (2.28: the newest the pins need,
+pyarrow's manylinux_2_28, so the wheels run on either base, Debian 10 to 12; at 2.36
+cryptography would take its manylinux_2_34 wheel). Run it where an index is reachable, on
+that platform (or inside python:3.11-slim-bookworm): `pip wheel` builds the one pin
+published only as an sdist (google-apitools, pure Python) here, which a cross-platform
+`pip download --platform` cannot. Everything else must come as a published wheel
+(--only-binary): nothing compiled against this host's libraries slips in.
 
 It fails, writing nothing, when the resolved set holds a distribution constraints.txt does
 not pin (the images would then differ from build to build): pin it there. The images check
@@ -109,7 +110,8 @@ def main(argv=None):
     parser.add_argument("--extras", default="", help='setup.py extras, e.g. "transform"')
     parser.add_argument("--out", type=Path, default=REPO / "build" / "wheelhouse")
     parser.add_argument("--constraints", type=Path, default=REPO / "constraints.txt")
-    parser.add_argument("--glibc", default="2.36", help="the images' glibc (default: Debian 12)")
+    parser.add_argument("--glibc", default="2.28",
+                        help="the oldest glibc the wheels must run on (default 2.28)")
     args = parser.parse_args(argv)
     problem = host_problem()
     if problem:
