@@ -7,6 +7,7 @@ behind tests/faults.py's proxy (generation preconditions and generation reads en
 faults injected where a test says).
 """
 
+import concurrent.futures
 import re
 import threading
 import time
@@ -178,9 +179,10 @@ def test_a_copied_shard_written_by_two_attempts_at_once_publishes_what_the_bucke
     """An incremental night: one input deleted, so its shard's surviving records are copied
     from the previous version (a "copy" task) and the other shard is reused. The copy task
     runs twice at once; the zombie's storage refuses the previous shard (its records are
-    converted again from their inputs) and one of those inputs (rejected). Whichever
-    attempt is committed, every shard's manifest entry is the object in the bucket, and
-    every input is written or rejected with a reason."""
+    converted again from their inputs) and one of those inputs (rejected). The reuse task
+    runs twice at once too, in two threads. Whichever copy attempt is committed, every
+    shard's manifest entry is the object in the bucket, and every input is written or
+    rejected with a reason."""
     src, root = inputs
     args = [*ARGS[:2], "--num_shards", "2", *ARGS[4:]]
     first = build(src, root, *args)
@@ -194,8 +196,13 @@ def test_a_copied_shard_written_by_two_attempts_at_once_publishes_what_the_bucke
         zombie_storage.fail(f"out/versions/{first['version']}/{header['source']}", 403)
         zombie_storage.fail(refused, 403)
         mine, theirs = both_at_once(job, copy_task, proxy, zombie_storage, tmp_path / "gate")
-        others = [job.attempt(t) for t in job.tasks if t is not copy_task]
-    assert [t.kind for t in job.tasks if t is not copy_task] == [Kind.REUSE]
+    (reuse_task,) = [t for t in job.tasks if t is not copy_task]
+    assert reuse_task.kind == Kind.REUSE
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # two attempts in one worker
+        reused = list(pool.map(job.attempt, [reuse_task] * 2))
+    assert reused[0].num_examples == reused[1].num_examples > 0
+    assert (reused[0].num_bytes, reused[0].crc32c) == (reused[1].num_bytes, reused[1].crc32c)
+    others = reused[:1]
     assert (mine.num_examples, theirs.num_examples) == (len(kept), len(kept) - 1)
     assert [e["reason"] for e in theirs.errors] == ["damaged_record"]
     final = f"{job.spec.vdir}/{mine.path}"
@@ -207,7 +214,7 @@ def test_a_copied_shard_written_by_two_attempts_at_once_publishes_what_the_bucke
     shards = manifest["splits"]["train"]["shards"]
     for entry in shards:
         assert (entry["num_bytes"], entry["crc32c"]) == _object(
-            gcs, f"{job.spec.vdir}/{entry['path']}"), entry
+            gcs, layout.shard_file(job.spec.vdir, entry["path"])), entry
     written, rejected = manifest["accounting"]["written"], manifest["errors"]["count"]
     assert written == sum(r.num_examples for r in (chosen, *others)) == manifest["catalog"]["rows"]
     assert (written + rejected, rejected) == (5, len(chosen.errors))  # 6 inputs, one deleted
