@@ -6,13 +6,15 @@ A generated root: a split map of N contents and a catalog.parquet of N rows (one
 per ~2,000-image shard, every column filled as a build fills it), seeded. A night with 1%
 new images, timed:
 
-  * launcher: read the newest map, look up the new images' sizes and contents;
+  * launcher: read the newest map, look the new images up by their listing md5 (gs://, the
+    first lookup builds the md5 index) and by size and content (a local root);
   * commit: read the previous map, add this version's catalog, write the new map;
 
 beside the baseline a build pays anyway: reading the catalog's three columns the map is
 made from. Prints bytes, seconds, µs per published image per night, and the peak RSS.
 """
 
+import base64
 import os
 import resource
 import sys
@@ -54,6 +56,7 @@ def fake_catalog(path, n, seed=0):
                 "height": np.full(m, 375, np.int32), "width": np.full(m, 500, np.int32),
                 "input_size": rng.integers(20_000, 80_000, m), "input_stamp": ["1:1"] * m,
                 "input_sha256": hexes, "phash": [None] * m, "phash_center": [None] * m,
+                "input_md5": [base64.b64encode(bytes(r[:16])).decode() for r in raw],
             }
             cols.update({f.name: [None] * m for f in catalog.SCHEMA
                          if f.name not in cols})
@@ -90,6 +93,7 @@ def measure(n):
         rng = np.random.default_rng(1)
         new = [bytes(r).hex() for r in rng.integers(0, 256, (n // 100, 32), dtype=np.uint8)]
         sizes = rng.integers(20_000, 80_000, n // 100)
+        md5s = [base64.b64encode(bytes.fromhex(h)[16:]).decode() for h in new]
 
         def baseline():
             for _ in catalog.iter_tables(cat, columns=["input_sha256", "input_size", "split"]):
@@ -97,8 +101,9 @@ def measure(n):
 
         def launcher():
             smap = split_map.read(old_map)
-            hits = sum(smap.has_size(int(s)) and smap.split_of(h) is not None
-                       for h, s in zip(new, sizes))
+            hits = sum(smap.split_of_md5(m, int(s)) is not None for m, s in zip(md5s, sizes))
+            hits += sum(smap.has_size(int(s)) and smap.split_of(h) is not None
+                        for h, s in zip(new, sizes))
             return smap, hits
 
         def commit():
@@ -109,7 +114,8 @@ def measure(n):
             _, seconds = timed(fn)
             figures["seconds"].setdefault(name, []).append(round(seconds, 3))
             print(f"{name:9s} {seconds:7.3f} s  {seconds / n * 1e6:6.2f} µs per published image")
-        held = first.contents.nbytes + first.sizes.nbytes + first.codes.nbytes
+        held = (first.contents.nbytes + first.sizes.nbytes + first.codes.nbytes
+                + first.md5s.nbytes)
         print(f"split_map.parquet at {n:,} contents: {os.path.getsize(old_map):,} bytes "
               f"({os.path.getsize(old_map) / n:.1f} B each); catalog.parquet "
               f"{os.path.getsize(cat):,} bytes; in memory {held:,} bytes; peak RSS "

@@ -265,3 +265,35 @@ def test_the_split_map_keeps_the_first_split_of_each_content(tmp_path):
     (tmp_path / "cut.parquet").write_bytes((tmp_path / "m.parquet").read_bytes()[:40])
     with pytest.raises(split_map.SplitMapUnreadable, match="cut.parquet: unreadable"):
         split_map.read(str(tmp_path / "cut.parquet"))
+
+
+def test_the_split_map_carries_the_listing_md5_and_reads_maps_without_it(tmp_path):
+    import base64
+
+    import pyarrow.parquet as pq
+
+    shas = [hashlib.sha256(bytes([i])).hexdigest() for i in range(3)]
+    md5 = [base64.b64encode(hashlib.md5(bytes([i])).digest()).decode() for i in range(3)]
+    first = split_map.from_columns(shas[:2], [10, 20], ["train", "test"],
+                                   input_md5=[md5[0], None])
+    assert first.split_of_md5(md5[0], 10) == "train" and first.split_of_md5(md5[0], 11) is None
+    assert first.split_of_md5(md5[1], 20) is None and first.has_size_without_md5(20)
+    # Content 1 published again from gs:// (its md5 now known), content 2 new.
+    later = split_map.from_columns(shas[1:], [20, 30], ["validation", "train"], first,
+                                   input_md5=md5[1:])
+    assert [later.split_of_md5(m, s) for m, s in zip(md5, [10, 20, 30])] == [
+        "train", "test", "train"]
+    assert not later.has_size_without_md5(20)
+    path = str(tmp_path / "m.parquet")
+    split_map.write(path, later)
+    again = split_map.read(path)
+    assert [again.split_of_md5(m, s) for m, s in zip(md5, [10, 20, 30])] == [
+        "train", "test", "train"]
+    assert pq.read_table(path)["md5"].to_pylist() == [
+        base64.b64decode(m) for m in (md5[1], md5[0], md5[2])]  # sorted by content
+    pq.write_table(pq.read_table(path).drop_columns(["md5"]), str(tmp_path / "old.parquet"))
+    older = split_map.read(str(tmp_path / "old.parquet"))  # a map written before md5s
+    assert [older.split_of(s) for s in shas] == ["train", "test", "train"]
+    assert older.split_of_md5(md5[0], 10) is None and older.has_size_without_md5(10)
+    with pytest.raises(ValueError, match="not a base64 md5"):
+        split_map.md5_words(["abc"])

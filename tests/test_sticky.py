@@ -10,6 +10,7 @@
 """
 
 import csv
+import dataclasses
 import hashlib
 import json
 import os
@@ -109,6 +110,38 @@ def test_a_new_key_with_stored_content_keeps_its_split(tmp_path):
     # No split map (a new root, or --resplit): every split from the key hash.
     got, _ = _resolve(refs, None, tmp_path)
     assert got[moved][0].split == rules.assign_split(moved, SPLITS)
+
+
+def test_a_gs_input_is_found_in_the_split_map_by_its_md5_without_a_read(tmp_path):
+    """Content only an older version held, back under a new key on gs://: the split map's
+    md5 gives its split; none of these uris exists, so any hash would count and fail."""
+    import base64
+
+    from beam_pipeline.store import split_map
+
+    def md5(i):
+        return base64.b64encode(hashlib.md5(bytes([i])).digest()).decode()
+
+    shas = [hashlib.sha256(bytes([i])).hexdigest() for i in range(3)]
+    smap = split_map.from_columns(shas, [500, 600, 700], ["test", "validation", "train"],
+                                  input_md5=[md5(0), md5(1), None])
+    back, new, local = (_not_split("back/a.jpg", "test"), "new/b.jpg", "local/c.jpg")
+    refs = [ImageRef(back, "gs://gone/a.jpg", "cat", None, 500, "gen:9", md5=md5(0)),
+            ImageRef(new, "gs://gone/b.jpg", "cat", None, 600, "gen:9", md5=md5(5)),
+            ImageRef(local, str(tmp_path / "c.jpg"), "cat", None, 700, "1:1")]
+    row = _row("other.jpg", "train", 1, "1:1", "cd" * 32)
+    got, counts = _resolve(refs, [row], tmp_path, split_map=smap)
+    assert got[back][0].split == "test" and counts["restored"] == 1
+    # b: the map knows an md5 for every 600-byte content, and b's is none of them: new.
+    assert got[new][0].split == rules.assign_split(new, SPLITS) and counts["added"] == 2
+    # c has no md5 (a local file): a 700-byte content was published, so it is hashed.
+    assert counts["hashed"] == 1
+    # A map written before md5s: b's size is all it can go by, so b is hashed too.
+    older = dataclasses.replace(smap, md5s=None)
+    got, counts = _resolve(refs, [row], tmp_path, split_map=older)
+    assert counts["hashed"] == 3 and got[back][0].split == rules.assign_split(back, SPLITS)
+    _, counts = _resolve(refs, [row], tmp_path, split_map=smap, verify=True)
+    assert counts["hashed"] == 3
 
 
 # --- builds ------------------------------------------------------------------------------------

@@ -20,10 +20,13 @@ Change detection, for a key the previous version holds:
     same size, another stamp                                    -> read and hashed
     another size                                                -> changed
 For a new or changed key, a gs:// input and a stored one that both carry the listing's
-md5Hash are matched by (md5, size) without a download; otherwise only a size some
-published input had is worth hashing. --verify_inputs hashes every input whatever its
-stamp or md5. Streams and external sorts only, plus the split map's numpy arrays (25 bytes
-per published content).
+md5Hash are matched by (md5, size) without a download, and so is a gs:// input and a
+content the split map knows the md5 of; otherwise only a size some published input had
+(without a known md5, for an input with one) is worth hashing. So a gs:// night reads no
+input to decide identity unless the root once published local files or composite objects
+(no md5) of the same size. --verify_inputs hashes every input whatever its stamp or md5.
+Streams and external sorts only, plus the split map's numpy arrays (41 bytes per published
+content).
 
 Why the md5 is enough: see same_bytes.py.
 """
@@ -280,13 +283,28 @@ def _new_keys(out, refs, kinds, previous, smap, splits, spill_dir, reuse, verify
                 rest.add(f"{ref.size:020d}", ref.to_json())
         plain, missed = by_md5(rest, stored_md5, spill_dir, moved, verify)
         with plain, missed, by_content(out, [(plain, sizes), (missed, md5_less)], by_sha,
-                                        spill_dir, moved, smap.has_size) as unmatched:
+                                        spill_dir, moved, _worth_hashing(smap, verify)
+                                        ) as unmatched:
             for _, line in unmatched:  # 3. bytes only older versions held, or new content
                 ref = ImageRef.from_json(line)
-                known = smap.split_of(ref.sha256)
+                known = smap.split_of(ref.sha256) or (
+                    None if verify else smap.split_of_md5(ref.md5, ref.size))
                 out.add(dataclasses.replace(
                     ref, split=ref.split or known or rules.assign_split(ref.key, splits)),
                     None, kinds[1] if known else kinds[2])
+
+
+def _worth_hashing(smap, verify):
+    """ref -> whether to hash it to look its content up in the split map: a ref with the
+    listing's md5 is found by it (no read) unless the map knows its size only without an
+    md5 (a content published from a local file or a composite object, or before maps
+    carried md5s); a ref without one (local, composite) has a size some content had."""
+    def worth(ref):
+        if ref.md5 and not verify:
+            return (smap.split_of_md5(ref.md5, ref.size) is None
+                    and smap.has_size_without_md5(ref.size))
+        return smap.has_size(ref.size)
+    return worth
 
 
 def _unknown(out, ref, splits, kind):

@@ -72,20 +72,19 @@ def best_matches(refs, rows):
                          or best[0])
 
 
-def by_content(out, sources, by_sha, spill_dir, moved, published_size=None):
+def by_content(out, sources, by_sha, spill_dir, moved, published=None):
     """2. The same bytes under a new name: refs of a size some stored input has (`sources`:
-    [(refs by size, the stored sizes that could match them)]), or some published input had
-    (`published_size`: the split map's), are hashed and matched with the stored inputs of
-    the same sha256 (see best_matches). -> a spill of the refs still unmatched, their
-    sha256 set when they were hashed."""
+    [(refs by size, the stored sizes that could match them)]), or that some published
+    input may be (`published(ref)`: the split map's say), are hashed and matched with the
+    stored inputs of the same sha256 (see best_matches). -> a spill of the refs still
+    unmatched, their sha256 set when they were hashed."""
     unmatched, by_content = SortedSpill(spill_dir), SortedSpill(spill_dir)
     with by_content:
         def candidates():
             for rest, sizes in sources:
                 for line, size_seen in first_match(rest, sizes):
                     ref = ImageRef.from_json(line)
-                    if size_seen is None and not (published_size
-                                                  and published_size(ref.size)):
+                    if size_seen is None and not (published and published(ref)):
                         unmatched.add("", line)
                     elif ref.sha256 is not None:  # hashed already (the same file, new stamp)
                         by_content.add(ref.sha256, line)

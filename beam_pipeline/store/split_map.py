@@ -1,17 +1,21 @@
 """split_map.parquet: the split of every content ever published under a root.
 
 One row per distinct input content (the first 16 bytes of its input sha256), with the
-input's size (so the launcher hashes only inputs of a size some published input had) and
-the split it was first published in. Each version's commit writes its own map: the map it
+input's size (so the launcher hashes only inputs of a size some published input had), the
+gs:// listing's md5 of it when one was known (so a gs:// input is found without a download)
+and the split it was first published in. Each version's commit writes its own map: the map it
 was planned with plus this version's new contents, so the map spans the root's whole
 history while each version stays immutable; --resplit starts a new one. A content first
 published in several splits at once (byte-identical copies under keys that hash apart)
 takes the first split name.
 
-Held as numpy arrays, not Python objects: 16 + 8 + 1 bytes per content, sorted, looked up
-by binary search (docs/format.md gives the measured cost at 1M contents).
+Held as numpy arrays, not Python objects: 16 + 8 + 16 + 1 bytes per content, sorted by
+content, looked up by binary search; the md5 index (two more words and a position per md5)
+is built on the first md5 lookup (docs/format.md gives the measured cost at 1M contents).
 """
 
+import base64
+import binascii
 import dataclasses
 
 import numpy as np
@@ -22,6 +26,7 @@ DIGEST_BYTES = 16  # of the input sha256: collisions ~ n^2 / 2^129, nil at any r
 _HEX = np.full(256, 255, np.uint8)
 _HEX[np.frombuffer(b"0123456789abcdef", np.uint8)] = np.arange(16, dtype=np.uint8)
 _HEX[np.frombuffer(b"ABCDEF", np.uint8)] = np.arange(10, 16, dtype=np.uint8)
+NO_MD5 = b"\0" * 16  # an md5 of all zero bytes stands for "none known" (~2^-128 to be real)
 
 
 class SplitMapUnreadable(Exception):
@@ -35,9 +40,17 @@ class SplitMap:
     codes: np.ndarray      # uint8 index into `names`
     names: tuple           # split names, sorted
     source: str = None     # the file it was read from
+    md5s: np.ndarray = None  # "S16" listing md5 of each content, NO_MD5 where none is known
+                             # (local, composite objects, maps written before this column)
 
     def __len__(self):
         return len(self.contents)
+
+    def md5_words(self):
+        """Each content's md5 as two big-endian uint64 words (zeros: none known)."""
+        if self.md5s is None:
+            return np.zeros((len(self), 2), np.uint64)
+        return self.md5s.view(">u8").reshape(-1, 2).astype(np.uint64)
 
     def split_of(self, input_sha256):
         """The split `input_sha256` (hex) was first published in, or None."""
@@ -55,10 +68,44 @@ class SplitMap:
         i = int(np.searchsorted(known, size))
         return i < len(known) and known[i] == size
 
+    def split_of_md5(self, md5, size):
+        """The split of the content whose listing md5 (base64, as GCS gives it) and size are
+        `md5` and `size`, or None (no md5 given, or none known for these bytes)."""
+        if not md5:
+            return None
+        q0, q1 = np.frombuffer(base64.b64decode(md5), ">u8").astype(np.uint64)
+        words, where = self._md5_index()
+        first = words[:, 0]
+        for i in range(np.searchsorted(first, q0, "left"), np.searchsorted(first, q0, "right")):
+            j = where[i]
+            if words[i, 1] == q1 and self.sizes[j] == size:
+                return self.names[self.codes[j]]
+        return None
+
+    def has_size_without_md5(self, size):
+        """Whether some published input had `size` bytes and no known md5: a gs:// input of
+        that size whose md5 the map lacks may still be those bytes (worth hashing)."""
+        known = self._cached("_md5_less_sizes", lambda: np.unique(
+            self.sizes[~self.md5_words().any(axis=1)]))
+        i = int(np.searchsorted(known, size))
+        return i < len(known) and known[i] == size
+
+    def _md5_index(self):
+        """(the known md5s' words sorted, each one's row): built once, on the first lookup."""
+        def build():
+            words = self.md5_words()
+            rows = np.flatnonzero(words.any(axis=1))
+            rows = rows[np.lexsort((words[rows, 1], words[rows, 0]))]
+            return words[rows], rows
+        return self._cached("_md5s_sorted", build)
+
     def _known_sizes(self):
-        if "_sizes" not in self.__dict__:
-            object.__setattr__(self, "_sizes", np.unique(self.sizes))
-        return self.__dict__["_sizes"]
+        return self._cached("_sizes", lambda: np.unique(self.sizes))
+
+    def _cached(self, name, make):
+        if name not in self.__dict__:
+            object.__setattr__(self, name, make())
+        return self.__dict__[name]
 
 
 EMPTY = SplitMap(np.empty(0, "S16"), np.empty(0, np.int64), np.empty(0, np.uint8), ())
@@ -73,32 +120,68 @@ def digests(hex_column):
     return np.ascontiguousarray((nibbles[:, 0::2] << 4) | nibbles[:, 1::2]).view("S16").ravel()
 
 
-def from_columns(input_sha256, input_size, split, old=None):
-    """Rows (hex input sha256 or None, size, split name) added to `old` (None: a new map):
-    a content already in `old` keeps its split; a new one takes the first split name it has
-    here."""
-    return _merge(old, [_present(input_sha256, input_size, split)])
+def md5_words(column):
+    """An arrow string array of base64 md5s (the listing's md5Hash; nulls allowed) -> (n, 2)
+    uint64 big-endian words, zeros where null; decoded from the string buffer at once."""
+    column = pa.array(column, pa.string()) if not isinstance(column, pa.Array) else column
+    n = len(column)
+    valid = (np.ones(n, bool) if column.null_count == 0
+             else column.is_valid().to_numpy(zero_copy_only=False))
+    words = np.zeros((n, 2), np.uint64)
+    if not valid.any():
+        return words
+    offsets = np.frombuffer(column.buffers()[1], np.int32, n + 1, column.offset * 4)
+    if (np.diff(offsets)[valid] != 24).any():
+        raise ValueError("not a base64 md5")
+    text = np.frombuffer(column.buffers()[2], np.uint8)
+    if valid.all():  # each 24 characters, one after the other
+        text = text[offsets[0]:offsets[-1]]
+    else:
+        text = text[offsets[:-1][valid, None] + np.arange(24)]
+    # "==" -> "AA" (zero bits): one base64 text of 18 bytes per md5, decoded in C at once
+    text = text.copy()
+    text[text == ord("=")] = ord("A")
+    try:
+        raw = np.frombuffer(binascii.a2b_base64(text.tobytes(), strict_mode=True), np.uint8)
+    except binascii.Error as e:
+        raise ValueError("not a base64 md5") from e
+    known = np.ascontiguousarray(raw.reshape(-1, 18)[:, :16]).view(">u8").astype(np.uint64)
+    if valid.all():
+        return known
+    words[valid] = known
+    return words
 
 
-def _present(input_sha256, input_size, split):
-    """Columns -> (digests, sizes, split names) of the rows that have an input sha256."""
+def from_columns(input_sha256, input_size, split, old=None, input_md5=None):
+    """Rows (hex input sha256 or None, size, split name, base64 md5 or None) added to `old`
+    (None: a new map): a content already in `old` keeps its split (and gains an md5 it
+    lacked); a new one takes the first split name it has here."""
+    return _merge(old, [_present(input_sha256, input_size, split, input_md5)])
+
+
+def _present(input_sha256, input_size, split, input_md5=None):
+    """Columns -> (digests, sizes, split names, md5 words) of the rows with an input sha256."""
     sha = np.asarray(input_sha256, dtype=object)
     present = np.fromiter((v is not None for v in sha), bool, len(sha))
     names, codes = np.unique(np.asarray(split, dtype=object)[present].astype(str),
                              return_inverse=True)
+    md5 = md5_words([None] * len(sha) if input_md5 is None else input_md5)
     return (digests(sha[present]) if present.any() else np.empty(0, "S16"),
-            np.asarray(input_size, dtype=np.int64)[present], (names.tolist(), codes.ravel()))
+            np.asarray(input_size, dtype=np.int64)[present], (names.tolist(), codes.ravel()),
+            md5[present])
 
 
 def _present_arrow(table):
-    """A catalog row group (arrow) -> (digests, sizes, split names) of its rows with an
-    input sha256: the hex read straight from the string buffer when every value is 64
-    characters (always, as the writer writes them), without a Python string per row."""
+    """A catalog row group (arrow) -> (digests, sizes, split names, md5 words) of its rows
+    with an input sha256: the hex read straight from the string buffer when every value is
+    64 characters (always, as the writer writes them), without a Python string per row; a
+    catalog written before input_md5 gives no md5s."""
     import pyarrow.compute as pc
 
     table = table.filter(pc.is_valid(table["input_sha256"])).combine_chunks()
     if not table.num_rows:
-        return np.empty(0, "S16"), np.empty(0, np.int64), ([], np.empty(0, np.int64))
+        return (np.empty(0, "S16"), np.empty(0, np.int64), ([], np.empty(0, np.int64)),
+                np.zeros((0, 2), np.uint64))
     sha = table["input_sha256"].chunk(0)
     offsets = np.frombuffer(sha.buffers()[1], np.int32, len(sha) + 1, sha.offset * 4)
     if (np.diff(offsets) == 64).all():
@@ -111,12 +194,15 @@ def _present_arrow(table):
     else:
         contents = digests(sha.to_numpy(zero_copy_only=False))
     split = pc.dictionary_encode(table["split"]).chunk(0)
+    md5 = (md5_words(table["input_md5"].chunk(0)) if "input_md5" in table.column_names
+           else np.zeros((len(contents), 2), np.uint64))
     return (contents, table["input_size"].to_numpy(),
-            (split.dictionary.to_pylist(), split.indices.to_numpy()))
+            (split.dictionary.to_pylist(), split.indices.to_numpy()), md5)
 
 
 def _merge(old, parts):
-    """`old` plus the (digests, sizes, (split names, codes)) `parts`, in one sort."""
+    """`old` plus the (digests, sizes, (split names, codes), md5 words) `parts`, in one
+    sort; a content's md5 is any of its rows' (the same bytes have the same md5)."""
     old = old or EMPTY
     names = tuple(sorted(set(old.names).union(*(p[2][0] for p in parts))))
 
@@ -129,36 +215,44 @@ def _merge(old, parts):
     contents = np.concatenate([old.contents] + [p[0] for p in parts])
     sizes = np.concatenate([old.sizes] + [p[1] for p in parts])
     codes = np.concatenate([old_codes, new_codes])
+    md5 = np.concatenate([old.md5_words()] + [p[3] for p in parts])
     # first the old row, then the new rows in split-name order: each content's first wins
     priority = np.concatenate([np.zeros(len(old), np.int16), 1 + new_codes.astype(np.int16)])
     words = contents.view(">u8").reshape(-1, 2).astype(np.uint64)  # compared as integers:
     order = np.lexsort((priority, words[:, 1], words[:, 0]))       # "S16" ones cost ~10x
-    words, codes, sizes = words[order], codes[order], sizes[order]
+    words, codes, sizes, md5 = words[order], codes[order], sizes[order], md5[order]
     first = np.ones(len(words), bool)
     first[1:] = (words[1:] != words[:-1]).any(axis=1)
     contents = np.ascontiguousarray(words[first].astype(">u8")).view("S16").ravel()
-    return SplitMap(contents, sizes[first], codes[first], names)
+    known = md5.any(axis=1)
+    md5s = np.zeros((len(contents), 2), np.uint64)
+    md5s[(np.cumsum(first) - 1)[known]] = md5[known]
+    return SplitMap(contents, sizes[first], codes[first], names,
+                    md5s=np.ascontiguousarray(md5s.astype(">u8")).view("S16").ravel())
 
 
 def from_rows(rows):
     """Catalog rows (dicts) -> their map (tests, and rows given without a map)."""
     rows = list(rows)
     return from_columns([r.get("input_sha256") for r in rows],
-                        [r["input_size"] for r in rows], [r["split"] for r in rows])
+                        [r["input_size"] for r in rows], [r["split"] for r in rows],
+                        input_md5=[r.get("input_md5") for r in rows])
 
 
 def add_catalog(old, catalog_path):
     """`old` (None: a new map) plus the contents of a catalog.parquet, read column-wise one
-    row group at a time (16 + 8 bytes and a split name kept per row), merged in one sort."""
+    row group at a time (16 + 8 + 16 bytes and a split name kept per row), merged in one
+    sort."""
     from beam_pipeline.store import catalog
 
     parts = [_present_arrow(table) for table in catalog.iter_tables(
-        catalog_path, columns=["input_sha256", "input_size", "split"])]
+        catalog_path, columns=["input_sha256", "input_size", "split", "input_md5"])]
     return _merge(old, parts)
 
 
 SCHEMA = pa.schema([("content", pa.binary(DIGEST_BYTES)), ("size", pa.int64()),
-                    ("split", pa.dictionary(pa.int8(), pa.string()))])
+                    ("split", pa.dictionary(pa.int8(), pa.string())),
+                    ("md5", pa.binary(16))])  # null: none known (older maps lack the column)
 
 
 def write(path, smap):
@@ -170,7 +264,12 @@ def write(path, smap):
         pa.binary(DIGEST_BYTES), n, [None, pa.py_buffer(smap.contents.tobytes())])
     split = pa.DictionaryArray.from_arrays(pa.array(smap.codes.astype(np.int8), pa.int8()),
                                            pa.array(list(smap.names), pa.string()))
-    table = pa.Table.from_arrays([contents, pa.array(smap.sizes, pa.int64()), split],
+    known = smap.md5_words().any(axis=1)
+    md5s = smap.md5s if smap.md5s is not None else np.zeros(n, "S16")
+    md5 = pa.FixedSizeBinaryArray.from_buffers(
+        pa.binary(16), n, [pa.py_buffer(np.packbits(known, bitorder="little").tobytes()),
+                           pa.py_buffer(np.ascontiguousarray(md5s).tobytes())])
+    table = pa.Table.from_arrays([contents, pa.array(smap.sizes, pa.int64()), split, md5],
                                  schema=SCHEMA)
     with files.create_final(path) as raw:
         pq.write_table(table, raw, compression="zstd")
@@ -190,13 +289,27 @@ def read(path):
         codes = split.indices.to_numpy().astype(np.uint8)
         names = tuple(split.dictionary.to_pylist())
         sizes = table["size"].to_numpy()
+        md5s = _md5_column(table)
     except Exception as e:
         raise SplitMapUnreadable(f"{path}: {describe(e)}") from e
     order = np.argsort(names)
     rank = np.empty(len(names), np.uint8)
     rank[order] = np.arange(len(names), dtype=np.uint8)
     return SplitMap(digest.copy(), sizes.copy(), rank[codes] if len(names) else codes,
-                    tuple(sorted(names)), source=path)
+                    tuple(sorted(names)), source=path, md5s=md5s)
+
+
+def _md5_column(table):
+    """A read map's md5 column -> "S16" with NO_MD5 for nulls; None for a map written
+    before the column (no md5 known)."""
+    if "md5" not in table.column_names:
+        return None
+    column = table["md5"].chunk(0)
+    md5s = np.frombuffer(column.buffers()[1], "S16", count=len(column),
+                         offset=column.offset * 16).copy()
+    if column.null_count:
+        md5s[column.is_null().to_numpy(zero_copy_only=False)] = NO_MD5
+    return md5s
 
 
 def read_catalog(path):
