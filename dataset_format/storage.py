@@ -101,20 +101,62 @@ def open_ranged(path):
 
 def _blob(uri):
     bucket, _, name = uri[len("gs://"):].partition("/")
-    return _client().bucket(bucket), name
+    return client().bucket(bucket), name
 
 
-def _client():
-    """One google-cloud-storage client per process and endpoint: a client's HTTP session must
-    not cross a fork (a DataLoader worker makes its own), and tests switch emulators
-    (STORAGE_EMULATOR_HOST)."""
+POOL = 64  # connections per client: a writer's read-ahead threads share one client
+
+
+def client():
+    """This process's google-cloud-storage client, one per endpoint: the only factory of
+    shared clients in the code (the job's `beam_pipeline/store/gcs.py` takes it from here).
+
+    Every new client fetches the bucket's metadata in the background on its first request
+    to a bucket (one bucket GET), and opens its own HTTP session. Beam's FileSystems makes
+    a new client for every open, exists and create: a bucket GET, a metadata GET and a new
+    connection each. One client per process and endpoint pays that once. A client's session
+    must not cross a fork (a DataLoader worker makes its own: the pid is in the key), and
+    tests switch emulators (STORAGE_EMULATOR_HOST)."""
     key = (os.getpid(), os.environ.get("STORAGE_EMULATOR_HOST"))
     with _guard:
         if key not in _clients:
-            from google.cloud import storage
-
-            _clients[key] = storage.Client()
+            _clients[key] = new_client()
         return _clients[key]
+
+
+def new_client():
+    """A client of its own (a batch is not thread-safe: delete batches in threads take one
+    each), with a connection pool of POOL. Credentials from the environment as Beam's gcsio
+    finds them (google.auth.default); none found: an anonymous client, as gcsio falls back
+    to (public buckets only)."""
+    import google.auth.exceptions
+    from google.cloud import storage
+
+    try:
+        made = storage.Client()
+    except google.auth.exceptions.DefaultCredentialsError:
+        made = storage.Client.create_anonymous_client()
+    _mount(made, POOL)
+    return made
+
+
+def widen_pool(size):
+    """At least `size` connections per client from now on (the shard writers' budget,
+    job/workers.py): clients made already get a wider pool too."""
+    global POOL
+    with _guard:
+        if size <= POOL:
+            return
+        POOL = size
+        for made in _clients.values():
+            _mount(made, POOL)
+
+
+def _mount(made, size):
+    from requests.adapters import HTTPAdapter
+
+    for scheme in ("https://", "http://"):  # http: the emulator
+        made._http.mount(scheme, HTTPAdapter(pool_connections=4, pool_maxsize=size))
 
 
 def _retry():

@@ -35,6 +35,50 @@ def test_one_client_read_is_one_get_of_the_objects_bytes(gcs, gcs_bucket, gcs_co
     assert totals["requests"] - totals.get("bucket_get", 0) == 1
 
 
+def test_small_files_cost_one_request_each_through_the_shared_client(gcs, gcs_bucket,
+                                                                     gcs_counter, monkeypatch):
+    """store/files.py on gs://: one request per read, exists, listing or small write (Beam's
+    FileSystems made a client per call: a bucket GET, a metadata GET, an empty GET)."""
+    from beam_pipeline.store import files, gcs as store_gcs
+    from dataset_format import storage
+
+    assert store_gcs.client() is storage.client()  # one factory, one client per process
+    base = f"gs://{gcs_bucket}/d"
+    steps = [("write", lambda: files.write_bytes(f"{base}/a.json", b'{"n": 1}')),
+             ("exists", lambda: files.exists(f"{base}/a.json")),
+             ("absent", lambda: files.exists(f"{base}/b.json")),
+             ("read", lambda: files.read_json(f"{base}/a.json")),
+             ("seek", lambda: files.open_seekable(f"{base}/a.json").read()),
+             ("list", lambda: files.objects(f"{base}/*.json"))]
+    got = {}
+    for name, step in steps:
+        before = gcs_counter.totals()
+        got[name] = step()
+        after = gcs_counter.totals()
+        kinds = {k: after.get(k, 0) - before.get(k, 0) for k in ("upload", "metadata_get",
+                                                                 "media_get", "list")}
+        assert sum(kinds.values()) == 1, (name, kinds)
+    assert got["exists"] and not got["absent"] and got["read"] == {"n": 1}
+    assert got["seek"] == b'{"n": 1}' and got["list"] == [f"{base}/a.json"]
+    with pytest.raises(FileNotFoundError, match="b.json"):
+        files.read_bytes(f"{base}/b.json")
+    assert gcs_counter.totals().get("bucket_get", 0) <= 1  # the client's first use of it
+
+    monkeypatch.setattr(store_gcs, "CHUNK", 256 << 10)  # GCS's smallest resumable chunk
+    data = random.Random(5).randbytes(600 << 10)
+    for size, uploads in ((1000, 1), (len(data), 4)):  # small: one request; big: resumable
+        before = gcs_counter["upload"]
+        with files.create_final(f"{base}/w{size}") as f:
+            f.write(data[:size // 2])
+            f.write(data[size // 2:size])
+        assert gcs.read(f"{base}/w{size}") == data[:size]
+        assert gcs_counter["upload"] - before == uploads
+        with pytest.raises(RuntimeError), files.create_final(f"{base}/x{size}") as f:
+            f.write(data[:size])
+            raise RuntimeError("a writer that fails leaves nothing")
+        assert not gcs.exists(f"{base}/x{size}")
+
+
 def test_runs_keep_the_bytes_read_within_a_tenth_of_the_frames():
     from beam_pipeline.store import ranges
 

@@ -25,9 +25,6 @@ import hashlib
 import json
 import logging
 
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
-
 from beam_pipeline.job.contracts import ShardResult
 from beam_pipeline.store import files
 from dataset_format import layout
@@ -54,7 +51,7 @@ def recipe(listing, **settings):
     """sha256 over the shard's listing file and `settings` (everything else its bytes depend
     on: name, shard count, label ids, encode options...) and the codecs' versions."""
     h = hashlib.sha256(json.dumps([settings, _codecs()], sort_keys=True, default=repr).encode())
-    with FileSystems.open(listing, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+    with files.open_read(listing) as f:
         while chunk := f.read(1 << 20):
             h.update(chunk)
     return h.hexdigest()

@@ -2,8 +2,6 @@
 
 import json
 
-from apache_beam.io.filesystems import FileSystems
-
 from beam_pipeline.store import files
 from dataset_format import layout
 
@@ -33,10 +31,14 @@ def write_errors(results, spec, error_files=()):
 
 
 def _iter_lines(path):
-    """A JSONL file's non-empty lines, streamed (none when there is no such file)."""
-    if not path or not FileSystems.exists(path):
+    """A JSONL file's non-empty lines (none when there is no such file)."""
+    if not path:
         return
-    with FileSystems.open(path) as f:
+    try:
+        f = files.open_read(path)  # gs://: one GET, not exists + a new client's three
+    except FileNotFoundError:
+        return
+    with f:
         for line in f:
             if line.strip():
                 yield line.decode()

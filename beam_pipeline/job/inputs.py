@@ -13,7 +13,7 @@ from apache_beam.io.filesystems import FileSystems
 from beam_pipeline.algorithms.read_ahead import ordered
 from beam_pipeline.job import images, reframe
 from beam_pipeline.refs import ImageRef
-from beam_pipeline.store import gcs, ranges
+from beam_pipeline.store import files, gcs, ranges
 
 READ_AHEAD = 16                 # images fetched concurrently: hides gs:// latency
 READ_AHEAD_BYTES = 256 << 20    # ... and at most this many listed bytes in flight (one more
@@ -62,7 +62,7 @@ def _too_large(max_bytes):
 def read_listing(path):
     """A shard's listing file -> ImageRefs in shard order, streamed (a shard of tiny images
     may list a hundred thousand)."""
-    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+    with files.open_read(path) as f:  # gs://: one GET through the process's client
         for line in f:
             if line.strip():
                 yield ImageRef.from_json(line.decode())

@@ -72,9 +72,9 @@ class ImagesToTFRecords(beam.PTransform):
 
 def read_shard_index(path):
     """The shard index file the launcher wrote -> one ShardTask per shard."""
-    from apache_beam.io.filesystems import FileSystems
+    from beam_pipeline.store import files
 
-    with FileSystems.open(path) as f:
+    with files.open_read(path) as f:
         for line in f:
             if line.strip():
                 yield ShardTask.from_json(line)

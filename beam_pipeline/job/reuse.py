@@ -19,6 +19,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from beam_pipeline.job.contracts import Kind
 from beam_pipeline.job.rewrite import copy_frames, with_rows
+from beam_pipeline.store import files
 from dataset_format import frames, layout
 
 RAW = CompressionTypes.UNCOMPRESSED
@@ -26,8 +27,7 @@ RAW = CompressionTypes.UNCOMPRESSED
 
 def read_task(listing):
     """A reuse/copy listing -> (header dict, [kept catalog rows in shard order])."""
-    with FileSystems.open(listing, compression_type=RAW) as f:
-        lines = [line for line in f.read().decode().splitlines() if line]
+    lines = [line for line in files.read_bytes(listing).decode().splitlines() if line]
     return json.loads(lines[0]), [json.loads(line) for line in lines[1:]]
 
 
@@ -42,7 +42,7 @@ def link_or_copy(source, target):
             return
         except OSError:  # another filesystem, or no hard links there
             pass
-    FileSystems.copy([source], [target])  # on GCS a server-side copy, complete or absent
+    files.copy(source, target)  # on GCS a server-side copy, complete or absent
 
 
 def run(kind, result, listing, previous_vdir, write_index, redo=None, vdir=None):

@@ -16,10 +16,9 @@ import uuid
 from typing import Optional
 
 import apache_beam as beam
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from beam_pipeline.store import gcs
+from beam_pipeline.store import files, gcs
 from beam_pipeline.dedup import perceptual
 from beam_pipeline.job import attempts, images, inputs, records, reframe, reuse, workers
 from beam_pipeline.errors import error_record
@@ -277,8 +276,7 @@ class _Progress:
     def flush(self, force=False):
         if self.path and (force or self.count):
             try:
-                with FileSystems.create(self.path) as f:
-                    f.write(json.dumps({"done": self.count}).encode())
+                files.write_bytes(self.path, json.dumps({"done": self.count}).encode())
             except Exception:  # progress is a courtesy; never fail a shard for it
                 self.path = None
             self.last = time.monotonic()

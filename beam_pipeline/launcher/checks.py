@@ -45,7 +45,7 @@ def check_writable(root):
         if not root.startswith("gs://"):
             os.makedirs(root, exist_ok=True)
         files.write_bytes(probe, b"ok")
-        FileSystems.delete([probe])
+        files.delete(probe)
     except Exception as e:
         raise UserError(f"--output {root}: not writable ({type(e).__name__}: {e})") from e
 

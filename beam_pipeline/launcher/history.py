@@ -98,12 +98,12 @@ def _intact_catalog(root, version, manifest):
     """(catalog path, None) when its footer reads and its rows are the manifest's;
     (None, the problem) otherwise."""
     import pyarrow.parquet as pq
-    from apache_beam.io.filesystem import CompressionTypes
-    from apache_beam.io.filesystems import FileSystems
+
+    from beam_pipeline.store import files
 
     path = manifest.catalog
     try:
-        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        with files.open_seekable(path) as f:
             rows = pq.ParquetFile(f).metadata.num_rows
     except Exception as e:
         return None, f"{path}: {split_maps.describe(e)}"

@@ -173,18 +173,12 @@ class ProgressPrinter:
         self.thread.join(timeout=2)
 
     def done(self):
-        from apache_beam.io.filesystems import FileSystems
+        from beam_pipeline.store import files
 
-        try:
-            paths = [m.path for m in
-                     FileSystems.match([self.directory + "/*"])[0].metadata_list]
-        except Exception:
-            return 0
         total = 0
-        for p in paths:
+        for p in files.objects(self.directory + "/*"):  # one listing, one GET per file
             try:
-                with FileSystems.open(p) as f:
-                    total += json.loads(f.read())["done"]
+                total += json.loads(files.read_bytes(p))["done"]
             except Exception:
                 pass
         return total

@@ -80,9 +80,11 @@ def _scan(directory):
 
 
 def _walk_gcs(root):
-    from apache_beam.io.gcp.gcsio import GcsIO, parse_gcs_path
+    from apache_beam.io.gcp.gcsio import parse_gcs_path
 
-    client = GcsIO().client
+    from beam_pipeline.store.gcs import client as shared_client
+
+    client = shared_client()
     bucket_name, base = parse_gcs_path(root.rstrip("/") + "/", object_optional=True)
     bucket = client.bucket(bucket_name)
 

@@ -69,7 +69,9 @@ def merge(fragments, path):
     import pyarrow.compute as pc
 
     rows, sides = 0, {}
-    with FileSystems.create(path) as raw, pq.ParquetWriter(raw, SCHEMA) as writer:
+    from beam_pipeline.store import files
+
+    with files.create_final(path) as raw, pq.ParquetWriter(raw, SCHEMA) as writer:
         for table in _row_groups(fragments):  # the fragments' own row groups, in order
             writer.write_table(table)
             rows += table.num_rows
@@ -154,9 +156,9 @@ def _fragment_bytes(path):
 def iter_tables(path, columns=None, row_groups=None):
     """A catalog file's row groups (one per shard), one in memory at a time: all of them, or
     those numbered in `row_groups`; all columns, or only `columns`."""
-    from apache_beam.io.filesystem import CompressionTypes
+    from beam_pipeline.store import files
 
-    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+    with files.open_seekable(path) as f:  # gs://: one GET for a fragment, no new client
         source = pq.ParquetFile(f)  # reads the footer, then one row group at a time
         for i in range(source.num_row_groups) if row_groups is None else row_groups:
             yield source.read_row_group(i, columns=columns)

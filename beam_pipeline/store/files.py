@@ -1,7 +1,10 @@
-"""File I/O under a dataset root, on Beam FileSystems so local paths and gs:// behave the same.
+"""File I/O under a dataset root, local paths and gs:// behaving the same.
 
 Every module that writes or reads a whole small file (manifest, errors, listings, TFDS
 metadata) goes through here, so a full disk or a torn write is handled in one place.
+gs:// goes through the process's one storage client (store/gcs.py): one request per read,
+exists or small write. Beam's FileSystems made a new client per call: a bucket GET, a
+metadata GET, and an empty GET after each read (about 8 requests per shard in all).
 """
 
 import contextlib
@@ -14,31 +17,73 @@ from apache_beam.io.filesystems import FileSystems
 from dataset_format import layout
 
 
+def is_gcs(path):
+    return path.startswith("gs://")
+
+
 def exists(path):
+    if is_gcs(path):
+        from beam_pipeline.store import gcs
+
+        return gcs.exists(path)
     return FileSystems.exists(path)
 
 
 def objects(pattern):
-    """The paths matching `pattern` (none when nothing matches or the match fails)."""
+    """The paths matching `pattern` (FileSystems.match's syntax: `*` within a name, `**`
+    across folders); none when nothing matches or the listing fails."""
     try:
+        if is_gcs(pattern):
+            from beam_pipeline.store import gcs
+
+            return gcs.matching(pattern)
         return [m.path for m in FileSystems.match([pattern])[0].metadata_list]
     except Exception:
         return []
 
 
 def read_bytes(path):
-    from apache_beam.io.filesystem import CompressionTypes
+    """The whole file; FileNotFoundError naming it when it is not there."""
+    if is_gcs(path):
+        from beam_pipeline.store import gcs
 
-    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        return gcs.read_whole(path)
+    with open(path, "rb") as f:
         return f.read()
 
 
+def open_read(path):
+    """A small file, whole, as a binary file object (gs://: one GET)."""
+    import io
+
+    return io.BytesIO(read_bytes(path))
+
+
+WHOLE_BYTES = 16 << 20  # a gs:// file up to this size is read whole by open_seekable
+
+
+def open_seekable(path):
+    """A seekable binary file object (Parquet reads its footer, then parts): local, the
+    file; gs://, the whole object from one GET when it is at most WHOLE_BYTES (a catalog
+    fragment, a split map), else ranged GETs through the shared client (a version's
+    catalog). FileNotFoundError naming it when it is not there."""
+    if not is_gcs(path):
+        return open(path, "rb")
+    from beam_pipeline.store import gcs
+
+    return gcs.open_ranged(path, WHOLE_BYTES)
+
+
 def read_json(path):
-    with FileSystems.open(path) as f:
-        return json.loads(f.read().decode())
+    return json.loads(read_bytes(path).decode())
 
 
 def write_bytes(path, data):
+    """`data` at `path`, whole or not at all (gs://: one upload request)."""
+    if is_gcs(path):
+        from beam_pipeline.store import gcs
+
+        return gcs.write_bytes(path, data)
     try:
         with FileSystems.create(path) as f:
             f.write(data)
@@ -50,7 +95,7 @@ def write_bytes(path, data):
 
 def copy_local_file(local_path, path):
     """Stream a local file to `path` (local or gs://) in 8 MiB pieces."""
-    with open(local_path, "rb") as src, FileSystems.create(path) as dst:
+    with open(local_path, "rb") as src, create_final(path) as dst:
         while chunk := src.read(8 << 20):
             dst.write(chunk)
 
@@ -142,6 +187,24 @@ def size_and_crc32c(path):
     except FileNotFoundError:
         return None
     return size, frames.crc32c_text(crc)
+
+
+def delete(path):
+    """Delete one file; FileNotFoundError when it is not there."""
+    if is_gcs(path):
+        from beam_pipeline.store import gcs
+
+        return gcs.delete(path)
+    os.unlink(path)
+
+
+def copy(source, path):
+    """`source`'s bytes at `path`, whole or not at all (gs://: a server-side copy)."""
+    if is_gcs(source) and is_gcs(path):
+        from beam_pipeline.store import gcs
+
+        return gcs.copy(source, path)
+    FileSystems.copy([source], [path])
 
 
 def delete_quietly(path):

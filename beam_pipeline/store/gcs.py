@@ -1,53 +1,28 @@
-"""gs:// objects read and written with generation preconditions (LATEST, ROOT/.lock).
-
-Beam's FileSystems has no compare-and-swap; google-cloud-storage does, through a client
-made the way Beam's gcsio makes its own.
+"""gs:// objects read and written through this process's one storage client
+(dataset_format/storage.py makes it), with generation preconditions where needed (LATEST,
+ROOT/.lock): Beam's FileSystems has no compare-and-swap, and makes a new client for every
+open, exists and create.
 """
 
+import io
 import os
 import threading
 
-POOL = 64          # connections per client: a worker's read-ahead threads share one client
-CHUNK = 16 << 20   # resumable upload chunk, as Beam's gcsio writes
+from dataset_format import storage
 
-_gcs_clients, _guard = {}, threading.Lock()
+CHUNK = 16 << 20   # resumable upload chunk, as Beam's gcsio writes
 
 
 def client():
-    """This process's google-cloud-storage client (one per endpoint), made the way Beam's
-    gcsio makes its own (same credentials), with a connection pool wide enough for the
-    shard writers' read-ahead threads.
-
-    Beam's FileSystems makes a new GcsIO, and so a new client and HTTP session, for every
-    open, exists and create: a new connection (and TLS handshake) per image read, plus a
-    metadata request before each download. Workers read and write through this one instead.
-    """
-    from apache_beam.io.gcp.gcsio import GcsIO
-    from requests.adapters import HTTPAdapter
-
-    endpoint = os.environ.get("STORAGE_EMULATOR_HOST")  # tests switch emulators
-    with _guard:
-        if endpoint not in _gcs_clients:
-            made = GcsIO().client
-            for scheme in ("https://", "http://"):  # http: the emulator
-                made._http.mount(scheme, HTTPAdapter(pool_connections=4, pool_maxsize=POOL))
-            _gcs_clients[endpoint] = made
-        return _gcs_clients[endpoint]
+    """This process's google-cloud-storage client (dataset_format/storage.py: one per
+    process and endpoint). Workers, the launcher and commit read and write through it: a
+    new client per operation costs a bucket GET and a new connection."""
+    return storage.client()
 
 
 def widen_pool(size):
-    """At least `size` connections per client from now on (the shard writers' budget,
-    job/workers.py): clients made already get a wider pool too."""
-    global POOL
-    from requests.adapters import HTTPAdapter
-
-    with _guard:
-        if size <= POOL:
-            return
-        POOL = size
-        for made in _gcs_clients.values():
-            for scheme in ("https://", "http://"):
-                made._http.mount(scheme, HTTPAdapter(pool_connections=4, pool_maxsize=POOL))
+    """At least `size` connections per client from now on (job/workers.py's budget)."""
+    storage.widen_pool(size)
 
 
 def gcs_blob(uri):
@@ -103,6 +78,65 @@ def read_range(uri, offset, length, generation=None):
         return b""
 
 
+def read_whole(uri):
+    """An object's bytes in one GET; FileNotFoundError naming it when it is not there."""
+    from google.api_core import exceptions
+
+    try:
+        return read_bytes(uri)
+    except exceptions.NotFound:
+        raise FileNotFoundError(f"{uri}: no such object") from None
+
+
+def open_ranged(uri, whole_bytes):
+    """A seekable reader of the object: its bytes from one GET when it holds at most
+    `whole_bytes`, else a BlobReader (a metadata GET, then ranged GETs of CHUNK)."""
+    from google.api_core import exceptions
+    from google.cloud.storage.retry import DEFAULT_RETRY
+
+    try:
+        head = read_bytes(uri, max_bytes=whole_bytes)
+    except exceptions.NotFound:
+        raise FileNotFoundError(f"{uri}: no such object") from None
+    if len(head) <= whole_bytes:
+        return io.BytesIO(head)
+    bucket, name = gcs_blob(uri)
+    return bucket.blob(name).open("rb", chunk_size=CHUNK, raw_download=True,
+                                  retry=DEFAULT_RETRY)
+
+
+def exists(uri):
+    """Whether the object is there: one metadata GET."""
+    from google.cloud.storage.retry import DEFAULT_RETRY
+
+    bucket, name = gcs_blob(uri)
+    return bucket.blob(name).exists(retry=DEFAULT_RETRY)
+
+
+def write_bytes(uri, data):
+    """`data` as the object `uri` in one upload request (it appears whole or not at all)."""
+    from google.cloud.storage.retry import DEFAULT_RETRY
+
+    bucket, name = gcs_blob(uri)
+    bucket.blob(name).upload_from_string(data, content_type="application/octet-stream",
+                                         retry=DEFAULT_RETRY)
+
+
+def matching(pattern):
+    """The gs:// paths matching `pattern` (Beam's FileSystems.match syntax), from one listing
+    of the prefix before its first wildcard."""
+    import re
+
+    from apache_beam.io.filesystem import FileSystem
+
+    prefix = re.match(r"^[^[*?]*", pattern).group(0)
+    wanted = re.compile(FileSystem.translate_pattern(pattern))
+    bucket, name = gcs_blob(prefix)
+    found = (f"gs://{bucket.name}/{b.name}" for b in client().list_blobs(
+        bucket.name, prefix=name, fields="items(name),nextPageToken"))
+    return [path for path in found if wanted.match(path)]
+
+
 def listed_generation(stamp):
     """The generation a gs:// listing stamp ("gen:N") names, else None."""
     return int(stamp[4:]) if stamp and stamp.startswith("gen:") else None
@@ -136,11 +170,81 @@ def is_transient(error):
 def open_write(uri):
     """A writer for the object `uri`: it appears only when the writer is closed; leaving
     its `with` block by an exception cancels the upload (nothing appears)."""
+    return _Upload(uri)
+
+
+class _Upload(io.RawIOBase):
+    """Bytes held until CHUNK, then a resumable upload in CHUNK pieces (a BlobWriter);
+    closed under CHUNK: one upload request, not a resumable upload's two (a shard's
+    listing, index, catalog fragment and progress file, and small shards, are all small)."""
+
+    def __init__(self, uri):
+        self.uri, self.held, self.writer, self.written = uri, bytearray(), None, 0
+
+    def writable(self):
+        return True
+
+    def write(self, data):
+        data = memoryview(data).cast("B")
+        self.written += len(data)
+        if self.writer is not None:
+            return self.writer.write(data)
+        self.held += data
+        if len(self.held) >= CHUNK:
+            from google.cloud.storage.retry import DEFAULT_RETRY
+
+            bucket, name = gcs_blob(self.uri)
+            self.writer = bucket.blob(name, chunk_size=CHUNK).open(
+                "wb", ignore_flush=True, content_type="application/octet-stream",
+                retry=DEFAULT_RETRY)
+            self.writer.write(bytes(self.held))
+            self.held = bytearray()
+        return len(data)
+
+    def tell(self):
+        return self.written
+
+    def close(self):
+        if not self.closed:
+            if self.writer is not None:
+                self.writer.close()
+            else:
+                write_bytes(self.uri, bytes(self.held))
+        super().close()
+
+    def __exit__(self, kind, value, tb):
+        if kind is None:
+            self.close()
+            return False
+        if self.writer is not None:  # cancels the resumable upload: nothing appears
+            self.writer.__exit__(kind, value, tb)
+        self.held, self.writer = bytearray(), None
+        super().close()
+        return False
+
+
+def copy(source, target):
+    """Server-side copy of the object `source` over `target` (rewrites until done)."""
+    from google.cloud.storage.retry import DEFAULT_RETRY
+
+    (src_bucket, src_name), (dst_bucket, dst_name) = gcs_blob(source), gcs_blob(target)
+    dest, token = dst_bucket.blob(dst_name), None
+    while True:
+        token, _, _ = dest.rewrite(src_bucket.blob(src_name), token=token, retry=DEFAULT_RETRY)
+        if token is None:
+            return
+
+
+def delete(uri):
+    """Delete one object; FileNotFoundError when it is not there."""
+    from google.api_core import exceptions
     from google.cloud.storage.retry import DEFAULT_RETRY
 
     bucket, name = gcs_blob(uri)
-    return bucket.blob(name, chunk_size=CHUNK).open(
-        "wb", ignore_flush=True, content_type="application/octet-stream", retry=DEFAULT_RETRY)
+    try:
+        bucket.delete_blob(name, retry=DEFAULT_RETRY)
+    except exceptions.NotFound:
+        raise FileNotFoundError(f"{uri}: no such object") from None
 
 
 def copy_if_absent(source, target):
@@ -221,11 +325,9 @@ def _delete_batch(bucket_name, names, attempts=6):
     import random
     import time
 
-    from apache_beam.io.gcp.gcsio import GcsIO
-
     for attempt in range(attempts):
         if getattr(_per_thread, "endpoint", None) != os.environ.get("STORAGE_EMULATOR_HOST"):
-            _per_thread.client = GcsIO().client
+            _per_thread.client = storage.new_client()
             _per_thread.endpoint = os.environ.get("STORAGE_EMULATOR_HOST")
         bucket = _per_thread.client.bucket(bucket_name)
         try:

@@ -277,12 +277,10 @@ def write(path, smap):
 
 def read(path):
     """A split_map.parquet -> SplitMap; SplitMapUnreadable naming the file otherwise."""
-    from apache_beam.io.filesystem import CompressionTypes
-    from apache_beam.io.filesystems import FileSystems
+    from beam_pipeline.store import files
 
     try:
-        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            table = pq.read_table(pa.BufferReader(f.read())).combine_chunks()
+        table = pq.read_table(pa.BufferReader(files.read_bytes(path))).combine_chunks()
         contents, split = table["content"].chunk(0), table["split"].chunk(0)
         data = contents.buffers()[1]
         digest = np.frombuffer(data, "S16", count=len(contents), offset=contents.offset * 16)
