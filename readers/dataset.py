@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from dataset_format import dataset_info as info_lib
 from dataset_format import slices
+from readers import checked
 from readers import hosts as hosts_lib
 from readers import images
 from readers import order as order_lib
@@ -22,8 +23,10 @@ from readers import shards
 
 log = logging.getLogger(__name__)
 
-READ_BUFFER_BYTES = 8 << 20  # per open shard; large reads keep gs:// throughput up
-SHUFFLE_BUFFER_BYTES = 128 << 20  # default shuffle buffer: ~this many serialized bytes
+GCS_READ_BUFFER_BYTES = 8 << 20  # per open shard on gs://: large reads keep throughput up
+LOCAL_READ_BUFFER_BYTES = 256 << 10  # per open local shard (TFRecordDataset's default)
+SHUFFLE_BUFFER_BYTES = 32 << 20  # default shuffle buffer: ~this many serialized bytes...
+SHUFFLE_MIN_RECORDS = 1024  # ...and at least this many records (the resumable window's)
 CACHE_CHUNK = 256  # cache=: records per cached element; their order is reshuffled each epoch
 CROP_FRACTION = images.CROP_FRACTION
 
@@ -33,7 +36,7 @@ def make_dataset(path, split="train", batch_size=128, image_size=224, training=N
                  shuffle_buffer=None, repeat=False, drop_remainder=None, cycle_length=None,
                  deterministic=None, cache=False, label_offset=0, skip_corrupt=False,
                  transform=False, crop_fraction=CROP_FRACTION, version=None,
-                 read_buffer_bytes=READ_BUFFER_BYTES, start=None, with_keys=False,
+                 read_buffer_bytes=None, start=None, with_keys=False,
                  native_batching="ragged"):
     """A `tf.data.Dataset` of `(images [B, H, W, 3], labels [B] int32)` for `model.fit`.
 
@@ -120,8 +123,8 @@ def make_dataset(path, split="train", batch_size=128, image_size=224, training=N
                           label_offset - ds_info.label_offset, crop_fraction, seed or 0,
                           0 if start is None else start, repeat, skip_corrupt, with_keys)
 
-    ds = _records(plan, training, host_seed, skip_corrupt, cache, cycle_length, deterministic,
-                  read_buffer_bytes)  # -> (record, path, position)
+    ds = _records(plan, split_info, training, host_seed, cache, cycle_length, deterministic,
+                  read_buffer_bytes)  # -> (record, id)
     if training:
         buffer = _shuffle_buffer(shuffle_buffer, split_info, plan.records)
         if buffer > 1:
@@ -133,10 +136,10 @@ def make_dataset(path, split="train", batch_size=128, image_size=224, training=N
     elif repeat:
         ds = ds.repeat(int(repeat))
     drop_remainder = training if drop_remainder is None else drop_remainder
-    ds = _decode(ds, training, host_seed, size, output, label_offset - ds_info.label_offset,
-                 crop_fraction, skip_corrupt, deterministic, batch_size, drop_remainder,
-                 native_batching)
-    if not skip_corrupt:  # one image per record: the interleave in _decode hides that
+    ds = _decode(ds, plan, training, host_seed, size, output,
+                 label_offset - ds_info.label_offset, crop_fraction, skip_corrupt, batch_size,
+                 drop_remainder, native_batching)
+    if not skip_corrupt:  # one image per record: the filter after the check hides that
         ds = ds.apply(tf.data.experimental.assert_cardinality(
             _batches(plan, training, repeat, batch_size, drop_remainder)))
     if hosts.count > 1 and (input_context is None or not training):
@@ -164,10 +167,11 @@ def _window(ds_info, split):
     return found[0]
 
 
-def _records(plan, training, seed, skip_corrupt, cache, cycle_length, deterministic,
+def _records(plan, split_info, training, seed, cache, cycle_length, deterministic,
              read_buffer_bytes):
-    """This host's serialized records (record, path, position), each piece checked."""
-    read = shards.reader(skip_corrupt, read_buffer_bytes)
+    """This host's serialized records as (record, id), id its number in plan order (a
+    piece that could not be read ends with an in-band element: readers/shards.py)."""
+    read = shards.reader(_read_buffer(read_buffer_bytes, plan))
     pieces = shards.pieces_dataset(plan.pieces)
     cycle = cycle_length or min(len(plan.pieces), 16)
     if cache:  # cache chunks in a fixed order; reshuffle the chunks each epoch instead
@@ -175,40 +179,57 @@ def _records(plan, training, seed, skip_corrupt, cache, cycle_length, determinis
                                num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         ds = ds.cache("" if cache is True else cache)
         if training:
-            chunks = -(-plan.records // CACHE_CHUNK) + len(plan.pieces)
-            ds = ds.shuffle(chunks, seed=seed, reshuffle_each_iteration=True)
-        ds = ds.interleave(lambda *chunk: tf.data.Dataset.from_tensor_slices(chunk),
-                           cycle_length=cycle, num_parallel_calls=tf.data.AUTOTUNE,
-                           deterministic=deterministic)
-    elif training:
+            ds = ds.shuffle(_chunk_buffer(cache, plan, split_info), seed=seed,
+                            reshuffle_each_iteration=True)
+        return ds.interleave(lambda *chunk: tf.data.Dataset.from_tensor_slices(chunk),
+                             cycle_length=cycle, num_parallel_calls=tf.data.AUTOTUNE,
+                             deterministic=deterministic)
+    if training:
         pieces = pieces.shuffle(len(plan.pieces), seed=seed, reshuffle_each_iteration=True)
-        ds = pieces.interleave(read, cycle_length=cycle, block_length=1,
-                               num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
-    else:  # evaluation: manifest order, file after file (decoding is parallel downstream)
-        ds = pieces.flat_map(read)
-    if not skip_corrupt:
-        ds = ds.apply(tf.data.experimental.assert_cardinality(plan.records))
-    return ds
+        return pieces.interleave(read, cycle_length=cycle, block_length=1,
+                                 num_parallel_calls=tf.data.AUTOTUNE,
+                                 deterministic=deterministic)
+    return pieces.flat_map(read)  # evaluation: manifest order, file after file
 
 
-def _decode(ds, training, seed, size, output, label_shift, crop_fraction, skip_corrupt,
-            deterministic, batch_size, drop_remainder, native_batching):
-    """(record, path, position) -> batches of (image, label), naming any record that fails."""
+def _read_buffer(read_buffer_bytes, plan):
+    """Bytes read at a time per open shard: large on gs:// (each read is a request), small
+    locally (the page cache reads ahead; 16 open shards x 8 MiB was 128 MiB of RSS)."""
+    if read_buffer_bytes:
+        return int(read_buffer_bytes)
+    remote = any("://" in p.path for p in plan.pieces)
+    return GCS_READ_BUFFER_BYTES if remote else LOCAL_READ_BUFFER_BYTES
+
+
+def _chunk_buffer(cache, plan, split_info):
+    """Chunks shuffled together: all of them in memory (cache=True holds the split there
+    anyway); a file cache shuffles ~SHUFFLE_BUFFER_BYTES of chunks, so its memory does not
+    grow with the split."""
+    chunks = -(-plan.records // CACHE_CHUNK) + len(plan.pieces)
+    if cache is True:
+        return chunks
+    chunk_bytes = CACHE_CHUNK * _mean_bytes(split_info)
+    return int(max(2, min(chunks, SHUFFLE_BUFFER_BYTES // chunk_bytes)))
+
+
+def _decode(ds, plan, training, seed, size, output, label_shift, crop_fraction, skip_corrupt,
+            batch_size, drop_remainder, native_batching):
+    """(record, id) -> (image, label) elements or batches, naming any record that fails."""
+    if size is None:
+        fn = native.native_fn(training, output, label_shift)
+    else:
+        fn = images.example_fn(training, size, output, label_shift, crop_fraction)
     if training:
         # per-element [2] seeds for the stateless crop and flip; the same seed gives the
         # same seed stream, and each epoch (iteration) draws fresh ones.
-        seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)
-        ds = tf.data.Dataset.zip(ds, seeds).map(lambda r, s: r + (s,))
+        seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(
+            2, drop_remainder=True)
+        ds = tf.data.Dataset.zip(ds, seeds)
+    names = checked.Names(plan.pieces, skip_corrupt, shards.sentinel_record())
+    ds = checked.decoded(ds, fn, names, seeded=training)
     if size is None:
-        return native.decode_native(ds, native.native_fn(training, output, label_shift),
-                                    skip_corrupt, deterministic, batch_size, drop_remainder,
-                                    native_batching)
-    fn = images.example_fn(training, size, output, label_shift, crop_fraction)
-    spec = (tf.TensorSpec([size[0], size[1], 3], output.dtype), tf.TensorSpec([], tf.int32))
-    group = batch_size or native.UNBATCHED_GROUP  # unbatched: decoded in groups, then split
-    ds = images.decode_batches(fn, skip_corrupt, spec, group,
-                               drop_remainder and batch_size is not None)(ds, deterministic)
-    return ds if batch_size else ds.unbatch()
+        return native.batched(ds, batch_size, drop_remainder, native_batching)
+    return ds.batch(batch_size, drop_remainder=drop_remainder) if batch_size else ds
 
 
 def _batches(plan, training, repeat, batch_size, drop_remainder):
@@ -252,8 +273,12 @@ def _seed(seed, training):
 def _shuffle_buffer(shuffle_buffer, split_info, num_records):
     if shuffle_buffer is not None:
         return int(shuffle_buffer)
-    mean_bytes = (split_info.num_bytes or 0) / max(split_info.num_examples, 1) or 100_000
-    return int(min(num_records, max(1024, SHUFFLE_BUFFER_BYTES // mean_bytes)))
+    return int(min(num_records, max(SHUFFLE_MIN_RECORDS,
+                                    SHUFFLE_BUFFER_BYTES // _mean_bytes(split_info))))
+
+
+def _mean_bytes(split_info):
+    return (split_info.num_bytes or 0) / max(split_info.num_examples, 1) or 100_000
 
 
 def _options(deterministic, split_here):

@@ -5,8 +5,6 @@ its crop window (`decode_and_crop_jpeg`); the crop is cast to float32 before the
 uint8 resize kernel is slower; the output is bit-identical) and flipped after it (fewer pixels).
 """
 
-import sys
-
 import tensorflow as tf
 
 from dataset_format import schema
@@ -105,76 +103,3 @@ class Output:
             image = image * tf.constant(self.scale, tf.float32) + tf.constant(
                 self.offset, tf.float32)
         return tf.cast(image, self.dtype)
-
-
-def decode_batches(fn, skip_corrupt, element_spec, batch_size, drop_remainder):
-    """A dataset transformation: (record, path, position, ...) -> batches of fn's
-    (image, label), where a record fn cannot parse or decode names its shard file, position
-    and key: an error (or, with skip_corrupt, a warning and no element).
-
-    Each batch's records are decoded inside their own small dataset with `ignore_errors`, so
-    it sees that batch's decoding only, never reading or the checks upstream; batches are
-    decoded in parallel by the outer map. A batch that comes out short is decoded again
-    record by record to find which record failed: that costs only when one did.
-    """
-    image_spec, label_spec = element_spec
-    empty = (tf.zeros([0] + image_spec.shape.as_list(), image_spec.dtype),
-             tf.zeros([0], label_spec.dtype))
-
-    def per_batch(records, paths, positions, *rest):
-        done = tf.data.Dataset.from_tensor_slices((records,) + rest).map(fn).ignore_errors(
-            log_warning=True)  # TensorFlow's reason, in its log
-        images, labels = done.batch(batch_size).concatenate(
-            tf.data.Dataset.from_tensors(empty)).take(1).get_single_element()
-        short = tf.shape(images)[0] < tf.shape(records)[0]
-        report = tf.cond(short, lambda: _report(fn, records, paths, positions, rest,
-                                                skip_corrupt), tf.no_op)
-        with tf.control_dependencies([report]):
-            return tf.identity(images), tf.identity(labels)
-
-    def apply(ds, deterministic=None):
-        ds = ds.batch(batch_size, drop_remainder=drop_remainder).map(
-            per_batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
-        if skip_corrupt:  # batches that lost records: batch again
-            return ds.unbatch().batch(batch_size, drop_remainder=drop_remainder)
-        if drop_remainder:  # full or failed: the batch dimension is static
-            shapes = [batch_size] + image_spec.shape.as_list()
-            return ds.map(lambda images, labels: (tf.ensure_shape(images, shapes),
-                                                  tf.ensure_shape(labels, [batch_size])))
-        return ds
-
-    return apply
-
-
-def _report(fn, records, paths, positions, rest, skip_corrupt):
-    """Decode a short group's records one by one; fail (or warn) naming each that fails."""
-    def failed(i):
-        one = tf.data.Dataset.from_tensors(
-            (records[i],) + tuple(r[i] for r in rest)).map(fn).ignore_errors()
-        return one.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1) == 0
-
-    def name(i):
-        where = _where(records[i], paths[i], positions[i])
-        if skip_corrupt:
-            return tf.print(tf.strings.join([
-                "WARNING readers: skip_corrupt: ", where, " is not a decodable image record; "
-                "skipped"]), output_stream=sys.stderr)
-        return tf.debugging.Assert(False, [tf.strings.join([
-            where, ": cannot parse it or decode its image (TensorFlow logged why above); "
-            "rebuild the dataset, or pass skip_corrupt=True to skip such records"])])
-
-    def step(count, i):
-        with tf.control_dependencies([tf.cond(failed(i), lambda: name(i), tf.no_op)]):
-            return count + 1
-
-    n = tf.data.Dataset.range(tf.shape(records, out_type=tf.int64)[0]).reduce(
-        tf.constant(0, tf.int64), step)
-    return tf.group(n)
-
-
-def _where(record, path, position):
-    key = tf.data.Dataset.from_tensors(record).map(
-        lambda r: tf.io.parse_single_example(r, _KEY_SPEC)[schema.FILENAME]).ignore_errors()
-    key = key.concatenate(tf.data.Dataset.from_tensors(tf.constant("?"))).take(1)
-    return tf.strings.join([path, ": record ", tf.strings.as_string(position), " (key ",
-                            key.get_single_element(), ")"])

@@ -3,15 +3,13 @@
 Native size: each image is decoded whole at its stored size, flipped at random in training
 (no crop, no resize), scaled like the fixed-size output; batches are ragged
 (`tf.RaggedTensor` [B, None, None, 3]) or padded with zeros to the batch's largest image.
-A record that does not decode fails with TensorFlow's error (skip_corrupt: skipped with
-its warning); the fixed-size path's per-record naming needs static shapes.
+A record that does not decode is named as on the fixed-size path (readers/checked.py).
 """
 
 import tensorflow as tf
 
 from readers import images
 
-UNBATCHED_GROUP = 32  # batch_size=None: records decoded per group before unbatching
 NATIVE_BATCHING = ("ragged", "padded")
 
 
@@ -28,17 +26,12 @@ def native_fn(training, output, label_shift):
     return to_example
 
 
-def decode_native(ds, fn, skip_corrupt, deterministic, batch_size, drop_remainder, batching):
-    """(record, path, position[, seed]) -> images at their own size, batched as `batching`."""
+def batched(ds, batch_size, drop_remainder, batching):
+    """(image, label) elements at their own size -> batches as `batching` (or unbatched)."""
     if batching not in NATIVE_BATCHING:
         raise ValueError(f"native_batching={batching!r}: use one of {NATIVE_BATCHING}")
-    ds = ds.map(lambda record, path, position, *seed: fn(record, *seed),
-                num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
-    if skip_corrupt:
-        ds = ds.ignore_errors(log_warning=True)
     if batch_size is None:
         return ds
     if batching == "ragged":
         return ds.ragged_batch(batch_size, drop_remainder=drop_remainder)
     return ds.padded_batch(batch_size, drop_remainder=drop_remainder)
-

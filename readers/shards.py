@@ -53,110 +53,87 @@ def check_files(pieces):
 
 
 def pieces_dataset(pieces):
-    """Dataset of (path, start, count, file_records, num_bytes) per piece (-1: size unknown)."""
+    """Dataset of (path, start, count, num_bytes, first, piece) per piece: `first` is the
+    number of the piece's first record among this host's records (plan order), `piece` its
+    index in `pieces`, num_bytes -1 when the manifest has no size."""
+    firsts = [sum(p.count for p in pieces[:i]) for i in range(len(pieces))]
     return tf.data.Dataset.from_tensor_slices((
         tf.constant([p.path for p in pieces]),
         tf.constant([p.start for p in pieces], tf.int64),
         tf.constant([p.count for p in pieces], tf.int64),
-        tf.constant([p.file_records for p in pieces], tf.int64),
-        tf.constant([-1 if p.num_bytes is None else p.num_bytes for p in pieces], tf.int64)))
+        tf.constant([-1 if p.num_bytes is None else p.num_bytes for p in pieces], tf.int64),
+        tf.constant(firsts, tf.int64),
+        tf.range(len(pieces), dtype=tf.int64)))
 
 
-def reader(skip_corrupt, read_buffer_bytes):
-    """A function of one `pieces_dataset` element -> Dataset of (record, path, position)."""
+def sentinel_record():
+    """A valid serialized Example (an 8x8 grey JPEG, label 0) standing in for a record that
+    could not be read: it decodes like any record, so it passes the decode map without a
+    per-record branch, and the check after decoding turns its negative id into the error."""
+    from dataset_format import examples, schema
 
-    def read(path, start, count, file_records, num_bytes):
-        if skip_corrupt:
-            return _read_retrying(path, num_bytes, start, start + count, read_buffer_bytes,
-                                  READ_ATTEMPTS, start)
-        fail = tf.data.Dataset.from_tensors(path).map(
-            lambda p: _short_piece(p, start, count, file_records))
-        return _checked(path, num_bytes, lambda p: _records(
-            p, start, read_buffer_bytes).concatenate(fail).take(count))
+    jpeg = tf.io.encode_jpeg(tf.fill([8, 8, 3], tf.constant(128, tf.uint8))).numpy()
+    return examples.serialize_example({schema.ENCODED: jpeg, schema.LABEL: 0})
+
+
+def failed_id(piece, file_check):
+    """The id of a piece's in-band failure (record ids are >= 0): `file_check` when the file
+    was missing, unreadable or not its size (always an error), else a damaged frame."""
+    return -2 - 2 * piece if file_check else -1 - 2 * piece
+
+
+def failure_of(rid):
+    """failed_id's inverse: (piece, file_check)."""
+    return (-1 - rid) // 2, (-1 - rid) % 2 == 1
+
+
+def reader(read_buffer_bytes):
+    """A function of one `pieces_dataset` element -> Dataset of (record, id): `id` the
+    record's number among this host's records, so a record that fails to decode is named
+    from it (readers/checked.py).
+
+    Nothing here raises: the decode map's `ignore_errors` downstream must never see a
+    reading error. A file that is missing, unreadable or not its manifest size when the piece
+    is opened, and a bad CRC or truncated frame while reading (which ends the piece), each
+    end the piece with one in-band element: a decodable stand-in record whose id is
+    `failed_id(...)`. The check after decoding names the file (TensorFlow logs its reason).
+    """
+    sentinel = tf.constant(sentinel_record())
+
+    def read(path, start, count, num_bytes, first, piece):
+        def then(size_ok):
+            records = _records(path, start, read_buffer_bytes).take(
+                tf.where(size_ok, count, tf.constant(0, tf.int64)))
+            ids = tf.data.Dataset.range(first, first + count)
+            failed = tf.data.Dataset.from_tensors(
+                (sentinel, tf.where(size_ok, failed_id(piece, False), failed_id(piece, True))))
+            return tf.data.Dataset.zip(records, ids).concatenate(failed).take(count)
+
+        # the size check, opened before the TFRecordDataset: one of a missing file spins
+        size_ok = tf.data.Dataset.from_tensors(path).map(lambda p: _size_ok(p, num_bytes))
+        size_ok = size_ok.ignore_errors(log_warning=True).concatenate(
+            tf.data.Dataset.from_tensors(False)).take(1)
+        return size_ok.flat_map(then)
 
     return read
 
 
-def _checked(path, num_bytes, then):
-    """`then(path)`, opened only once the size check passed. A flat_map, not a concatenate:
-    after the check fails, an interleave still prefetching must find nothing left to read
-    (a TFRecordDataset of a missing file would spin)."""
-    return tf.data.Dataset.from_tensors(path).map(
-        lambda p: _check_size(p, num_bytes)).flat_map(then)
-
-
 def _records(path, start, read_buffer_bytes):
-    """(record, path, position in file) from `start` on, ending at the first bad frame."""
+    """The file's records from `start` on, ending at the first bad frame (TensorFlow logs
+    its reason and offset)."""
     records = tf.data.TFRecordDataset(path, buffer_size=read_buffer_bytes)
-    records = records.ignore_errors(log_warning=True).skip(start)  # logs TF's reason + offset
-    return records.enumerate(start).map(lambda i, r: (r, path, i))
+    return records.ignore_errors(log_warning=True).skip(start)
 
 
-def _check_size(path, num_bytes):
-    """Fails naming `path` unless it exists with `num_bytes` bytes (-1: exists, any size).
+def _size_ok(path, num_bytes):
+    """Whether `path` has `num_bytes` bytes (-1: exists, any size); a missing or unreadable
+    file raises (TensorFlow's error names it).
 
     FixedLengthRecordDataset of 1-byte records before a footer of num_bytes - 1 bytes has
     exactly one record when the size matches (it reads the first byte), none when the file
-    is shorter; a missing or unreadable file raises an error naming it.
+    is shorter.
     """
     footer = tf.maximum(num_bytes - 1, 0)
     n = tf.data.FixedLengthRecordDataset(path, 1, footer_bytes=footer, buffer_size=1).take(2)
     found = n.reduce(tf.constant(0, tf.int64), lambda c, _: c + 1)
-    ok = tf.where(num_bytes < 0, found >= 1, found == 1)
-    check = tf.debugging.Assert(ok, [tf.strings.join([
-        path, ": not the size manifest.json gives it (", tf.strings.as_string(num_bytes),
-        " bytes): truncated, overwritten or emptied since the build; rebuild the dataset or "
-        "read another version"])])
-    with tf.control_dependencies([check]):
-        return tf.identity(path)
-
-
-def _short_piece(path, start, count, file_records):
-    what = tf.strings.join([
-        "records ", tf.strings.as_string(start), "..", tf.strings.as_string(start + count - 1),
-        " of the ", tf.strings.as_string(file_records)])
-    check = tf.debugging.Assert(False, [tf.strings.join([
-        path, ": could not read ", what, " in manifest.json: the shard is corrupt (bad CRC) or "
-        "truncated (TensorFlow logged the reason above). Rebuild the dataset, or pass "
-        "skip_corrupt=True to read past it."])])
-    with tf.control_dependencies([check]):
-        return tf.constant(b""), path, tf.constant(-1, tf.int64)
-
-
-def _read_retrying(path, num_bytes, start, end, read_buffer_bytes, attempts, first):
-    """skip_corrupt: records [start, end) of the piece [first, end); a short read is retried
-    from where it stopped (`attempts` reads in all), then the missing tail is logged as lost."""
-    records = _checked(path, num_bytes,
-                       lambda p: _records(p, start, read_buffer_bytes).take(end - start))
-    marked = records.map(lambda r, p, i: (r, p, i, False)).concatenate(
-        tf.data.Dataset.from_tensors((tf.constant(b""), path, tf.constant(-1, tf.int64), True)))
-    # the end marker's position becomes where this read stopped
-    marked = marked.scan(start, lambda nxt, e: (tf.where(e[3], nxt, e[2] + 1),
-                                                (e[0], e[1], tf.where(e[3], nxt, e[2]), e[3])))
-
-    def expand(record, p, i, is_end):
-        one = tf.data.Dataset.from_tensors((record, p, i)).take(_pick(is_end, 0, 1))
-        if attempts > 1:
-            rest = _read_retrying(path, num_bytes, i, end, read_buffer_bytes, attempts - 1,
-                                  first)
-        else:
-            rest = tf.data.Dataset.from_tensors(path).map(
-                lambda q: _log_lost(q, i - first, end - first))
-            rest = rest.filter(lambda *lost: False)
-        return one.concatenate(rest.take(_pick(is_end & (i < end), -1, 0)))
-
-    return marked.flat_map(expand)
-
-
-def _pick(condition, if_true, if_false):
-    return tf.where(condition, tf.constant(if_true, tf.int64), tf.constant(if_false, tf.int64))
-
-
-def _log_lost(path, got, expected):
-    done = tf.print(tf.strings.join([
-        "WARNING readers: skip_corrupt: ", path, ": read ", tf.strings.as_string(got), " of ",
-        tf.strings.as_string(expected), " records of this piece, skipped ",
-        tf.strings.as_string(expected - got), " (corrupt or truncated)"]),
-        output_stream=sys.stderr)
-    with tf.control_dependencies([done]):  # not via logging: data loss is never muted
-        return tf.constant(b""), path, tf.constant(-1, tf.int64)
+    return tf.where(num_bytes < 0, found >= 1, found == 1)
