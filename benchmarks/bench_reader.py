@@ -15,6 +15,8 @@ Pipelines (224 px, batch 128):
   resumable   make_dataset(training=True, start=0): the resumable order
   same_eval   as `same` with the center crop, no flip
   eval        make_dataset(training=False)
+  cached      make_dataset(training=True, cache=<a file in a temporary directory>): with
+              --epochs 2, the first writes the cache, the second reads it (--only cached)
 Each prints the time to its first batch (building included), the first epoch's images/s,
 CPU ms per image, peak RSS and, with --epochs > 1, the RSS after every epoch.
 """
@@ -39,6 +41,7 @@ from dataset_format import frames, layout, schema  # noqa: E402  (no TensorFlow 
 TRAIN = ("ceiling", "same", "stream", "resumable")
 EVAL = ("same_eval", "eval")
 PIPELINES = TRAIN + EVAL
+EXTRA = ("cached",)  # run with --only: its memory against the split's size
 LABELS = [f"class{i:02d}" for i in range(10)]
 
 
@@ -141,9 +144,17 @@ def child(which, root, batch_size, image_size, epochs):
     if which in ("ceiling", "same", "same_eval"):
         ds = tf_pipeline(ds_info.split("train").files, which, batch_size, image_size)
     else:
+        cache = False
+        if which == "cached":
+            import atexit
+            import shutil
+
+            tmp = tempfile.mkdtemp(prefix="bench_cache_")
+            atexit.register(shutil.rmtree, tmp, True)
+            cache = os.path.join(tmp, "cache")
         ds = readers.make_dataset(root, "validation" if which == "eval" else "train",
                                   batch_size=batch_size, image_size=image_size,
-                                  training=which != "eval", seed=1,
+                                  training=which != "eval", seed=1, cache=cache,
                                   start=0 if which == "resumable" else None)
     if which == "ceiling":  # one image per element: batch in the graph, count in Python
         ds = ds.map(lambda img: tf.size(img) > 0).batch(batch_size)
@@ -186,8 +197,9 @@ def main(argv=None):
     p.add_argument("--image_size", type=int, default=224)
     p.add_argument("--epochs", type=int, default=1, help="epochs per run (RSS per epoch)")
     p.add_argument("--runs", type=int, default=1, help="alternating rounds (median shown)")
-    p.add_argument("--only", choices=PIPELINES, action="append", help="run just these")
-    p.add_argument("--child", choices=PIPELINES, help=argparse.SUPPRESS)
+    p.add_argument("--only", choices=PIPELINES + EXTRA, action="append",
+                   help="run just these")
+    p.add_argument("--child", choices=PIPELINES + EXTRA, help=argparse.SUPPRESS)
     add_record_argument(p)
     args = p.parse_args(argv)
     if args.child:

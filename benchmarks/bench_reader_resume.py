@@ -7,8 +7,9 @@
 Data: bench_reader.write_data (photographs, 16 shards by key hash, `.index` files).
 
 quality: the stream order (today's reader: shard files shuffled, 16 interleaved, a shuffle
-buffer of ~128 MiB of records) against the resumable order (runs of 16 permuted over the
-split, windows of 1,024 shuffled) and a full random permutation, one epoch each, for:
+buffer of ~32 MiB and at least 1,024 records) against the resumable order (runs of 16
+permuted over the split, windows of 1,024 shuffled) and a full random permutation, one
+epoch each, for:
 P(the next record comes from the same shard), the mean of that over lags 1..128 (a batch),
 distinct shards per batch of 128, P(the next record has the same label).
 resume: time from make_dataset(start=step) to its first batch, at positions through an epoch,
@@ -55,19 +56,15 @@ def labels_and_shards(root):
 
 def stream_order(root, split, seed=1):
     """Record numbers in the order today's stream reader yields them (no decoding)."""
-    import tensorflow as tf
-
     import readers
     from readers import dataset, hosts
 
     plan = hosts.plan(split, hosts.Hosts(1, 0, "single"), True)
-    ds = dataset._records(plan, True, seed, False, False, None, True, dataset.READ_BUFFER_BYTES)
+    ds = dataset._records(plan, split, True, seed, False, None, True, None)  # (record, id)
     buffer = dataset._shuffle_buffer(None, split, plan.records)
-    ds = ds.shuffle(buffer, seed=seed).map(lambda r, p, i: (p, i))
-    first = {s.path: sum(x.num_examples for x in split.shards[:k])
-             for k, s in enumerate(split.shards)}
-    del readers, tf
-    return np.array([first[p.decode()] + int(i) for p, i in ds.as_numpy_iterator()]), buffer
+    ds = ds.shuffle(buffer, seed=seed).map(lambda record, rid: rid)
+    del readers
+    return np.array(list(ds.as_numpy_iterator())), buffer
 
 
 def measures(ids, shard_of, label_of):

@@ -25,12 +25,20 @@ TABLE = 1 << 16  # numbers remembered: far more than records between the map and
 END = -(1 << 62)  # the id of the end marker that lets the check see a failed last record
 
 
-def decoded(ds, fn, names, seeded):
-    """(record, id) elements, or ((record, id), seed) when `seeded` -> (image, label)
-    elements, checked. fn: (record[, seed]) -> (image, label); names: a `Names`."""
+def decoded(ds, fn, names, seeded, batch, total):
+    """(record, id) elements, or ((record, id), seed) when `seeded` -> batch(elements of
+    (image, label)), checked. fn: (record[, seed]) -> (image, label); names: a `Names`;
+    batch: a dataset -> dataset function (batching, or none); total: the records the stream
+    holds (None: endless).
+
+    Without skip_corrupt, whole batches are checked (one call a batch): a failure raises, so
+    nothing needs taking out but the end marker, which `take(total)` leaves out unless a
+    record went missing before it. With skip_corrupt every element is checked, and failed
+    ones are filtered out before batching.
+    """
     table = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, default_value=END)
 
-    @tf.autograph.experimental.do_not_convert
+    @_plain
     def decode(number, element):
         (record, rid), seed = element if seeded else (element, None)
         stored = table.insert(number % TABLE, rid)
@@ -39,31 +47,40 @@ def decoded(ds, fn, names, seeded):
         image, label = fn(record, seed) if seeded else fn(record)
         return image, label, number, rid
 
-    @tf.autograph.experimental.do_not_convert
+    @_plain
     def check(expected, element):
-        image, label, number, rid = element
-        ok = tf.logical_and(tf.equal(number, expected),
-                            tf.logical_or(rid >= 0, tf.equal(rid, END)))
+        image, label, numbers, rids = element
+        numbers, rids = tf.reshape(numbers, [-1]), tf.reshape(rids, [-1])
+        # ids of the numbers from `expected` to the last: Python finds the absent ones (and
+        # in-band failures); one call a batch (~50 us), no branch to trace
+        span = tf.range(expected, numbers[-1])
+        done = tf.numpy_function(names.report, [span, numbers, table.lookup(span % TABLE),
+                                                rids], tf.int64, stateful=True)
+        with tf.control_dependencies([done]):  # the state needs the check: it always runs
+            return tf.identity(numbers[-1] + 1), (image, label, rids)
 
-        def report():
-            missing = table.lookup(tf.range(expected, number) % TABLE)
-            return tf.reshape(tf.numpy_function(names.report, [missing, rid], tf.int64,
-                                                stateful=True), [])
-
-        done = tf.cond(ok, lambda: number, report)
-        with tf.control_dependencies([done]):
-            return number + 1, (image, label, rid)
-
-    end = (tf.constant(names.sentinel), tf.constant(END, tf.int64))
-    if seeded:
-        spec = ds.element_spec[1]
-        end = (end, tf.zeros(spec.shape, spec.dtype))
-    ds = ds.concatenate(tf.data.Dataset.from_tensors(end)).enumerate()
-    ds = ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    if total is not None:
+        end = (tf.constant(names.sentinel), tf.constant(END, tf.int64))
+        if seeded:
+            spec = ds.element_spec[1]
+            end = (end, tf.zeros(spec.shape, spec.dtype))
+        ds = ds.concatenate(tf.data.Dataset.from_tensors(end))
+    ds = ds.enumerate().map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     ds = ds.ignore_errors(log_warning=True)  # TensorFlow's reason, in its log
+    if not names.skip_corrupt:
+        if total is not None:
+            ds = ds.take(total)
+        ds = batch(ds).scan(tf.constant(0, tf.int64), check)
+        return ds.map(_plain(lambda images, labels, rids: (images, labels)))
     ds = ds.scan(tf.constant(0, tf.int64), check)
-    return ds.filter(lambda image, label, rid: rid >= 0).map(
-        lambda image, label, rid: (image, label))
+    ds = ds.filter(_plain(lambda image, label, rids: rids[0] >= 0))
+    return batch(ds.map(_plain(lambda image, label, rids: (image, label))))
+
+
+def _plain(fn):
+    """No autograph: nothing here branches on tensors in Python, and converting costs
+    tracing time."""
+    return tf.autograph.experimental.do_not_convert(fn)
 
 
 class Names:
@@ -74,12 +91,18 @@ class Names:
         self.pieces, self.skip_corrupt, self.sentinel = pieces, skip_corrupt, sentinel
         self._firsts = np.cumsum([0] + [p.count for p in pieces])
 
-    def report(self, missing, rid):
-        names = [self.record(int(r)) for r in missing if int(r) != END]
+    def report(self, span, numbers, span_ids, rids):
+        """Raise (or warn) naming what failed: the ids of `span`'s numbers absent from
+        `numbers`, and in-band failures among `rids`. Returns 0 when nothing did."""
+        if len(span) == len(numbers) - 1 and rids.min() >= 0:
+            return np.int64(0)
+        absent = ~np.isin(span, numbers)
+        names = [self.record(int(r)) for r in span_ids[absent] if int(r) != END]
         fatal = False
-        if int(rid) < 0 and int(rid) != END:
-            piece, fatal = shards.failure_of(int(rid))
-            names.append(self.file(piece) if fatal else self.piece(piece))
+        for rid in (int(r) for r in rids if r < 0 and r != END):
+            piece, file_check = shards.failure_of(rid)
+            fatal = fatal or file_check
+            names.append(self.file(piece) if file_check else self.piece(piece))
         if fatal:
             raise ValueError("; ".join(names))
         if names and not self.skip_corrupt:

@@ -2,8 +2,10 @@
 
 Memory stays bounded because only serialized records (~40 KB JPEGs) sit in the shuffle
 buffer and cache; pixels exist only between decode and batch. Speed comes from decoding just
-the crop window and parallel interleaved reads. Which records a host reads: readers/hosts.py;
-how files are checked and read: readers/shards.py; pixels: readers/images.py.
+the crop window, one record per call of a parallel map (the pipeline a tf.data user writes),
+and parallel interleaved reads. Which records a host reads: readers/hosts.py; how files are
+checked and read: readers/shards.py; how a failed record is named: readers/checked.py;
+pixels: readers/images.py.
 """
 
 import dataclasses
@@ -59,16 +61,20 @@ def make_dataset(path, split="train", batch_size=128, image_size=224, training=N
     dtype, value_range: float pixels map 0..255 onto value_range: (0, 1) by default,
       (0, 255) for Keras models with their own preprocessing (EfficientNet, ConvNeXt, …),
       (-1, 1) for MobileNetV2/Inception style; uint8 keeps 0..255.
-    shuffle_buffer: records (serialized) to shuffle over; default ~128 MiB worth (>= 1024).
+    shuffle_buffer: records (serialized) to shuffle over; default ~32 MiB worth, at least
+      1,024 records (the shard files are also shuffled and 16 read interleaved).
     repeat: False (one epoch), True (forever) or an epoch count.
     drop_remainder: default `training`, so every training batch has a static shape.
     deterministic: default: order is fixed unless training without any seed.
-    cache: True (memory) or a file prefix: caches serialized records, never pixels.
+    cache: True (memory) or a file prefix: caches serialized records, never pixels; with a
+      file, memory stays that of no cache (chunks reshuffled in a bounded buffer).
     label_offset: labels come out as 0-based id + label_offset, whatever the manifest's
       own offset is (e.g. 1 for a model with a background class 0).
-    skip_corrupt: records after a bad frame in a shard (a TFRecord stream cannot resync)
-      and records that do not decode are skipped with a warning naming them, instead of
-      failing; cardinality is then unknown. Missing or wrong-sized files always fail.
+    skip_corrupt: a damaged record (bad CRC) and a record that does not decode are skipped
+      with a warning naming them, instead of failing; cardinality is then unknown. With
+      `.index` files (the build's default) only the damaged record is lost; without them
+      the rest of its shard is (a TFRecord stream cannot resync). Missing or wrong-sized
+      files always fail.
     transform: normalize with the version's tf.Transform statistics, (v - mean) / std per
       channel, instead of value_range: the same values its saved graph gives, after this
       reader's crops, flips and image_size.
@@ -124,7 +130,7 @@ def make_dataset(path, split="train", batch_size=128, image_size=224, training=N
                           0 if start is None else start, repeat, skip_corrupt, with_keys)
 
     ds = _records(plan, split_info, training, host_seed, cache, cycle_length, deterministic,
-                  read_buffer_bytes)  # -> (record, id)
+                  read_buffer_bytes, skip_corrupt)  # -> (record, id)
     if training:
         buffer = _shuffle_buffer(shuffle_buffer, split_info, plan.records)
         if buffer > 1:
@@ -138,7 +144,7 @@ def make_dataset(path, split="train", batch_size=128, image_size=224, training=N
     drop_remainder = training if drop_remainder is None else drop_remainder
     ds = _decode(ds, plan, training, host_seed, size, output,
                  label_offset - ds_info.label_offset, crop_fraction, skip_corrupt, batch_size,
-                 drop_remainder, native_batching)
+                 drop_remainder, native_batching, repeat)
     if not skip_corrupt:  # one image per record: the filter after the check hides that
         ds = ds.apply(tf.data.experimental.assert_cardinality(
             _batches(plan, training, repeat, batch_size, drop_remainder)))
@@ -168,21 +174,23 @@ def _window(ds_info, split):
 
 
 def _records(plan, split_info, training, seed, cache, cycle_length, deterministic,
-             read_buffer_bytes):
+             read_buffer_bytes, skip_corrupt=False):
     """This host's serialized records as (record, id), id its number in plan order (a
     piece that could not be read ends with an in-band element: readers/shards.py)."""
-    read = shards.reader(_read_buffer(read_buffer_bytes, plan))
+    read = (skip_corrupt and shards.resyncing_reader(plan.pieces)) or shards.reader(
+        _read_buffer(read_buffer_bytes, plan))
     pieces = shards.pieces_dataset(plan.pieces)
     cycle = cycle_length or min(len(plan.pieces), 16)
     if cache:  # cache chunks in a fixed order; reshuffle the chunks each epoch instead
-        ds = pieces.interleave(lambda *p: read(*p).batch(CACHE_CHUNK), cycle_length=cycle,
-                               num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        ds = pieces.interleave(_plain(lambda *p: read(*p).batch(CACHE_CHUNK)),
+                               cycle_length=cycle, num_parallel_calls=tf.data.AUTOTUNE,
+                               deterministic=True)
         ds = ds.cache("" if cache is True else cache)
         if training:
             ds = ds.shuffle(_chunk_buffer(cache, plan, split_info), seed=seed,
                             reshuffle_each_iteration=True)
-        return ds.interleave(lambda *chunk: tf.data.Dataset.from_tensor_slices(chunk),
-                             cycle_length=cycle, num_parallel_calls=tf.data.AUTOTUNE,
+        unchunk = _plain(lambda *chunk: tf.data.Dataset.from_tensor_slices(chunk))
+        return ds.interleave(unchunk, cycle_length=cycle, num_parallel_calls=tf.data.AUTOTUNE,
                              deterministic=deterministic)
     if training:
         pieces = pieces.shuffle(len(plan.pieces), seed=seed, reshuffle_each_iteration=True)
@@ -190,6 +198,9 @@ def _records(plan, split_info, training, seed, cache, cycle_length, deterministi
                                  num_parallel_calls=tf.data.AUTOTUNE,
                                  deterministic=deterministic)
     return pieces.flat_map(read)  # evaluation: manifest order, file after file
+
+
+_plain = tf.autograph.experimental.do_not_convert  # no tensor control flow: cheaper tracing
 
 
 def _read_buffer(read_buffer_bytes, plan):
@@ -213,12 +224,15 @@ def _chunk_buffer(cache, plan, split_info):
 
 
 def _decode(ds, plan, training, seed, size, output, label_shift, crop_fraction, skip_corrupt,
-            batch_size, drop_remainder, native_batching):
+            batch_size, drop_remainder, native_batching, repeat):
     """(record, id) -> (image, label) elements or batches, naming any record that fails."""
     if size is None:
         fn = native.native_fn(training, output, label_shift)
+        batch = native.batching(batch_size, drop_remainder, native_batching)
     else:
         fn = images.example_fn(training, size, output, label_shift, crop_fraction)
+        batch = (lambda d: d.batch(batch_size, drop_remainder=drop_remainder)) if (
+            batch_size) else (lambda d: d)
     if training:
         # per-element [2] seeds for the stateless crop and flip; the same seed gives the
         # same seed stream, and each epoch (iteration) draws fresh ones.
@@ -226,10 +240,8 @@ def _decode(ds, plan, training, seed, size, output, label_shift, crop_fraction, 
             2, drop_remainder=True)
         ds = tf.data.Dataset.zip(ds, seeds)
     names = checked.Names(plan.pieces, skip_corrupt, shards.sentinel_record())
-    ds = checked.decoded(ds, fn, names, seeded=training)
-    if size is None:
-        return native.batched(ds, batch_size, drop_remainder, native_batching)
-    return ds.batch(batch_size, drop_remainder=drop_remainder) if batch_size else ds
+    total = None if repeat is True else _batches(plan, training, repeat, None, False)
+    return checked.decoded(ds, fn, names, training, batch, total)
 
 
 def _batches(plan, training, repeat, batch_size, drop_remainder):

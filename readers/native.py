@@ -26,12 +26,12 @@ def native_fn(training, output, label_shift):
     return to_example
 
 
-def batched(ds, batch_size, drop_remainder, batching):
-    """(image, label) elements at their own size -> batches as `batching` (or unbatched)."""
+def batching(batch_size, drop_remainder, batching):
+    """A dataset -> dataset function: images at their own size batched as `batching`."""
     if batching not in NATIVE_BATCHING:
         raise ValueError(f"native_batching={batching!r}: use one of {NATIVE_BATCHING}")
     if batch_size is None:
-        return ds
+        return lambda ds: ds
     if batching == "ragged":
-        return ds.ragged_batch(batch_size, drop_remainder=drop_remainder)
-    return ds.padded_batch(batch_size, drop_remainder=drop_remainder)
+        return lambda ds: ds.ragged_batch(batch_size, drop_remainder=drop_remainder)
+    return lambda ds: ds.padded_batch(batch_size, drop_remainder=drop_remainder)

@@ -17,6 +17,7 @@ import tensorflow as tf
 from readers import images
 from readers import order as order_lib
 from readers import ranged
+from readers.shards import sentinel_record
 
 CHUNK = order_lib.WINDOW  # records per generator call (about one window of the order)
 FIRST_CHUNK = 128  # the first call's: the first batch waits for one small read, not 1,024
@@ -45,10 +46,23 @@ class Stream:
 
 
 def chunks(stream, source):
-    """Yield (records, ids, epoch, first k) windows of this host's records, in order.
+    """Yield (records, ids, epochs, ks) windows of this host's records, in order.
 
     k counts this host's records within the epoch, so a gap after decoding names its record.
+    A reading error (a damaged frame, a missing `.index`) is not raised here, where the
+    decode map's `ignore_errors` downstream would swallow it: it is kept on `source.error`
+    and one in-band element (a decodable stand-in record, epoch -1) carries it to
+    check_batches, which raises it.
     """
+    try:
+        yield from _chunks(stream, source)
+    except Exception as e:  # noqa: BLE001 - re-raised by check_batches, in order
+        source.error = e
+        yield (np.array([source.sentinel], dtype=object), np.array([-1], np.int64),
+               np.array([-1], np.int64), np.array([-1], np.int64))
+
+
+def _chunks(stream, source):
     start = stream.position()
     epoch, records = start.epoch, start.records
     source.first = (epoch, records // stream.batching.hosts)
@@ -63,18 +77,17 @@ def chunks(stream, source):
             if len(keep) < len(got):
                 source.dropped.update(int(part[j]) for j in range(len(got)) if got[j] is None)
             yield (np.array([got[j] for j in keep], dtype=object), part[keep],
-                   np.int64(epoch), np.arange(skipped + i, skipped + j)[keep])
+                   np.full(len(keep), epoch, np.int64), np.arange(skipped + i, skipped + j)[keep])
         epoch, records = epoch + 1, 0
 
 
 def decoded(stream, source, size, output, label_shift, crop_fraction, skip_corrupt,
             with_keys):
-    """Batches of (images, labels[, keys]) of this host's records, each decoded by a
-    parallel map; a record that does not decode is named (check_batches).
-
-    Each window is decoded in its own small dataset under `ignore_errors`, so that only
-    decoding is ever ignored there: reading errors (a damaged frame, a bad position) raised
-    by the generator pass through loudly."""
+    """Batches of (images, labels[, keys]) of this host's records, decoded by one parallel
+    map (one record a call, as a plain tf.data pipeline); a record that does not decode is
+    named (check_batches). Windows come from a Python generator, one call per ~1,024
+    records; reading errors travel in-band (chunks), so the map's `ignore_errors` only ever
+    drops records that did not decode."""
     fn = images.example_fn(True, size, output, label_shift, crop_fraction)
     seed = stream.order.seed  # the order and the pixels share it
 
@@ -84,18 +97,13 @@ def decoded(stream, source, size, output, label_shift, crop_fraction, skip_corru
         keys = (images.parse_key(record),) if with_keys else ()
         return (image, label) + keys + (epoch, k)
 
-    @tf.autograph.experimental.do_not_convert
-    def window(records, ids, epoch, ks):
-        rows = tf.data.Dataset.from_tensor_slices((records, ids, tf.fill(tf.shape(ids), epoch),
-                                                   ks))
-        return rows.map(decode, num_parallel_calls=tf.data.AUTOTUNE,
-                        deterministic=True).ignore_errors(log_warning=True)
-
     signature = (tf.TensorSpec([None], tf.string), tf.TensorSpec([None], tf.int64),
-                 tf.TensorSpec([], tf.int64), tf.TensorSpec([None], tf.int64))
+                 tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.int64))
     ds = tf.data.Dataset.from_generator(lambda: chunks(stream, source),
                                         output_signature=signature)
-    ds = ds.prefetch(1).flat_map(window)  # the next window is read while this one decodes
+    ds = ds.prefetch(1).unbatch()  # the next window is read while this one decodes
+    ds = ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    ds = ds.ignore_errors(log_warning=True)  # decoding only: TensorFlow's reason, in its log
     return check_batches(ds, stream, source, skip_corrupt)
 
 
@@ -115,6 +123,8 @@ def check_batches(ds, stream, source, skip_corrupt):
     per_epoch = stream.steps_per_epoch * stream.batching.host_batch
 
     def check(state, epochs, ks):
+        if len(epochs) and epochs[-1] < 0:  # a reading error, in-band (chunks)
+            raise source.error
         epoch, k = (int(v) for v in (source.first if state[0] < 0 else state))
         missing = []
         for e, got in zip(epochs.tolist(), ks.tolist()):
@@ -179,5 +189,6 @@ def make_source(split_info, skip_corrupt):
                                    -1 if s.num_bytes is None else s.num_bytes))
         first += s.num_examples
     source = ranged.RangedRecords(shards, skip_corrupt)
-    source.dropped = set()
+    source.dropped, source.error = set(), None
+    source.sentinel = sentinel_record()
     return source

@@ -1,29 +1,29 @@
-"""Reading a pipeline's pieces of shard files as serialized records, loudly.
-
-Three checks, so that no damaged input passes silently and nothing spins:
+"""Reading a pipeline's pieces of shard files as serialized records, loudly, and never
+raising inside the stream (the decode map's `ignore_errors` downstream must only ever drop
+records that do not decode: readers/checked.py).
 
 * Before any reading (`check_files`, eager, all files in parallel): every file exists and has
   the size manifest.json gives it. A pruned version, a 403/404 on gs:// or a partial copy
   fails here, within seconds, naming the file, whatever `skip_corrupt` says.
-* Each time a piece is opened (`read`, in the graph): the same size check, through
-  FixedLengthRecordDataset (it stats the file and reads its last byte), so a file that
-  disappears or shrinks during training fails naming it too. This also keeps
-  `ignore_errors` below from spinning: TFRecordDataset retries a file it cannot open on every
-  call, which under `ignore_errors` loops forever.
+* Each time a piece is opened (`reader`, in the graph): the same size check, through
+  FixedLengthRecordDataset (it stats the file and reads its first byte), so a file that
+  disappears or shrinks during training is named too. It also keeps TFRecordDataset from
+  spinning: under `ignore_errors` it retries a file it cannot open forever.
 * While reading: TFRecordDataset's DataLossError (bad CRC, truncated frame) names no file,
   and the interleave hides which one failed. So each file is read with `ignore_errors` (which
-  ends that file at the first bad frame) and compared with the manifest's count: a short piece
-  raises an error naming the file, or with `skip_corrupt`, is read again (a transient storage
-  error that outlived the file system's own retries is not corruption) and then logs how many
-  records were lost.
+  ends that file at the first bad frame), and a piece that came out short ends with an
+  in-band failure element the check after decoding turns into an error naming the file (or,
+  with `skip_corrupt`, a warning). With `skip_corrupt` and `.index` files, pieces are read by
+  offset instead (`resyncing_reader`): a damaged record is lost alone.
 """
 
 import concurrent.futures
 import sys
 
+import numpy as np
 import tensorflow as tf
 
-READ_ATTEMPTS = 3  # skip_corrupt: reads of a short piece before its tail counts as lost
+RESYNC_READ = 256  # skip_corrupt with .index files: records per ranged read
 
 
 def check_files(pieces):
@@ -100,22 +100,63 @@ def reader(read_buffer_bytes):
     """
     sentinel = tf.constant(sentinel_record())
 
+    @_plain
     def read(path, start, count, num_bytes, first, piece):
-        def then(size_ok):
-            records = _records(path, start, read_buffer_bytes).take(
-                tf.where(size_ok, count, tf.constant(0, tf.int64)))
-            ids = tf.data.Dataset.range(first, first + count)
-            failed = tf.data.Dataset.from_tensors(
-                (sentinel, tf.where(size_ok, failed_id(piece, False), failed_id(piece, True))))
-            return tf.data.Dataset.zip(records, ids).concatenate(failed).take(count)
-
-        # the size check, opened before the TFRecordDataset: one of a missing file spins
-        size_ok = tf.data.Dataset.from_tensors(path).map(lambda p: _size_ok(p, num_bytes))
-        size_ok = size_ok.ignore_errors(log_warning=True).concatenate(
-            tf.data.Dataset.from_tensors(False)).take(1)
-        return size_ok.flat_map(then)
+        # the size check, run (and passed) before the TFRecordDataset is opened: one of a
+        # missing file would spin. A map of one element, so a failure is not retried.
+        size_ok = tf.data.Dataset.from_tensors(path).map(
+            _plain(lambda p: _size_ok(p, num_bytes))).ignore_errors(log_warning=True)
+        size_ok = size_ok.concatenate(tf.data.Dataset.from_tensors(False)).take(1)
+        size_ok = size_ok.get_single_element()
+        records = _records(path, start, read_buffer_bytes).take(
+            tf.where(size_ok, count, tf.constant(0, tf.int64)))
+        ids = tf.data.Dataset.range(first, first + count)
+        failed = tf.data.Dataset.from_tensors(
+            (sentinel, tf.where(size_ok, failed_id(piece, False), failed_id(piece, True))))
+        return tf.data.Dataset.zip(records, ids).concatenate(failed).take(count)
 
     return read
+
+
+def resyncing_reader(pieces):
+    """skip_corrupt with `.index` files: like `reader`, but each piece is read through
+    readers/ranged.py, record by record from the index's offsets (both CRCs checked in
+    Python), so a damaged record is skipped alone (warning naming it) and reading goes on at
+    the next record's offset; a TFRecordDataset cannot resync, it loses the rest of the
+    file. Returns None when a file has no `.index` (the caller then uses `reader`)."""
+    from dataset_format import layout
+    from readers import ranged
+
+    if not all(tf.io.gfile.exists(layout.index_name(p.path)) for p in pieces):
+        return None
+    firsts = [sum(q.file_records for q in pieces[:i]) for i in range(len(pieces))]
+    source = ranged.RangedRecords([ranged.Shard(p.path, f, p.file_records, -1)
+                                   for p, f in zip(pieces, firsts)], skip_corrupt=True)
+    sentinel = sentinel_record()
+
+    def records(piece):
+        p = pieces[piece]
+        first = sum(q.count for q in pieces[:piece])
+        try:
+            for lo in range(0, p.count, RESYNC_READ):
+                hi = min(lo + RESYNC_READ, p.count)
+                got = source.read(np.arange(p.start + lo, p.start + hi) + firsts[piece])
+                for j, record in enumerate(got):
+                    if record is not None:
+                        yield record, first + lo + j
+        except Exception as e:  # noqa: BLE001 - in-band: see `reader`
+            print(f"WARNING readers: {p.path}: {e}", file=sys.stderr)
+            yield sentinel, failed_id(piece, True)
+
+    spec = (tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.int64))
+    return _plain(lambda path, start, count, num_bytes, first, piece: (
+        tf.data.Dataset.from_generator(records, output_signature=spec, args=(piece,))))
+
+
+def _plain(fn):
+    """No autograph conversion: these functions have no Python control flow on tensors, and
+    converting them was ~0.4 s of make_dataset."""
+    return tf.autograph.experimental.do_not_convert(fn)
 
 
 def _records(path, start, read_buffer_bytes):
@@ -135,5 +176,6 @@ def _size_ok(path, num_bytes):
     """
     footer = tf.maximum(num_bytes - 1, 0)
     n = tf.data.FixedLengthRecordDataset(path, 1, footer_bytes=footer, buffer_size=1).take(2)
-    found = n.reduce(tf.constant(0, tf.int64), lambda c, _: c + 1)
+    none = tf.data.Dataset.from_tensors(tf.zeros([0], tf.string))  # batch: no function to trace
+    found = tf.size(n.batch(2).concatenate(none).take(1).get_single_element())
     return tf.where(num_bytes < 0, found >= 1, found == 1)

@@ -138,3 +138,39 @@ def test_skip_corrupt_skips_an_undecodable_record_naming_it(root, capfd):
     assert len(labels) == 29
     err = capfd.readouterr().err
     assert f"{shard}: record {position} (key {key}) is not a decodable image" in err
+
+
+def _write_indexes(vdir):
+    """The `.index` beside every shard, as the build writes it (offset and length a line)."""
+    import io
+
+    from dataset_format import frames
+
+    for shard in vdir.glob("*.tfrecord-*"):
+        data, entries, offset = shard.read_bytes(), [], 0
+        f = io.BytesIO(data)
+        while (frame := frames.read_frame(f, offset)) is not None:
+            entries.append((offset, frame[1]))
+            offset += frame[1]
+        shard.with_name(layout.index_name(shard.name)).write_bytes(frames.index_bytes(entries))
+
+
+def test_skip_corrupt_with_index_files_loses_only_the_damaged_record(root, capfd):
+    """A flipped byte in one record's payload: the stream order skips that record alone and
+    reads the rest of its shard from the next record's offset in the `.index`."""
+    from tests.test_reader import _ids_labels
+
+    _write_indexes(pathlib.Path(layout.version_dir(str(root), VERSION)))
+    shard = _shard(root)
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x40  # inside a record's payload: its data CRC no longer matches
+    shard.write_bytes(bytes(data))
+    ds = readers.make_dataset(str(root), batch_size=4, image_size=SIZE, skip_corrupt=True,
+                              drop_remainder=False, seed=3)
+    ids, labels = _ids_labels(ds)
+    lost = sorted(set(range(30)) - set(ids))
+    assert len(lost) == 1 and lost[0] % 4 == 1, lost  # one record of shard 1 (ids 1, 5, 9, ..)
+    assert sorted(ids) == sorted(set(range(30)) - set(lost))
+    assert labels == [i % 3 for i in ids]
+    err = capfd.readouterr().err
+    assert f"{shard}: record {lost[0] // 4} (offset" in err and "skipped this record only" in err
