@@ -7,10 +7,10 @@ them into in-band elements (a decodable stand-in record with a negative id).
 
 How a dropped record is named without a branch or a nested dataset per record: elements are
 numbered (`enumerate`) before the map, and the map stores number -> id in a hash table
-(number mod TABLE, so it stays small; ~1 us a record). A scan after the map compares each
-number with the one it expects; on a gap (or a negative id) it looks the missing numbers up
-and calls Python, which names shard, position and key, then fails (or, with skip_corrupt,
-warns and goes on). The happy path is one comparison a record.
+(number mod TABLE, so it stays small; ~1 us a record). A scan after batching hands each
+batch's numbers to Python (one call a batch, ~50 us), which finds a gap (or a negative id),
+names shard, position and key, then fails (or, with skip_corrupt, warns and goes on; then
+every element is checked before batching, and failed ones filtered out).
 """
 
 import sys
