@@ -20,73 +20,17 @@ not a dataset at all.
 """
 
 import argparse
-import hashlib
 import json
 import sys
 
-import google_crc32c
-
-from dataset_format.frames import FrameError, crc32c_text, parse_index, read_frame
 from beam_pipeline.tools.verify_catalog import CatalogCheck
-from dataset_format import dataset_info, layout, schema
+from beam_pipeline.tools.verify_shards import check_shard
+from dataset_format import dataset_info, layout
 import tf_quiet
-
-MAX_PROBLEMS_PER_FILE = 10   # a corrupt shard can fail every record; say so, not 10,000 times
-CHUNK = 1 << 20
 
 
 class NotADataset(Exception):
     """PATH has no manifest.json and no LATEST, or the manifest cannot be read."""
-
-
-class _HashingReader:
-    """A file wrapper that checksums (CRC-32C, and sha256 when `sha256`: a shard of a version
-    written before shards had a CRC-32C) and counts every byte read through it."""
-
-    def __init__(self, f, sha256=False):
-        self.f, self.crc, self.size = f, 0, 0
-        self.sha256 = hashlib.sha256() if sha256 else None
-
-    def read(self, n):
-        data = self.f.read(n)
-        self.crc = google_crc32c.extend(self.crc, data)
-        if self.sha256 is not None:
-            self.sha256.update(data)
-        self.size += len(data)
-        return data
-
-    def mismatch(self, shard):
-        """What differs from the shard's checksum (a ShardInfo), or None."""
-        if shard.crc32c is not None and crc32c_text(self.crc) != shard.crc32c:
-            return (f"crc32c {crc32c_text(self.crc)} does not match the manifest's "
-                    f"{shard.crc32c} (file changed or corrupt)")
-        if self.sha256 is not None and self.sha256.hexdigest() != shard.sha256:
-            return (f"sha256 {self.sha256.hexdigest()[:12]}… does not match the manifest's "
-                    f"{shard.sha256[:12]}… (file changed or corrupt)")
-        return None
-
-    def drain(self):
-        while True:
-            data = self.read(CHUNK)
-            if not data:
-                return
-
-
-def _example_fields(record):
-    """(label id, class name, encoded bytes, stored sha256, key) of a serialized Example."""
-    from tensorflow.core.example import example_pb2
-
-    feature = example_pb2.Example.FromString(record).features.feature
-
-    def one(key, kind):
-        values = getattr(feature[key], kind).value if key in feature else []
-        if len(values) != 1:
-            raise ValueError(f"{key} has {len(values)} values, expected 1")
-        return values[0]
-
-    return (one(schema.LABEL, "int64_list"), one(schema.TEXT, "bytes_list").decode(),
-            one(schema.ENCODED, "bytes_list"), one(schema.SHA256, "bytes_list").decode(),
-            one(schema.FILENAME, "bytes_list").decode())
 
 
 class _Problems:
@@ -95,98 +39,6 @@ class _Problems:
 
     def add(self, where, message):
         self.items.append(f"{where}: {message}")
-
-
-def _check_shard(gfile, vdir, shard, labels, label_offset, write_index, problems,
-                 catalog=None, split=None):
-    """Read one shard (a ShardInfo) end to end (and its catalog rows, with `catalog`).
-
-    Returns {class name: records}, or None when the shard is missing or could not be read to
-    its end (its records cannot all be counted).
-    """
-    rel, path = shard.name, shard.path
-    if not gfile.exists(path):
-        problems.add(rel, "missing (the manifest lists it)")
-        return None
-    counts, frames, shard_problems, complete, seen = {}, [], [], True, []
-    with gfile.GFile(path, "rb") as raw:
-        f = _HashingReader(raw, sha256=bool(shard.sha256))
-        offset = 0
-        while True:
-            try:
-                frame = read_frame(f, offset)
-            except FrameError as e:
-                shard_problems.append(f"record {len(frames)} at {e}")
-                if e.frame_length is None:  # lost the frame boundaries: stop here
-                    shard_problems[-1] += "; records after it cannot be located"
-                    complete = False
-                    f.drain()
-                    break
-                frame = e.record, e.frame_length  # only the bytes are bad: still count it
-            if frame is None:
-                break
-            record, frame_len = frame
-            k = len(frames)
-            frames.append((offset, frame_len))
-            offset += frame_len
-            try:
-                label, text, encoded, sha, key = _example_fields(record)
-            except Exception as e:
-                shard_problems.append(f"record {k}: not a valid Example ({e})")
-                seen.append((offset - frame_len, frame_len, None, None))
-                continue
-            seen.append((offset - frame_len, frame_len, key, sha))
-            if not 0 <= label - label_offset < len(labels):
-                shard_problems.append(f"record {k}: label id {label} is outside the "
-                                      f"{len(labels)} classes")
-            elif labels[label - label_offset] != text:
-                shard_problems.append(f"record {k}: label id {label} is "
-                                      f"{labels[label - label_offset]!r} in the manifest but "
-                                      f"the record says {text!r}")
-            if hashlib.sha256(encoded).hexdigest() != sha:
-                shard_problems.append(f"record {k}: {schema.SHA256} does not match "
-                                      f"{schema.ENCODED}")
-            counts[text] = counts.get(text, 0) + 1
-    if shard.num_bytes is not None and f.size != shard.num_bytes:
-        shard_problems.insert(0, f"size {f.size} bytes, manifest says {shard.num_bytes}")
-    if (mismatch := f.mismatch(shard)) is not None:
-        shard_problems.insert(0, mismatch)
-    if complete and len(frames) != shard.num_examples:
-        shard_problems.append(f"{len(frames)} records, manifest says {shard.num_examples}")
-    for p in shard_problems[:MAX_PROBLEMS_PER_FILE]:
-        problems.add(rel, p)
-    if len(shard_problems) > MAX_PROBLEMS_PER_FILE:
-        problems.add(rel, f"… and {len(shard_problems) - MAX_PROBLEMS_PER_FILE} more problems")
-    _check_index(gfile, path, rel, frames, complete, write_index, problems)
-    if catalog is not None:
-        catalog.check_shard(rel, split, seen, complete)
-    return counts if complete else None
-
-
-def _check_index(gfile, path, rel, frames, complete, required, problems):
-    """Each index line must be (offset, length) of the frame at that position; when the shard
-    could not be read to its end, only the lines for the frames that were read are compared."""
-    index = layout.index_name(path)
-    name = layout.index_name(rel)
-    if not gfile.exists(index):
-        if required:
-            problems.add(name, "missing (write_index is on for this version)")
-        return
-    with gfile.GFile(index, "r") as f:
-        text = f.read()
-    try:
-        entries = parse_index(text)
-    except ValueError:
-        problems.add(name, "not 'offset length' integer pairs")
-        return
-    if complete and len(entries) != len(frames):
-        problems.add(name, f"{len(entries)} lines, the shard has {len(frames)} records")
-    bad = [k for k, (e, fr) in enumerate(zip(entries, frames)) if e != fr]
-    if bad:
-        k = bad[0]
-        problems.add(name, f"{len(bad)} line(s) disagree with the shard, first at line {k + 1}: "
-                           f"{' '.join(map(str, entries[k]))} vs frame at "
-                           f"{frames[k][0]} of length {frames[k][1]}")
 
 
 def _check_errors_file(gfile, vdir, manifest, problems):
@@ -260,8 +112,8 @@ def check(path):
     for split, s in sorted(info.splits.items()):
         counted, readable = {}, True
         for shard in s.shards:
-            counts = _check_shard(gfile, vdir, shard, labels, label_offset, write_index, problems,
-                                  catalog, split)
+            counts = check_shard(gfile, vdir, shard, labels, label_offset, write_index, problems,
+                                 catalog, split)
             files += 1
             if counts is None:
                 readable = False
