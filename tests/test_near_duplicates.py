@@ -60,7 +60,8 @@ def found(rows, radius, bands=None, tmp_path=None):
 
 @pytest.mark.parametrize("radius, bands", [(0, None), (3, None), (6, None), (6, 3), (6, 7),
                                            (10, 11), (10, None), (10, 4), (12, None), (2, 1),
-                                           (4, 2)])
+                                           # wide bands, as (2, 1): ~2 s of look-ups
+                                           pytest.param(4, 2, marks=pytest.mark.slow)])
 def test_pairs_equal_brute_force(radius, bands, tmp_path):
     rows = seeded_rows(300, radius, seed=radius * 10 + (bands or 0))
     expected = brute(rows, radius)
@@ -262,7 +263,7 @@ def test_incremental_pairs_equal_a_full_run(bands, tmp_path):
 
 
 def test_band_pieces_in_memory_stay_near_table_rows(tmp_path, monkeypatch):
-    """Memory is bounded by TABLE_ROWS, not by the rows: 3000 rows, pieces of ~64."""
+    """Memory is bounded by TABLE_ROWS, not by the rows: 1500 rows, pieces of ~64."""
     limits(monkeypatch, TABLE_ROWS=64)
     sizes = []
     table = mi._Table
@@ -272,9 +273,9 @@ def test_band_pieces_in_memory_stay_near_table_rows(tmp_path, monkeypatch):
         return table(h, *args)
 
     monkeypatch.setattr(mi, "_Table", recording)
-    rows = seeded_rows(3000, 6, seed=5)
+    rows = seeded_rows(1500, 6, seed=5)
     assert found(rows, 6, 3, tmp_path) == brute(rows, 6)
-    assert max(sizes) <= 2 * 64 and len(sizes) > 3 * 3000 // 64
+    assert max(sizes) <= 2 * 64 and len(sizes) > 3 * 1500 // 64
 
 
 # --- two hashes per row (whole image and central 90%) -----------------------------------------
@@ -314,8 +315,9 @@ def least_brute(rows, radius):
     return out
 
 
-@pytest.mark.parametrize("radius, bands, old_every", [(10, None, 0), (10, 4, 3), (6, None, 2),
-                                                      (12, None, 0), (0, None, 0)])
+@pytest.mark.parametrize("radius, bands, old_every", [
+    (10, None, 0), (10, 4, 3), (6, None, 2), (12, None, 0),
+    pytest.param(0, None, 0, marks=pytest.mark.slow)])  # ~1 s; radius 0: the brute-force test
 def test_two_hashes_per_row_give_each_pair_once_at_its_least_distance(radius, bands, old_every,
                                                                        tmp_path):
     rows = rows_with_centres(300, radius, seed=radius + 5, old_every=old_every)
