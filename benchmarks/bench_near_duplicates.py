@@ -6,7 +6,8 @@ scales.
     python benchmarks/bench_near_duplicates.py build      # 5k and 20k builds, with and without
     python benchmarks/bench_near_duplicates.py grouping [RADIUS [BANDS]]  # time, RSS, 50k-400k
     python benchmarks/bench_near_duplicates.py grouping2 [RADIUS]  # 1 vs 2 hashes an image
-    python benchmarks/bench_near_duplicates.py            # all five
+    python benchmarks/bench_near_duplicates.py scale [RADIUS]  # the build's plan, 50k-1M
+    python benchmarks/bench_near_duplicates.py            # all six
     python benchmarks/bench_near_duplicates.py cost --record PATH   # the JSON record's path
 
 Needs the "bench" extra (imagehash as the yardstick; the photos scikit-image, scikit-learn
@@ -162,6 +163,15 @@ def small_grey(data, side=perceptual.MIN_SIDE):
         return simplejpeg.decode_jpeg(data, "GRAY", min_width=side, min_height=side,
                                       strict=True)[:, :, 0]
     return np.asarray(Image.open(io.BytesIO(data)).convert("L"))
+
+
+def small_rgb(data, side=perceptual.MIN_SIDE):
+    """What the writer has with --near_duplicates: a strict DCT-scaled RGB decode of a JPEG,
+    else the full decode."""
+    if is_jpeg(data):
+        return simplejpeg.decode_jpeg(data, "RGB", min_width=side, min_height=side,
+                                      strict=True)
+    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
 
 
 def lib_full(fn):
@@ -666,12 +676,120 @@ def grouping2(radius=None):
               f"({per[n, 2] / per[n, 1]:.2f}x)")
 
 
+# --- the build's grouping as catalogs grow: the plan choose_plan picks, exact or multi-probe -----
+
+SCALE_SIZES = (50_000, 200_000, 1_000_000)
+
+
+def synthetic_extras(h, real, seed=SEED):
+    """Extra hashes for each of `h` as a build has them (centre, 4 corners): the benchmark's
+    own where the row is one of its images, else the row's hash with k varying bits
+    flipped, k drawn from the benchmark's whole-vs-that-hash distances. Vectorised, 50,000
+    rows at a time (a row's flips: the k smallest of random keys over the varying bits)."""
+    rng = np.random.default_rng(seed + 2)
+    whole = real[:, 0]
+    p = ((whole[:, None] >> np.arange(64, dtype=np.uint64)) & np.uint64(1)).mean(0)
+    varying = np.flatnonzero((p > 0) & (p < 1)).astype(np.uint64)
+    out = np.repeat(h[:, None], real.shape[1] - 1, 1)
+    for e in range(1, real.shape[1]):
+        gaps = perceptual.hamming_many(whole, real[:, e])
+        for lo in range(0, len(h), 50_000):
+            hi = min(len(h), lo + 50_000)
+            k = rng.choice(gaps, hi - lo)
+            order = np.argsort(rng.random((hi - lo, len(varying))), 1)
+            chosen = order < k[:, None]  # k random varying bits per row
+            masks = (chosen.astype(np.uint64) << varying[None, :]).sum(1, dtype=np.uint64)
+            out[lo:hi, e - 1] ^= masks
+    out[:len(real)] = real[:, 1:]
+    return out
+
+
+def scale_one(n, radius, real_path):
+    """near_pairs on n images with six hashes each (as a build has: whole, centre, four
+    corners in the descriptor's probe bytes), in a child process: seconds, grouping MB,
+    pairs, planted copies found, planted, the plan, its exact radius."""
+    from beam_pipeline.dedup import descriptor, near_duplicates
+
+    h, planted = synthetic_hashes(n, radius, real_path)
+    extras = synthetic_extras(h, np.load(real_path.replace(".npy", "-all.npy")))
+    base_real = len(np.load(real_path))
+    blank = bytes(descriptor.CONFIRM_SIZE)
+
+    def rows():  # made as the grouping reads them, 50,000 at a time (flat memory)
+        for lo in range(0, n, 50_000):
+            more = extras[lo:lo + 50_000].tolist()
+            for k, v in enumerate(h[lo:lo + 50_000].tolist()):
+                probes = b"".join(x.to_bytes(8, "big") for x in more[k][1:])
+                yield near_duplicates.Row(f"{lo + k:08d}", "train", v, False, more[k][0],
+                                          probes + blank)
+
+    plans = []
+    before = _memory_kb("VmRSS")
+    t = time.process_time()  # CPU: the join is one thread, and the machine is shared
+    keys = {(a.key, b.key) for a, b, _ in near_duplicates.find_pairs(rows(), radius,
+                                                                      on_plan=plans.append)}
+    took = time.process_time() - t
+    grew = (_memory_kb("VmHWM") - before) / 1024
+    hits = sum((f"{base_real + k:08d}", f"{n - planted + k:08d}") in keys
+               for k in range(planted))
+    p = plans[0]
+    print(f"{took:.2f} {grew:.1f} {len(keys)} {hits} {planted} "
+          f"{'x'.join(map(str, p.widths))}/{p.sub_radius} {p.exact_radius}")
+
+
+def scale(radius=None):
+    """Grouping time per image and memory at SCALE_SIZES with six hashes per image and the
+    plan the build would choose (band_plan.choose_plan: exact within BUDGET, else
+    multi-probe), the planted copies (1..radius varying bits of the whole hash flipped,
+    uniformly; their other hashes unrelated) it finds, and the model to 100M."""
+    from beam_pipeline.dedup import band_plan, descriptor, near_duplicates
+
+    radius = near_duplicates.DEFAULT_RADIUS if radius is None else radius
+    smalls = [small_rgb(d) for d, *_ in corpus(random.Random(SEED))]
+    real = np.array([perceptual.phash_pair(s) + descriptor.probes(descriptor.describe(s))
+                     for s in smalls], dtype=np.uint64)
+    real_path = os.path.join(tempfile.mkdtemp(), "real.npy")
+    np.save(real_path, real[:, 0])
+    np.save(real_path.replace(".npy", "-all.npy"), real)
+    print(f"grouping n images with six hashes each, radius {radius}, the plan the build "
+          f"chooses; one process per size, the faster of 2 runs (1M: 1 run); CPU seconds")
+    print("       n   seconds  us/image  grouping MB  planted found  plan (widths/sub)  exact")
+    per = []
+    for n in SCALE_SIZES:
+        runs = []
+        for _ in range(1 if n >= 1_000_000 else 2):
+            r = subprocess.run([sys.executable, __file__, "_scale", str(n), str(radius),
+                                real_path], capture_output=True, text=True, check=True)
+            took, grew, found, hits, planted, plan, exact = r.stdout.split()
+            runs.append((float(took), float(grew), int(hits), int(planted), plan, int(exact)))
+        took, grew, hits, planted, plan, exact = min(runs)
+        per.append(took / n * 1e6)
+        print(f" {n:7d}  {took:8.2f}  {per[-1]:8.1f}  {grew:11.1f}  {hits:6d}/{planted:<6d}  "
+              f"{plan:<17}  {exact}")
+    print(f"time per image {SCALE_SIZES[-1] // 1000}k vs {SCALE_SIZES[0] // 1000}k: "
+          f"{per[-1] / per[0]:.2f}x (target <= 1.5x)")
+    p = ((real.ravel()[:, None] >> np.arange(64, dtype=np.uint64)) & np.uint64(1)).mean(0)
+    cells = []
+    for n in (50_000, 200_000, 1_000_000, 10_000_000, 100_000_000):
+        hashes = real.shape[1] * n
+        stats = band_plan.Stats(hashes, 0, tuple(int(round(q * hashes)) for q in p))
+        plan = band_plan.choose_plan(radius, stats)
+        cells.append(f"{n / 1e6:g}M images: {'x'.join(map(str, plan.widths))}/"
+                     f"{plan.sub_radius}, exact {plan.exact_radius}, at {radius} bits "
+                     f"{band_plan.found_share(plan, radius):.0%}, "
+                     f"{band_plan.estimate(plan, stats) / n * 1e6:.0f} us")
+    print("model (plan, exact radius, share found at the radius, join per image):\n  "
+          + "\n  ".join(cells))
+
+
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     what = sys.argv[1] if len(sys.argv) > 1 else "all"
     if what == "_group":
         grouping_one(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5],
                      float(sys.argv[6]))
+    elif what == "_scale":
+        scale_one(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
     elif what == "_group2":
         grouping_two_one(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
     else:
@@ -683,7 +801,7 @@ if __name__ == "__main__":
         record, figures = Record("bench_near_duplicates", {"mode": what, "args": args,
                                                            "record": path}), {}
         for name, fn in (("accuracy", accuracy), ("cost", cost), ("build", build),
-                         ("grouping", grouping), ("grouping2", grouping2)):
+                         ("grouping", grouping), ("grouping2", grouping2), ("scale", scale)):
             if what in (name, "all"):
                 print(f"== {name}")
                 with printed() as lines:  # its modes print their tables; kept as printed

@@ -28,6 +28,24 @@ def jpeg_small(img, quality=90):
                                   min_height=perceptual.MIN_SIDE, strict=True)
 
 
+def test_the_probes_are_the_corner_crops_hashes_and_older_descriptors_still_compare():
+    """The first 32 bytes: pHashes of the four 95% corner crops, so a copy cut to one of
+    them has a probe 0 bits from its whole hash; a descriptor written before the probes
+    (the last 259 bytes alone) gives the same verdicts."""
+    rng = np.random.default_rng(3)
+    img = np.clip(rng.normal(128, 40, (48, 64)).cumsum(1) / 8 % 256, 0, 255).astype(np.uint8)
+    d = descriptor.describe(img)
+    h, w = img.shape
+    dh, dw = (h + 10) // 20, (w + 10) // 20
+    crops = [img[:h - dh, :w - dw], img[:h - dh, dw:], img[dh:, :w - dw], img[dh:, dw:]]
+    assert descriptor.probes(d) == tuple(perceptual.phash(c) for c in crops)
+    assert len(set(descriptor.probes(d))) == 4 and descriptor.probes(d[32:]) == ()
+    other = descriptor.describe(crops[3])
+    s_new, c_new = descriptor.distances([d], [other])
+    s_old, c_old = descriptor.distances([d[32:]], [other[32:]])
+    assert s_new.tolist() == s_old.tolist() and c_new.tolist() == c_old.tolist()
+
+
 def verdict(a, b):
     s, c = descriptor.distances([descriptor.describe(np.asarray(a))],
                                 [descriptor.describe(np.asarray(b))])
@@ -36,7 +54,8 @@ def verdict(a, b):
 
 def test_layout_and_size():
     d = descriptor.describe(np.full((40, 50, 3), (200, 100, 50), np.uint8))
-    assert len(d) == descriptor.SIZE == 259
+    assert len(d) == descriptor.SIZE == 4 * 8 + 259
+    assert descriptor.parse([d[32:]])[0].tolist() == descriptor.parse([d])[0].tolist()
     thumb, means = descriptor.parse([d])
     assert thumb.shape == (1, 16, 16) and np.all(thumb == thumb[0, 0, 0])
     # Pillow's YCbCr of (200, 100, 50): Y 124, Cb 86, Cr 182 (Cb, Cr offset by 128)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from beam_pipeline.dedup import band_plan, descriptor
+from beam_pipeline.dedup import perceptual
 from beam_pipeline.dedup import multi_index as mi
 from beam_pipeline.dedup import near_duplicates as nd
 from beam_pipeline.dedup.near_duplicates import Row
@@ -129,10 +130,13 @@ def test_incremental_finds_exactly_the_pairs_with_a_new_row(bands, tmp_path):
 
 
 def textured(seed, side=48):
-    """A seeded textured image's descriptor: equal seeds, equal descriptors (confirmed)."""
+    """A seeded textured image's descriptor: equal seeds, equal descriptors (confirmed).
+    Its confirmation bytes alone (as catalogs before the probe hashes stored it), so the
+    rows' own hashes are all the search sees."""
     rng = np.random.default_rng(seed)
     small = rng.integers(0, 256, (6, 6, 3), dtype=np.uint8)
-    return descriptor.describe(np.kron(small, np.ones((8, 8, 1), np.uint8)))
+    return descriptor.describe(np.kron(small, np.ones((8, 8, 1), np.uint8)))[
+        -descriptor.CONFIRM_SIZE:]
 
 
 def test_pairs_are_confirmed_by_descriptors_and_leaks_need_a_direct_pair():
@@ -164,6 +168,31 @@ def test_a_chain_is_not_a_pair():
     assert [(p.keys, p.hash_distance) for p in pairs] == [(("a", "b"), 4), (("b", "c"), 4)]
     assert {p.leak() for p in pairs} == {"b", None}  # c pairs only with b (test): no leak
     assert nd.components(pairs) == [("a", "b", "c")]
+
+
+def test_a_pair_found_only_through_the_corner_probes_comes_back_whole():
+    """An original and its copy cut to the top-left 95%: the copy's whole hash equals the
+    original's first probe, 0 bits, where the whole hashes differ more than the radius. The
+    rows come back with their own hashes, centre (or none) and descriptor bytes."""
+    rng = np.random.default_rng(11)
+    img = (rng.integers(0, 256, (12, 16), dtype=np.uint8).repeat(4, 0).repeat(4, 1))
+    h, w = img.shape
+    copy = img[:h - (h + 10) // 20, :w - (w + 10) // 20]
+    d_img, d_copy = descriptor.describe(img), descriptor.describe(copy)
+    whole, centre = perceptual.phash_pair(img)
+    rows = [Row("original.jpg", "train", whole, descriptor=d_img),
+            Row("copy.jpg", "test", perceptual.phash(copy), center=perceptual.phash_pair(copy)[1],
+                descriptor=d_copy)]
+    assert perceptual.hamming(rows[0].hash, rows[1].hash) > 2
+    assert descriptor.probes(d_img)[0] == rows[1].hash
+    ((a, b, dist),) = nd.find_pairs(rows, radius=2)
+    assert dist == 0 and {a.key, b.key} == {"original.jpg", "copy.jpg"}
+    back = {r.key: r for r in (a, b)}
+    assert back["original.jpg"] == rows[0] and back["copy.jpg"] == rows[1]
+    (pair,) = nd.near_pairs(rows, radius=2)
+    assert pair.confirmed and pair.leak() == "copy.jpg"
+    assert not list(nd.find_pairs([dataclasses.replace(r, descriptor=r.descriptor[32:])
+                                   for r in rows], radius=2))  # without the probes: none
 
 
 def test_signed_hashes_from_a_catalog_column_are_read_as_unsigned():
@@ -225,6 +254,75 @@ def test_plan_grows_wider_bands_as_rows_grow():
     bands = [len(band_plan.choose_plan(10, stats(n)).widths) for n in (1_000, 100_000, 10_000_000)]
     assert bands == sorted(bands, reverse=True) and bands[0] > bands[-1]
     assert len(band_plan.choose_plan(4, stats(10_000_000)).widths) <= 3
+
+
+def test_found_share_counts_the_placements_every_band_misses():
+    """Brute force over every placement of the differing bits: a pair is found when some
+    band holds at most the sub-radius of them."""
+    import itertools
+
+    p = band_plan.Plan(9, (4, 3, 5), probe=1)
+    assert p.sub_radius == 1 and p.exact_radius == 5
+    starts = p.starts
+    for distance in range(0, 11):
+        placements = list(itertools.combinations(range(12), distance))
+        hit = sum(any(sum(start <= b < start + w for b in bits) <= 1
+                      for w, start in zip(p.widths, starts)) for bits in placements)
+        want = hit / len(placements) if distance <= p.radius else 0.0
+        assert band_plan.found_share(p, distance) == pytest.approx(want), distance
+    assert band_plan.found_share(p, 5) == 1.0 and band_plan.found_share(p, 6) < 1.0
+    assert band_plan.found_share(band_plan.Plan(2, (3, 3), probe=0), 2) == pytest.approx(6 / 15)
+
+
+def test_past_its_budget_the_plan_is_multi_probe_and_says_what_it_finds():
+    """Exact radius-10 search costs more per row as rows grow; past BUDGET the plan keeps
+    the cost and gives up the pairs no band holds within its sub-radius."""
+    small, big = band_plan.choose_plan(10, stats(20_000)), band_plan.choose_plan(10, stats(2_000_000))
+    assert small.probe is None and small.exact_radius == 10
+    assert band_plan.choose_plan(10, stats(10)).exact_radius == 10  # under BUDGET_FLOOR: exact
+    assert big.probe is not None and big.exact_radius < 10
+    assert band_plan.estimate(big, stats(2_000_000)) <= band_plan.BUDGET * 2_000_000
+    exact = min((band_plan.make_plan(10, b, stats(2_000_000)) for b in range(1, 12)),
+                key=lambda p: band_plan.estimate(p, stats(2_000_000)))
+    assert band_plan.estimate(exact, stats(2_000_000)) > band_plan.BUDGET * 2_000_000
+    assert 0.5 < band_plan.found_share(big, 10) < 1.0 and band_plan.found_share(big, big.exact_radius) == 1
+    # a night of 1% new rows against them stays exact: its cost is per spilled row
+    assert band_plan.choose_plan(10, stats(2_020_000, old=2_000_000)).exact_radius == 10
+
+
+def test_a_multi_probe_search_finds_exactly_the_pairs_some_band_holds(tmp_path, monkeypatch):
+    monkeypatch.setattr(band_plan, "BUDGET", 1e-9)  # any plan is over budget: a probe plan
+    monkeypatch.setattr(band_plan, "BUDGET_FLOOR", 0.0)
+    rows = rows_with_centres(300, 10, seed=21, old_every=4)
+    plans = []
+    got = {(a.key, b.key, d) for a, b, d in nd.find_pairs(rows, 10, None, tmp_path,
+                                                          plans.append)}
+    (p,) = plans
+    assert p.probe is not None and p.exact_radius < 10
+
+    def held(x, y):  # the join's rule for one pair of hashes, band by band
+        if (x ^ y).bit_count() > 10:
+            return False
+        c = int(p.compress(np.array([x ^ y], np.uint64))[0])
+        assert bool(band_plan.found_by(p, [x ^ y])[0]) == ((x ^ y).bit_count() <= 10 and any(
+            ((c >> start) & ((1 << w) - 1)).bit_count() <= p.sub_radius
+            for w, start in zip(p.widths, p.starts)))
+        return bool(band_plan.found_by(p, [x ^ y])[0])
+
+    def hashes(r):
+        return [r.hash] + ([r.center] if r.center is not None else [])
+
+    want = set()
+    for i, a in enumerate(rows):
+        for b in rows[i + 1:]:
+            ds = [(x ^ y).bit_count() for x in hashes(a) for y in hashes(b) if held(x, y)]
+            if ds and not (a.old and b.old):
+                want.add(tuple(sorted((a.key, b.key))) + (min(ds),))
+    assert {tuple(sorted(k[:2])) + (k[2],) for k in got} == want
+    everything = {pair[:2]: pair[2] for pair in least_brute(rows, 10)}
+    missed = everything.keys() - {pair[:2] for pair in want}
+    assert missed and len(want) > 40  # the plan gave some pairs up, and the test sees which
+    assert all(everything[k] > p.exact_radius for k in missed)  # pigeonhole below it
 
 
 def test_constant_bits_are_left_out_and_cut_runs_compress():

@@ -29,6 +29,13 @@ COST_ROW = 540e-9
 COST_PIECE_JOIN = 300e-6  # one piece's buckets against one other piece (load, index, calls)
 COST_OFFSET = 1e-9        # one entry of a piece's offset table
 SEARCH_FACTOR = 10        # a look-up by binary search instead of offset table
+# Estimated join seconds per spilled hash that exact search may cost before a multi-probe
+# plan replaces it. Exact radius-8 search over six hashes an image costs this at ~450k
+# images and grows with n (compared pairs ~ n**2 per band); past it, a plan with a smaller
+# sub-radius keeps the cost and gives up the pairs beyond its exact radius that no band
+# holds within it (docs/near_duplicates.md: the benchmark's recall under such plans).
+BUDGET = 20e-6
+BUDGET_FLOOR = 2.0  # estimated seconds any search may take: a small catalog is searched exactly
 
 
 def ones(width):
@@ -46,10 +53,18 @@ class Plan:
     radius: int
     widths: tuple
     runs: tuple = ((0, BITS),)
+    probe: int | None = None  # a sub-radius below the pigeonhole one: multi-probe, not exact
 
     @property
     def sub_radius(self):
-        return -(-(self.radius + 1) // len(self.widths)) - 1
+        exact = -(-(self.radius + 1) // len(self.widths)) - 1
+        return exact if self.probe is None else min(self.probe, exact)
+
+    @property
+    def exact_radius(self):
+        """Every pair within this many bits is found; beyond it (up to `radius`) a pair is
+        found when some band differs in at most the sub-radius (`found_share`)."""
+        return min(self.radius, (self.sub_radius + 1) * len(self.widths) - 1)
 
     @property
     def starts(self):
@@ -162,17 +177,58 @@ def values_within(p):
     return sum(math.comb(w, k) for k in range(min(p.sub_radius, w) + 1))
 
 
+def found_share(p, distance):
+    """Share of the pairs `distance` bits apart that plan `p` finds, the differing bits
+    spread uniformly over the informative ones: 1.0 up to p.exact_radius. A pair is found
+    unless every band differs in more than the sub-radius (counted band by band)."""
+    if distance > p.radius:
+        return 0.0
+    total, s = sum(p.widths), p.sub_radius
+    if distance > total:
+        return 1.0 if distance <= p.exact_radius else 0.0
+    missed = {0: 1}  # differing bits placed so far -> ways with every band over s
+    for w in p.widths:
+        step = {}
+        for used, ways in missed.items():
+            for k in range(s + 1, min(w, distance - used) + 1):
+                step[used + k] = step.get(used + k, 0) + ways * math.comb(w, k)
+        missed = step
+    return 1.0 - missed.get(distance, 0) / math.comb(total, distance)
+
+
+def found_by(p, x):
+    """Which hash pairs, given as their XORs (uint64 array), plan p's join finds: within
+    its radius and within the sub-radius in some band (for tests and benchmarks)."""
+    x = np.asarray(x, np.uint64)
+    c = p.compress(x)
+    near = np.stack([np.bitwise_count(p.band_value(c, k)) <= p.sub_radius
+                     for k in range(len(p.widths))])
+    return (np.bitwise_count(x) <= p.radius) & near.any(0)
+
+
 def choose_plan(radius, stats, bands=None):
-    """The plan with `bands` bands, or the band count of lowest estimated cost."""
+    """The plan with `bands` bands; else the exact plan of lowest estimated cost while it
+    stays within BUDGET per row; else (many rows: exact search is not linear, see
+    multi_index) the multi-probe plan within BUDGET that finds the most pairs at `radius`."""
     if bands:
         p = make_plan(radius, bands, stats)
         if values_within(p) > MAX_VALUES:
             raise ValueError(f"{bands} bands at radius {radius}: {values_within(p):,} values "
                              f"within the sub-radius per band; use more bands")
         return p
-    plans = {make_plan(radius, b, stats) for b in range(1, radius + 2)}
-    plans = [p for p in plans if values_within(p) <= MAX_VALUES]
-    return min(plans, key=lambda p: (estimate(p, stats), len(p.widths)))
+    exact = {make_plan(radius, b, stats) for b in range(1, radius + 2)}
+    exact = [p for p in exact if values_within(p) <= MAX_VALUES]
+    cost = {p: estimate(p, stats) for p in exact}
+    best = min(exact, key=lambda p: (cost[p], len(p.widths)))
+    budget = max(BUDGET * stats.rows, BUDGET_FLOOR)
+    if cost[best] <= budget:
+        return best
+    probes = [dataclasses.replace(p, probe=s) for p in exact for s in range(p.sub_radius)]
+    cost.update((p, estimate(p, stats)) for p in probes)
+    affordable = [p for p in probes if cost[p] <= budget]
+    if not affordable:
+        return min(cost, key=lambda p: (cost[p], len(p.widths)))
+    return max(affordable, key=lambda p: (found_share(p, radius), -cost[p]))
 
 
 def piece_bits(width, rows):

@@ -20,11 +20,15 @@ precision; docs/near_duplicates.md has the table). An image with almost no textu
 thumbnail whose luma varies by < `FLAT` levels) has no structure to confirm with, so no pair
 of it is confirmed: two plain walls can't be told apart by their pixels.
 
-Stored as `SIZE` bytes in the catalog (column near_descriptor): the thumbnail row-major, then
-mean Y, Cb, Cr (Cb and Cr offset by 128, as JPEG stores them).
+Stored as `SIZE` bytes in the catalog (column near_descriptor): first the `PROBES` extra
+hashes the search uses (perceptual.corner_hashes_of_grey, 8 bytes each, big-endian: more
+hashes per image let the search use a smaller radius, docs/near_duplicates.md), then the
+thumbnail row-major, then mean Y, Cb, Cr (Cb and Cr offset by 128, as JPEG stores them).
+Catalogs written before the probes hold the last `CONFIRM_SIZE` bytes alone; both compare.
 """
 
 import functools
+import struct
 
 import numpy as np
 from PIL import Image
@@ -33,7 +37,10 @@ from beam_pipeline.dedup import perceptual
 
 SIDE = 16                 # the luma thumbnail's side
 WINDOW = 12               # windows are compared at this side
-SIZE = SIDE * SIDE + 3    # bytes stored per image
+PROBES = 4                # corner pHashes stored first
+CONFIRM_SIZE = SIDE * SIDE + 3  # the thumbnail and the means: what confirmation compares
+SIZE = 8 * PROBES + CONFIRM_SIZE  # bytes stored per image
+_PROBES = struct.Struct(f">{PROBES}Q")
 MAX_STRUCTURE = 0.25      # 1 - best normalised correlation
 MAX_CHROMA = 3.0          # levels of Cb/Cr (of 255), after luma scaling
 FLAT = 2.0                # luma std (levels) below which a thumbnail is flat
@@ -61,8 +68,16 @@ def describe_reduced(small, grey):
     else:
         flat = small.reshape(-1, 3)
         means = (_YCC @ (np.ones(len(flat)) @ flat) / len(flat) + (0, 128, 128)).tolist()
-    return (np.round(thumb).astype(np.uint8).tobytes()
+    return (_PROBES.pack(*perceptual.corner_hashes_of_grey(grey)) + np.round(thumb).astype(np.uint8).tobytes()
             + bytes(int(round(min(max(m, 0), 255))) for m in means))
+
+
+def probes(desc):
+    """The extra hashes a stored descriptor carries: PROBES ints, or () for a descriptor
+    written before them (or none)."""
+    if desc is None or len(desc) != SIZE:
+        return ()
+    return _PROBES.unpack_from(desc)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -82,8 +97,10 @@ def _box(n):
 
 
 def parse(descriptors):
-    """A sequence of SIZE-byte descriptors -> (N x SIDE x SIDE float thumbnails, N x 3 means)."""
-    raw = np.frombuffer(b"".join(descriptors), np.uint8).reshape(-1, SIZE)
+    """A sequence of descriptors (SIZE or CONFIRM_SIZE bytes) -> (N x SIDE x SIDE float
+    thumbnails, N x 3 means)."""
+    raw = np.frombuffer(b"".join(d[-CONFIRM_SIZE:] for d in descriptors), np.uint8).reshape(
+        -1, CONFIRM_SIZE)
     return (raw[:, :SIDE * SIDE].reshape(-1, SIDE, SIDE).astype(np.float32),
             raw[:, SIDE * SIDE:].astype(np.float32))
 

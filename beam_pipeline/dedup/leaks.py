@@ -30,12 +30,13 @@ import tempfile
 from apache_beam.io.filesystems import FileSystems
 
 from beam_pipeline.dedup import descriptor
+from beam_pipeline.dedup import band_plan
 from beam_pipeline.store import catalog, files
 from beam_pipeline.dedup import near_duplicates as grouping
 from beam_pipeline.job.contracts import Kind
 from dataset_format import layout
 
-HASH = "phash64x2"  # dedup/perceptual.phash_pair: 64-bit pHashes of the whole and central 90%
+HASH = "phash64x6"  # 64-bit pHashes: whole, central 90% (perceptual.phash_pair), 4 corners (descriptor.probes)
 CONFIRM = "luma16-chroma/1"  # dedup/descriptor.py: structure and colour, as its limits say
 TRAIN = "train"
 OLD_KINDS = (Kind.REUSE, Kind.COPY)  # incremental shards whose rows the previous version grouped
@@ -49,8 +50,12 @@ def report(results, spec):
     """
     known = _previous_pairs(spec)
     incremental = known is not None
+    plans = []  # the search plan: exact to its exact_radius (a multi-probe plan past a budget)
     pairs = grouping.near_pairs(_rows(results, incremental), spec.near_duplicate_radius,
-                                known=known or ())  # its own scratch directory
+                                known=known or (), on_plan=plans.append)  # own scratch dir
+    radius = spec.near_duplicate_radius
+    exact = plans[0].exact_radius if plans else radius  # no plan: no new rows to search
+    found = round(band_plan.found_share(plans[0], radius), 3) if exact < radius else 1.0
     confirmed = [p for p in pairs if p.confirmed]
     leaks = {k for p in confirmed if (k := p.leak(TRAIN)) is not None}
     excluded = leaks if spec.drop_near_duplicate_leaks else set()
@@ -61,7 +66,8 @@ def report(results, spec):
     groups = grouping.components(confirmed)
     entry = {"path": layout.NEAR_DUPLICATES, "rejected_path": layout.NEAR_DUPLICATES_REJECTED,
              "hash": HASH,
-             "confirm": CONFIRM, "radius": spec.near_duplicate_radius,
+             "confirm": CONFIRM, "radius": radius, "exact_radius": exact,
+             "found_at_radius": found,
              "max_structure": descriptor.MAX_STRUCTURE, "max_chroma": descriptor.MAX_CHROMA,
              "candidates": len(pairs), "pairs": len(confirmed),
              "rejected": len(pairs) - len(confirmed),

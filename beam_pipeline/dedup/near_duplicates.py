@@ -11,9 +11,11 @@ the descriptors agree (structure and colour): the hash proposes, the descriptor 
 the benchmark's hard negatives (smooth gradients, discs on black, textures, flat fields) the
 hash alone paired unrelated images (docs/near_duplicates.md).
 
-Two hashes per image (whole and central 90%, dedup/perceptual.phash_pair): a row's `center`
-goes to the join as a second hash of the same row; a pair's distance is the least of its
-(up to four) hash pairs, a row never pairs with itself, and each pair of rows is yielded once.
+Six hashes per image: the whole and central 90% (dedup/perceptual.phash_pair; a row's
+`center`) and the four 95% corner crops its descriptor carries (descriptor.probes). All go
+to the join as hashes of the same row; a pair's distance is the least of its (up to 36)
+hash pairs, a row never pairs with itself, and each pair of rows is yielded once. Rows from
+catalogs written before the corner or centre hashes take part with the hashes they have.
 
 Incremental: rows are `old` (already in the previous catalog, paired before) or new; only new
 rows look for partners, so a nightly run costs the new rows' buckets, not the catalog's.
@@ -39,7 +41,7 @@ from beam_pipeline.dedup import descriptor
 from beam_pipeline.dedup import band_plan, multi_index
 
 BITS = 64
-DEFAULT_RADIUS = 10  # chosen by measurement (docs/measurements.md): launcher/flags.py agrees
+DEFAULT_RADIUS = 8  # chosen by measurement (docs/measurements.md): launcher/flags.py agrees
 _U64 = (1 << BITS) - 1
 
 
@@ -125,7 +127,7 @@ def _verdicts(candidates):
 CONFIRM_BATCH = 2048  # candidate pairs compared at once: ~45 MB of float32 windows
 
 
-def near_pairs(rows, radius=DEFAULT_RADIUS, bands=None, directory=None, known=()):
+def near_pairs(rows, radius=DEFAULT_RADIUS, bands=None, directory=None, known=(), on_plan=None):
     """Every candidate pair (`find_pairs`) with the descriptor's verdict, ordered by keys.
 
     `known`: NearPairs an earlier run measured between two old rows (its
@@ -142,7 +144,7 @@ def near_pairs(rows, radius=DEFAULT_RADIUS, bands=None, directory=None, known=()
             yield r
 
     out, batch = [], []
-    for candidate in find_pairs(noting_old(rows), radius, bands, directory):
+    for candidate in find_pairs(noting_old(rows), radius, bands, directory, on_plan):
         batch.append(candidate)
         if len(batch) >= CONFIRM_BATCH:
             out.extend(_verdicts(batch))
@@ -177,16 +179,19 @@ def components(pairs):
     return sorted(tuple(sorted(m)) for m in members.values())
 
 
-def find_pairs(rows, radius=DEFAULT_RADIUS, bands=None, directory=None):
+def find_pairs(rows, radius=DEFAULT_RADIUS, bands=None, directory=None, on_plan=None):
     """Yields (row a, row b, distance) for every pair within `radius`, except old-old pairs;
-    `bands` None: the band count of lowest estimated cost for these rows
-    (band_plan.choose_plan). The scratch files live in a temporary directory under
+    `bands` None: the plan band_plan.choose_plan picks for these rows (past its budget,
+    a multi-probe plan: exact to plan.exact_radius, pairs beyond found in part). `on_plan`
+    is called with the plan. The scratch files live in a temporary directory under
     `directory`."""
     if not 0 <= radius < BITS:
         raise ValueError(f"radius must be in 0..{BITS - 1}, not {radius}")
     with tempfile.TemporaryDirectory(prefix="near-duplicates-", dir=directory) as scratch:
         data = _Spilled(rows, scratch)
         p = band_plan.choose_plan(radius, data.spill.stats(), bands)
+        if on_plan:
+            on_plan(p)
         found = [data.of_rows(*f) for f in multi_index.join(data.spill, p)]
         if not found:
             return
@@ -233,8 +238,10 @@ class _Spilled:
                 add_hash(row.hash & _U64)
                 add_old(row.old)
                 add_owner(self.n)
-                if row.center is not None:
-                    add_hash(row.center & _U64)
+                d = row.descriptor
+                for extra in ((row.center,) if row.center is not None else ()) + \
+                        descriptor.probes(d):
+                    add_hash(extra & _U64)
                     add_old(row.old)
                     add_owner(self.n)
                 self.n += 1
@@ -244,9 +251,7 @@ class _Spilled:
                 if split not in splits:
                     splits[split] = _escape(split)
                 add_line(f"{key}\t{splits[split]}\n")
-                d = row.descriptor
-                descs.append(b"\1" + d if d is not None and len(d) == descriptor.SIZE
-                             else _NO_DESCRIPTOR)
+                descs.append(_record(d))
                 if len(hashes) >= chunk:
                     self._flush(hashes, olds, owners, lines, kf, of)
                     df.write(b"".join(descs))
@@ -282,14 +287,14 @@ class _Spilled:
         first = np.searchsorted(self.owner, ids).astype(np.int64) if self.two else ids
         hashes = self.spill.hashes[first].tolist()
         olds = self.spill.old[first].tolist()
+        descs = [_descriptor(r) for r in self.descriptors[ids]]
         centers = [None] * len(ids)
-        if self.two:
+        if self.two:  # a row's hashes: whole, its centre if it has one, then its probes
+            count = np.searchsorted(self.owner, ids, "right").astype(np.int64) - first
             after = np.minimum(first + 1, self.spill.n - 1)
-            has = (first + 1 < self.spill.n) & (self.owner[after] == ids.astype(np.uint64))
-            centers = [c if k else None
-                       for c, k in zip(self.spill.hashes[after].tolist(), has.tolist())]
-        records = self.descriptors[ids]
-        descs = [r[1:].tobytes() if r[0] else None for r in records]
+            centers = [c if k - len(descriptor.probes(d)) == 2 else None
+                       for c, k, d in zip(self.spill.hashes[after].tolist(), count.tolist(),
+                                          descs)]
         out, wanted = {}, enumerate(ids.tolist())
         at, nxt = next(wanted)
         with open(self.keys_path, encoding="utf-8", errors="surrogatepass",
@@ -304,8 +309,19 @@ class _Spilled:
         return out
 
 
-_DESC_RECORD = 1 + descriptor.SIZE  # a presence byte, then the descriptor
+_DESC_RECORD = 1 + descriptor.SIZE  # its form (_FORMS), then the descriptor, right-aligned
+_FORMS = {descriptor.SIZE: 1, descriptor.CONFIRM_SIZE: 2}  # 0: none (or of no known size)
 _NO_DESCRIPTOR = bytes(_DESC_RECORD)
+
+
+def _record(d):
+    form = _FORMS.get(len(d)) if d is not None else None
+    return bytes([form]) + bytes(descriptor.SIZE - len(d)) + d if form else _NO_DESCRIPTOR
+
+
+def _descriptor(record):
+    size = {1: descriptor.SIZE, 2: descriptor.CONFIRM_SIZE}.get(int(record[0]))
+    return record[-size:].tobytes() if size else None
 
 
 _ESCAPES = {"\\": "\\\\", "\t": "\\t", "\n": "\\n"}

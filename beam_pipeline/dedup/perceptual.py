@@ -167,6 +167,20 @@ def phash_pair_of_grey(g):
     return _packed(bits_of(_low(g))), _packed(bits_of(_low(central(g))))
 
 
+def corner_hashes_of_grey(g):
+    """pHashes of the four crops of 95% of each side anchored at the corners of grey pixels
+    (`reduced`'s second value). A crop of up to 10% off one side or corner lines up with one
+    of them, or with the whole or the centre, where the whole images' hashes drift apart:
+    on the near-duplicate benchmark, the least of a pair's distances over the six hashes
+    puts 97% of all-transforms-at-once copies within 8 bits, against 71% with two
+    (docs/near_duplicates.md). One product for the four (one shape)."""
+    h, w = g.shape[:2]
+    dh, dw = _margin(h), _margin(w)
+    crops = np.stack([g[:h - dh, :w - dw], g[:h - dh, dw:], g[dh:, :w - dw], g[dh:, dw:]])
+    low = _side(h - dh) @ crops.astype(np.float64) @ _side(w - dw).T
+    return tuple(_packed(bits_of(c.ravel())) for c in low)
+
+
 def central(grey_pixels):
     """The central 90% of an HxW array: 5% of each side's length (rounded half up) cut off
     every edge; an image under 10 px a side keeps that side whole."""

@@ -15,7 +15,7 @@ def boolean(text):
     raise argparse.ArgumentTypeError(f"expected true or false, not {text!r}")
 
 
-NEAR_DUPLICATE_RADIUS = 10  # measured: benchmarks/bench_near_duplicates.py (docs/measurements.md)
+NEAR_DUPLICATE_RADIUS = 8  # measured: benchmarks/bench_near_duplicates.py (docs/measurements.md)
 
 
 def add_build_args(parser):

@@ -135,7 +135,12 @@ def near_duplicates_line(manifest):
             f"descriptor): {near['pairs']} pair(s) of {near['candidates']} candidates, "
             f"{near['pairs_across_splits']} across splits, {near['leaks']} evaluation "
             f"image(s) paired with a train image")
-    return line + (f", {near['excluded']} left out" if near["excluded"] else "")
+    line += f", {near['excluded']} left out" if near["excluded"] else ""
+    exact = near.get("exact_radius", near["radius"])
+    if exact < near["radius"]:  # a multi-probe search (many images): say what it may miss
+        line += (f"; exact within {exact} bits, pairs {near['radius']} bits apart found "
+                 f"~{near['found_at_radius']:.0%} of the time")
+    return line
 
 
 def big_image_hint(manifest):

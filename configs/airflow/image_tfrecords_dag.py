@@ -56,7 +56,7 @@ TEMPLATE_PARAMETERS = {
     "force": "false",
     "drop_content_duplicates": "false",
     "near_duplicates": "false",
-    "near_duplicate_radius": "10",
+    "near_duplicate_radius": "8",
     "drop_near_duplicate_leaks": "false",
     "full_rebuild": "false",
     "resplit": "false",
