@@ -455,3 +455,18 @@ def test_two_hashes_per_row_and_no_pairs_between_rows(tmp_path):
     assert all((a.hash ^ b.hash).bit_count() > 12 for i, a in enumerate(rows) for b in rows[i + 1:])
     assert list(nd.find_pairs(rows, 10, None, tmp_path)) == []
     assert nd.near_pairs(rows, 10, directory=tmp_path) == []
+
+
+def test_the_summary_says_when_the_search_was_multi_probe():
+    from beam_pipeline.launcher.report import near_duplicates_line
+
+    near = {"radius": 8, "exact_radius": 8, "found_at_radius": 1.0, "pairs": 3,
+            "candidates": 5, "pairs_across_splits": 1, "leaks": 1, "excluded": 0}
+    exact = near_duplicates_line({"near_duplicates": near})
+    assert "exact within" not in exact and exact.startswith("near-duplicates (pHash within 8")
+    probe = near_duplicates_line({"near_duplicates": dict(near, exact_radius=5,
+                                                          found_at_radius=0.508)})
+    assert probe == exact + "; exact within 5 bits, pairs 8 bits apart found ~51% of the time"
+    older = dict(near)
+    del older["exact_radius"], older["found_at_radius"]  # a manifest from before the fields
+    assert near_duplicates_line({"near_duplicates": older}) == exact

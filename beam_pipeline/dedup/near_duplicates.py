@@ -261,8 +261,6 @@ class _Spilled:
         self.spill.close()
         self.two = self.spill.n > self.n
         self.owner = np.memmap(self.owner_path, np.uint64, "r") if self.two else None
-        self.descriptors = (np.memmap(self.desc_path, np.uint8, "r").reshape(-1, _DESC_RECORD)
-                            if self.n else None)
 
     def _flush(self, hashes, olds, owners, lines, kf, of):
         if hashes:
@@ -287,7 +285,10 @@ class _Spilled:
         first = np.searchsorted(self.owner, ids).astype(np.int64) if self.two else ids
         hashes = self.spill.hashes[first].tolist()
         olds = self.spill.old[first].tolist()
-        descs = [_descriptor(r) for r in self.descriptors[ids]]
+        with open(self.desc_path, "rb") as f:  # read, not mapped: a map's fault-around
+            fd = f.fileno()                    # pulled the whole file into RSS
+            descs = [_descriptor(os.pread(fd, _DESC_RECORD, i * _DESC_RECORD))
+                     for i in ids.tolist()]
         centers = [None] * len(ids)
         if self.two:  # a row's hashes: whole, its centre if it has one, then its probes
             count = np.searchsorted(self.owner, ids, "right").astype(np.int64) - first
@@ -320,8 +321,8 @@ def _record(d):
 
 
 def _descriptor(record):
-    size = {1: descriptor.SIZE, 2: descriptor.CONFIRM_SIZE}.get(int(record[0]))
-    return record[-size:].tobytes() if size else None
+    size = {1: descriptor.SIZE, 2: descriptor.CONFIRM_SIZE}.get(record[0])
+    return bytes(record[-size:]) if size else None
 
 
 _ESCAPES = {"\\": "\\\\", "\t": "\\t", "\n": "\\n"}
