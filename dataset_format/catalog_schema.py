@@ -32,8 +32,9 @@ COLUMNS = {
     "phash": "int64",            # --near_duplicates: 64-bit perceptual hash as a signed
                                  # int64 (dedup/perceptual.py); null when not computed
     "phash_center": "int64",     # ... of the central 90%; null also in rows hashed before it
-    "near_descriptor": "binary",  # --near_duplicates: dedup/descriptor.py's bytes, the
-                                  # second opinion on a pair; null in rows from before it
+    "near_descriptor": "binary",  # --near_duplicates: dedup/descriptor.py's bytes, four
+                                  # corner-crop hashes then the second opinion on a pair
+                                  # (docs/format.md); null in rows from before it
 }
 
 DESCRIPTOR = "near_descriptor"
