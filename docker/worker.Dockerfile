@@ -54,6 +54,7 @@ COPY beam_pipeline/ beam_pipeline/
 COPY dataset_format/ dataset_format/
 COPY tf_quiet/ tf_quiet/
 COPY readers/ readers/
+COPY loaders/ loaders/
 RUN pip install --no-index --no-deps --no-build-isolation . \
     && python check_pins.py constraints.txt "image-tfrecords${EXTRAS:+[$EXTRAS]}" pip setuptools \
     && python -c "import sys, beam_pipeline.cli, beam_pipeline.job.pipeline, dataset_format.layout; \
