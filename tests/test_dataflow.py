@@ -360,7 +360,7 @@ def test_flex_launch_hands_the_lock_to_its_job_which_keeps_it_and_releases_it(
     beats = []
     real_beat = lock_gcs.GcsLock.beat_for_job
     monkeypatch.setattr(lock_gcs.GcsLock, "beat_for_job",
-                        lambda self, v: beats.append(self._read()[0]) or real_beat(self, v))
+                        lambda self, v: beats.append(self.holder()) or real_beat(self, v))
     try:
         _run_job_file(gcs, argv[-1].split("=", 1)[1])
     finally:

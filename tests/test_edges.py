@@ -385,13 +385,13 @@ def test_a_client_clock_100_s_fast_takes_over_no_live_lock(proxy, gcs_bucket, mo
     lock as expired and took it over."""
     import datetime
 
-    from beam_pipeline.store import lock
+    from beam_pipeline.store import lock, lock_base
 
     root = f"gs://{gcs_bucket}/ds"
     holder = lock.acquire(root)  # alive: its heartbeat runs
     try:
-        real_now = lock._now
-        monkeypatch.setattr(lock, "_now", lambda: real_now() + datetime.timedelta(seconds=300))
+        real_now = lock_base.now
+        monkeypatch.setattr(lock_base, "now", lambda: real_now() + datetime.timedelta(seconds=300))
         with pytest.raises(lock.LockHeld, match="is being built by host"):
             lock.acquire(root)
         holder.check()  # still its own
@@ -401,11 +401,11 @@ def test_a_client_clock_100_s_fast_takes_over_no_live_lock(proxy, gcs_bucket, mo
 
 def steal(root):
     """Another build takes ROOT/.lock over (what a build does with an expired lock)."""
-    from beam_pipeline.store import lock, lock_gcs
+    from beam_pipeline.store import lock_base, lock_gcs
 
     thief = lock_gcs.GcsLock(root)
     body, generation, _ = thief._read()
-    assert thief._write(lock._body(thief.token, lock._now()), generation)
+    assert thief._write(lock_base.body(thief.token, lock_base.now()), generation)
     return thief
 
 
@@ -433,7 +433,7 @@ def test_a_build_that_lost_its_lock_exits_1_and_submits_nothing(proxy, gcs, gcs_
                            "built by host ") and "; nothing published (run with --verbose" in line, line
     assert not gcs.exists(f"{root}/LATEST")
     assert not [u for u in gcs.list(f"{root}/") if ".tfrecord" in u]  # no job ran
-    assert lock_gcs.GcsLock(root)._read()[0]["token"] == thieves[0].token  # left alone
+    assert lock_gcs.GcsLock(root).holder()["token"] == thieves[0].token  # left alone
 
 
 def test_a_commit_whose_lock_was_taken_over_publishes_nothing(tmp_path):
@@ -468,7 +468,7 @@ def test_the_winners_cleanup_keeps_a_live_losers_version_and_the_loser_publishes
     import time
 
     from beam_pipeline.job import commit
-    from beam_pipeline.store import lock, versions
+    from beam_pipeline.store import lock, lock_base, versions
     from tests.test_reliability import commit_inputs
 
     root = f"gs://{gcs_bucket}/ds"
@@ -478,7 +478,7 @@ def test_the_winners_cleanup_keeps_a_live_losers_version_and_the_loser_publishes
     a.thread.join()
     a_stats, a_spec = commit_inputs(root, a_version)
     gcs.upload_bytes(f"{root}/versions/{dead}/.tmp/listing/train-00000.jsonl", b"")  # 14 h older
-    monkeypatch.setattr(lock, "TTL", 1.0)
+    monkeypatch.setattr(lock_base, "TTL", 1.0)
     time.sleep(2.5)  # past the TTL by the server's Date header (whole seconds)
     b = lock.acquire(root)  # takes the expired lock over
     try:

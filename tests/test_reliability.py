@@ -23,7 +23,7 @@ import pytest
 
 from beam_pipeline import cli
 from beam_pipeline.job import commit, contracts, tfds_metadata
-from beam_pipeline.store import files, lock, lock_gcs, versions
+from beam_pipeline.store import files, lock, lock_base, lock_gcs, versions
 from beam_pipeline.store.gcs import gcs_blob
 from dataset_format import layout
 from tests.faults import FaultProxy
@@ -237,12 +237,12 @@ def test_a_killed_build_never_blocks_the_next_for_long(where, request, tmp_path,
         body, _, updated = reader._read()
         age = reader._age(updated)
         assert body["pid"] == proc.pid and body["state"] == "running"
-        monkeypatch.setattr(lock, "TTL", age + 3.0)  # expires 3 s from now
-        monkeypatch.setattr(lock, "HEARTBEAT", 0.5)
+        monkeypatch.setattr(lock_base, "TTL", age + 3.0)  # expires 3 s from now
+        monkeypatch.setattr(lock_base, "HEARTBEAT", 0.5)
         assert cli.main(argv) == 2  # dead, but not expired yet
         [line] = error_lines(capsys.readouterr().err)
         assert f"pid {proc.pid} since " in line, line
-        wait_for(lambda: reader._age(reader._read()[2]) > lock.TTL, "expiry")
+        wait_for(lambda: reader._age(reader._read()[2]) > lock_base.TTL, "expiry")
     else:
         with open(lock.lock_path(root)) as f:
             assert f'"pid": {proc.pid}' in f.read()  # what it left: no flock, no block
@@ -261,8 +261,8 @@ def test_an_expired_lock_is_taken_over_by_exactly_one_of_many(where, request, tm
         dead = lock.acquire(root)
         dead.stop.set()  # its heartbeat stops, as when the process is killed
         dead.thread.join()
-        monkeypatch.setattr(lock, "TTL", 1.0)
-        monkeypatch.setattr(lock, "HEARTBEAT", 0.2)  # the winner's stays fresh
+        monkeypatch.setattr(lock_base, "TTL", 1.0)
+        monkeypatch.setattr(lock_base, "HEARTBEAT", 0.2)  # the winner's stays fresh
         time.sleep(2.5)  # past the TTL by the server's Date header, which has whole seconds
     else:
         root = str(tmp_path / "ds")
@@ -325,7 +325,7 @@ def _handed_off(root, version):
         lock.hand_off(root, version)
 
     launcher()
-    holder = lock_gcs.GcsLock(root)._read()[0]
+    holder = lock_gcs.GcsLock(root).holder()
     assert (holder["state"], holder["version"]) == ("submitted", version)
 
 
@@ -334,15 +334,15 @@ def test_a_job_that_never_starts_frees_the_root_after_submitted_ttl(proxy, gcs_b
     """Submitted (or its job file written for the Flex launcher) but no worker ever beat
     the lock, e.g. the launch failed: the lock expires SUBMITTED_TTL after the hand-off."""
     root, version = f"gs://{gcs_bucket}/ds", "20260401T000000Z"
-    monkeypatch.setattr(lock, "SUBMITTED_TTL", 2.0)
+    monkeypatch.setattr(lock_base, "SUBMITTED_TTL", 2.0)
     _handed_off(root, version)
     with pytest.raises(lock.LockHeld, match="no job heartbeat yet.*after submission unless "
                                             "its workers start"):
         lock.acquire(root)
     reader = lock_gcs.GcsLock(root)
-    wait_for(lambda: reader._age(reader._read()[2]) > lock.SUBMITTED_TTL, "expiry")
+    wait_for(lambda: reader._age(reader._read()[2]) > lock_base.SUBMITTED_TTL, "expiry")
     held = lock.acquire(root)  # taken over
-    assert lock_gcs.GcsLock(root)._read()[0]["token"] == held.token
+    assert lock_gcs.GcsLock(root).holder()["token"] == held.token
     held.release()
 
 
@@ -355,8 +355,8 @@ def test_a_failed_or_cancelled_job_frees_the_root_job_ttl_after_its_last_beat(
     from google.cloud import storage
 
     root, version = f"gs://{gcs_bucket}/ds", "20260401T000000Z"
-    monkeypatch.setattr(lock, "JOB_HEARTBEAT", 0.5)
-    monkeypatch.setattr(lock, "JOB_TTL", 2.0)
+    monkeypatch.setattr(lock_base, "JOB_HEARTBEAT", 0.5)
+    monkeypatch.setattr(lock_base, "JOB_TTL", 2.0)
     _handed_off(root, version)
     writes, upload = [], storage.Blob.upload_from_string
 
@@ -369,16 +369,16 @@ def test_a_failed_or_cancelled_job_frees_the_root_job_ttl_after_its_last_beat(
     for worker in workers:
         worker.start()
     try:
-        wait_for(lambda: "job_heartbeat" in lock_gcs.GcsLock(root)._read()[0], "a job heartbeat")
+        wait_for(lambda: "job_heartbeat" in lock_gcs.GcsLock(root).holder(), "a job heartbeat")
         start = time.monotonic()
-        while time.monotonic() - start < 2 * lock.JOB_TTL:  # beaten: never expires
+        while time.monotonic() - start < 2 * lock_base.JOB_TTL:  # beaten: never expires
             with pytest.raises(lock.LockHeld, match="its job's last heartbeat .* s ago.*expires "
                                                     "0.0333333 min after"):
                 lock.acquire(root)
             time.sleep(0.25)
         beats = sum("job_heartbeat" in w for w in writes)
         elapsed = time.monotonic() - start
-        assert 1 <= beats <= elapsed / lock.JOB_HEARTBEAT + 2, (beats, elapsed)
+        assert 1 <= beats <= elapsed / lock_base.JOB_HEARTBEAT + 2, (beats, elapsed)
     finally:
         for worker in workers:  # the job fails: its workers go
             worker.stop.set()
@@ -386,11 +386,11 @@ def test_a_failed_or_cancelled_job_frees_the_root_job_ttl_after_its_last_beat(
     with pytest.raises(lock.LockHeld):
         lock.acquire(root)  # its last beat is fresh still
     reader = lock_gcs.GcsLock(root)
-    wait_for(lambda: reader._age(reader._read()[2]) > lock.JOB_TTL, "expiry")
+    wait_for(lambda: reader._age(reader._read()[2]) > lock_base.JOB_TTL, "expiry")
     held = lock.acquire(root)
     assert not lock_gcs.GcsLock(root).beat_for_job(version)  # a zombie worker: stops, no write
     lock.release_submitted(root, version)  # the dead job's late commit: not its lock now
-    assert lock_gcs.GcsLock(root)._read()[0]["token"] == held.token
+    assert lock_gcs.GcsLock(root).holder()["token"] == held.token
     held.release()
     assert not lock_exists(root)
 
@@ -399,12 +399,12 @@ def test_the_commit_releases_the_lock_while_workers_beat_it(proxy, gcs_bucket, m
     """A beat between the commit's read of the lock and its delete changes the generation:
     the release reads again and deletes; a beat after that recreates nothing."""
     root, version = f"gs://{gcs_bucket}/ds", "20260401T000000Z"
-    monkeypatch.setattr(lock, "JOB_HEARTBEAT", 0.0)  # every look writes a beat
+    monkeypatch.setattr(lock_base, "JOB_HEARTBEAT", 0.0)  # every look writes a beat
     _handed_off(root, version)
     workers = [lock_gcs.JobBeat(root.rstrip("/"), version) for _ in range(4)]
     for worker in workers:
         worker.start()
-    wait_for(lambda: "job_heartbeat" in lock_gcs.GcsLock(root)._read()[0], "a job heartbeat")
+    wait_for(lambda: "job_heartbeat" in lock_gcs.GcsLock(root).holder(), "a job heartbeat")
     stats, spec = commit_inputs(root, version)
     commit.commit(stats, spec)
     for worker in workers:

@@ -35,90 +35,34 @@ published.
 A second build exits with one line naming the holder (UserError: status 2), or with
 `--wait` polls until the root is free. Whatever the lock says, LATEST only moves forward,
 by compare-and-swap (versions.py).
+
+The modules: this one is the API callers import (acquire, token, checks, hand-off, the
+job's keep-alive); lock_base.py holds the timings, the body and messages, and `RootLock`,
+the interface lock_local.py and lock_gcs.py implement. Neither imports this module.
 """
 
-import datetime
 import functools
 import logging
-import os
-import socket
 import sys
 import threading
 import time
 
-from beam_pipeline.errors import UserError
-from dataset_format import layout
+from beam_pipeline.store import lock_base as base
+from beam_pipeline.store import lock_gcs, lock_local
+from beam_pipeline.store.lock_base import (  # noqa: F401 (the API callers import from here)
+    LockHeld, LockLost, describe, lock_path)
 
-HEARTBEAT = 20.0               # seconds between heartbeats of a running build
-TTL = 120.0                    # a gs:// lock not refreshed for this long has expired
-SUBMITTED_TTL = 3600.0         # a handed-off lock no worker has beaten yet expires after this
-JOB_HEARTBEAT = 60.0           # seconds between a running job's beats (any of its workers)
-JOB_TTL = 600.0                # a handed-off lock its job stopped beating expires after this
 POLL = 2.0                     # --wait: seconds between looks at a held lock
 
 _local = threading.local()     # locks this thread acquired inside a `release_on_exit` call
 
 
-class LockHeld(UserError):
-    """Another build holds the root: one line naming it."""
-
-
-class LockLost(RuntimeError):
-    """This build no longer holds the root's lock (another took it over): it stops before
-    submitting or publishing, and publishes nothing."""
-
-
-def lock_path(root):
-    return layout.lock_file(root)
-
-
-def _now():
-    return datetime.datetime.now(datetime.timezone.utc)
-
-
-def _iso(t):
-    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _body(token, started, state="running", version=None):
-    return {"host": socket.gethostname(), "pid": os.getpid(), "started": _iso(started),
-            "heartbeat": _iso(_now()), "token": token, "state": state, "version": version}
-
-
-def describe(root, holder, age):
-    """Who holds ROOT and since when, e.g. 'ROOT is being built by host h pid 7 since …'."""
-    who = (f"host {holder.get('host', '?')} pid {holder.get('pid', '?')} "
-           f"since {holder.get('started', '?')}")
-    if holder.get("state") == "submitted":
-        beat = (f"; its job's last heartbeat {age:.0f} s ago"
-                if holder.get("job_heartbeat") and age is not None else
-                "; no job heartbeat yet" if not holder.get("job_heartbeat") else "")
-        return (f"{root} is locked by version {holder.get('version')}, submitted to a runner "
-                f"by {who} and not committed yet{beat}")
-    beat = f"last heartbeat {age:.0f} s ago" if age is not None else "heartbeat unknown"
-    return f"{root} is being built by {who} ({beat})"
-
-
-def past_deadline(holder, now):
-    """A handed-off lock whose job ran past --max_hours (`deadline`, server time) has
-    expired whatever its beats say."""
-    deadline = holder.get("deadline")
-    return bool(deadline and now is not None and _iso(now) > deadline)
-
-
-def ttl(holder):
-    """Seconds after its last write that a lock with this body expires."""
-    if holder.get("state") != "submitted":
-        return TTL
-    return JOB_TTL if holder.get("job_heartbeat") else SUBMITTED_TTL
-
-
 def _held_message(root, holder, age):
     """The one line a second build exits with."""
     if holder.get("state") == "submitted":
-        expiry = (f"{JOB_TTL / 60:g} min after its job's last heartbeat"
+        expiry = (f"{base.JOB_TTL / 60:g} min after its job's last heartbeat"
                   if holder.get("job_heartbeat") else
-                  f"{SUBMITTED_TTL / 60:g} min after submission unless its workers start")
+                  f"{base.SUBMITTED_TTL / 60:g} min after submission unless its workers start")
         if holder.get("deadline"):
             expiry += f", and at {holder['deadline']} (--max_hours) in any case"
         return (f"{describe(root, holder, age)}; nothing done. Pass --wait to wait, or if that "
@@ -128,17 +72,19 @@ def _held_message(root, holder, age):
 
 # --- the public API -------------------------------------------------------------------------
 
+def _kind(root):
+    """The RootLock implementation for ROOT."""
+    return lock_gcs.GcsLock if root.startswith("gs://") else lock_local.LocalLock
+
+
 def acquire(root, wait=False):
     """Take the lock on ROOT for this build, or raise LockHeld (or wait, with `wait`).
 
     The lock is released when the enclosing `release_on_exit` call returns or raises,
     or explicitly with `.release()`.
     """
-    from beam_pipeline.store import lock_gcs, lock_local  # here: they build on this module
-
     root = root.rstrip("/")
-    kind = lock_gcs.GcsLock if root.startswith("gs://") else lock_local.LocalLock
-    held, announced = kind(root), False
+    held, announced = _kind(root)(root), False
     while True:
         holder = held.try_acquire()  # None: ours now; else (holder dict, heartbeat age)
         if holder is None:
@@ -175,20 +121,12 @@ def check_held(root):
 def check_token(root, token):
     """Raise LockLost unless ROOT/.lock is still the lock `token` took (None: no lock to
     check, e.g. a commit called directly)."""
-    from beam_pipeline.store import lock_gcs, lock_local
-
     if token is None:
         return
     root = root.rstrip("/")
-    holder = (lock_gcs.GcsLock(root)._read()[0] if root.startswith("gs://")
-              else lock_local.LocalLock(root).body())
+    holder = _kind(root)(root).holder()
     if (holder or {}).get("token") != token:
-        raise LockLost(_lost_message(root, holder))
-
-
-def _lost_message(root, holder):
-    now = describe(root, holder, None) if holder else f"{lock_path(root)} is gone"
-    return f"lost the lock on {root} ({now}); nothing published"
+        raise LockLost(base.lost_message(root, holder))
 
 
 def hand_off(root, version, max_seconds=None):
@@ -203,15 +141,13 @@ def hand_off(root, version, max_seconds=None):
 def release_submitted(root, version):
     """Called by the job's commit stage: release a lock handed to the job that built
     `version`; any other lock (a running launcher's, a newer build's) is left alone."""
-    from beam_pipeline.store import lock_gcs
-
     if not root.startswith("gs://"):
         return
     try:
         lock_gcs.GcsLock(root.rstrip("/")).release_if_submitted(version)
     except Exception as e:  # never fail a commit that has published: the lock expires
         logging.warning("could not release %s (%s); it expires %g min after the job's "
-                        "last heartbeat", lock_path(root), e, JOB_TTL / 60)
+                        "last heartbeat", lock_path(root), e, base.JOB_TTL / 60)
 
 
 def keep_alive(root, version):
@@ -222,8 +158,6 @@ def keep_alive(root, version):
     ROOT/.lock is gone (committed) or is anyone else's (another build, or a newer version):
     it never creates a lock. Local roots have no handed-off lock: nothing to do.
     """
-    from beam_pipeline.store import lock_gcs
-
     if not root.startswith("gs://"):
         return
     key = (root.rstrip("/"), version)
@@ -266,14 +200,3 @@ def release_on_exit(fn):
                 lock.release(force=failed)
 
     return wrapper
-
-
-# --- shared by the implementations (lock_local.py, lock_gcs.py) ----------------------------
-
-class _Heartbeat:
-    """A daemon thread that runs the lock's `_beat` until `stop` is set."""
-
-    def start_heartbeat(self):
-        self.thread = threading.Thread(target=self._beat, daemon=True,
-                                       name=f"lock-heartbeat {self.root}")
-        self.thread.start()

@@ -12,14 +12,15 @@ import threading
 import time
 import uuid
 
-from beam_pipeline.store import gcs, lock
+from beam_pipeline.store import gcs
+from beam_pipeline.store import lock_base as base
 
 
-class GcsLock(lock._Heartbeat):
+class GcsLock(base.RootLock):
     def __init__(self, root):
         self.root = root
-        self.bucket, self.name = gcs.gcs_blob(lock.lock_path(root))
-        self.token, self.started = uuid.uuid4().hex, lock._now()
+        self.bucket, self.name = gcs.gcs_blob(base.lock_path(root))
+        self.token, self.started = uuid.uuid4().hex, base.now()
         self.generation, self.handed_off, self.lost = None, False, False
         self.stop = threading.Event()
         self.thread = None
@@ -32,7 +33,7 @@ class GcsLock(lock._Heartbeat):
         from google.cloud.storage.retry import DEFAULT_RETRY
 
         if if_generation_match is None:  # would write unconditionally
-            raise ValueError(f"{lock.lock_path(self.root)}: no generation to compare with")
+            raise ValueError(f"{base.lock_path(self.root)}: no generation to compare with")
         blob = self.bucket.blob(self.name)
         try:
             blob.upload_from_string(json.dumps(body) + "\n", content_type="application/json",
@@ -46,6 +47,9 @@ class GcsLock(lock._Heartbeat):
                 self.generation = generation
                 return True
             return False
+
+    def holder(self):
+        return self._read()[0]
 
     def _read(self):
         """(body, generation, server time of its last write) of the lock object, or
@@ -70,10 +74,10 @@ class GcsLock(lock._Heartbeat):
             holder = self._read()[0]
             self.lost = (holder or {}).get("token") != self.token
         if self.lost:
-            raise lock.LockLost(lock._lost_message(self.root, self._read()[0]))
+            raise base.LockLost(base.lost_message(self.root, self._read()[0]))
 
     def try_acquire(self):
-        body = lock._body(self.token, self.started)
+        body = base.body(self.token, self.started)
         if self._write(body, 0):
             return None
         holder, generation, updated = self._read()
@@ -81,10 +85,10 @@ class GcsLock(lock._Heartbeat):
             return self.try_acquire()  # released just now
         now = gcs.server_time(self.bucket, self.name) if updated is not None else None
         age = (now - updated).total_seconds() if now is not None else None
-        expired = age is not None and age > lock.ttl(holder)  # a killed build's lock
-        if expired or lock.past_deadline(holder, now):  # ... or a job past --max_hours
-            logging.warning("taking over the expired lock %s: %s%s", lock.lock_path(self.root),
-                            lock.describe(self.root, holder, age),
+        expired = age is not None and age > base.ttl(holder)  # a killed build's lock
+        if expired or base.past_deadline(holder, now):  # ... or a job past --max_hours
+            logging.warning("taking over the expired lock %s: %s%s", base.lock_path(self.root),
+                            base.describe(self.root, holder, age),
                             "" if expired else f" (past its deadline {holder['deadline']})")
             if self._write(body, generation):
                 return None
@@ -92,12 +96,12 @@ class GcsLock(lock._Heartbeat):
         return holder, age
 
     def _beat(self):
-        while not self.stop.wait(lock.HEARTBEAT):
+        while not self.stop.wait(base.HEARTBEAT):
             try:
-                if not self._write(lock._body(self.token, self.started), self.generation):
+                if not self._write(base.body(self.token, self.started), self.generation):
                     self.lost = True
                     logging.error("lost the lock on %s: its heartbeat stalled for over %.0f s "
-                                  "and another build took it over", self.root, lock.TTL)
+                                  "and another build took it over", self.root, base.TTL)
                     return
             except Exception as e:  # a heartbeat is retried on the next beat
                 logging.warning("lock heartbeat on %s failed: %s", self.root, e)
@@ -106,10 +110,10 @@ class GcsLock(lock._Heartbeat):
         self.stop.set()
         if self.thread:
             self.thread.join()
-        body = lock._body(self.token, self.started, state="submitted", version=version)
+        body = base.body(self.token, self.started, state="submitted", version=version)
         if max_seconds:  # on the server's clock, as every expiry here
             now = gcs.server_time(self.bucket, self.name)
-            body["deadline"] = lock._iso(now + datetime.timedelta(seconds=max_seconds))
+            body["deadline"] = base.iso(now + datetime.timedelta(seconds=max_seconds))
         self.handed_off = self._write(body, self.generation)
 
     def release(self, force=False):
@@ -143,10 +147,10 @@ class GcsLock(lock._Heartbeat):
             return False
         # By this worker's clock: it only decides how often beats are written (expiry is
         # judged on the server's clock).
-        age = (lock._now() - updated).total_seconds() if updated else None
-        if holder.get("job_heartbeat") and age is not None and age < lock.JOB_HEARTBEAT:
+        age = (base.now() - updated).total_seconds() if updated else None
+        if holder.get("job_heartbeat") and age is not None and age < base.JOB_HEARTBEAT:
             return True  # another worker beat it a moment ago
-        body = dict(holder, job_heartbeat=lock._iso(lock._now()), job_worker=socket.gethostname())
+        body = dict(holder, job_heartbeat=base.iso(base.now()), job_worker=socket.gethostname())
         try:  # a 412: another worker beat first, or the commit deleted it; look next time
             self.bucket.blob(self.name).upload_from_string(
                 json.dumps(body) + "\n", content_type="application/json",
@@ -174,7 +178,7 @@ class GcsLock(lock._Heartbeat):
                 return  # a retried delete whose first try succeeded
             except exceptions.PreconditionFailed:
                 time.sleep(0.1)
-        raise RuntimeError(f"{lock.lock_path(self.root)}: still changing after {attempts} tries")
+        raise RuntimeError(f"{base.lock_path(self.root)}: still changing after {attempts} tries")
 
 
 class JobBeat(threading.Thread):
@@ -194,7 +198,7 @@ class JobBeat(threading.Thread):
                 if not held.beat_for_job(self.version):
                     return  # committed, or not this job's lock: never again ours
             except Exception as e:  # a failed beat is retried on the next one
-                logging.warning("job heartbeat of %s failed: %s", lock.lock_path(self.root), e)
-            if self.stop.wait(lock.JOB_HEARTBEAT * rng.uniform(0.25, 0.5)):
+                logging.warning("job heartbeat of %s failed: %s", base.lock_path(self.root), e)
+            if self.stop.wait(base.JOB_HEARTBEAT * rng.uniform(0.25, 0.5)):
                 return
 

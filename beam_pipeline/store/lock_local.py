@@ -10,12 +10,12 @@ import time
 import uuid
 
 from beam_pipeline.errors import UserError
-from beam_pipeline.store import lock
+from beam_pipeline.store import lock_base as base
 
 
-class LocalLock(lock._Heartbeat):
+class LocalLock(base.RootLock):
     def __init__(self, root):
-        self.root, self.path = root, lock.lock_path(root)
+        self.root, self.path = root, base.lock_path(root)
         self.fd, self.token = None, uuid.uuid4().hex
         self.stop = threading.Event()
         self.thread = None
@@ -39,7 +39,7 @@ class LocalLock(lock._Heartbeat):
         if current != os.fstat(fd).st_ino:
             os.close(fd)
             return self.try_acquire()
-        data = (json.dumps(lock._body(self.token, lock._now())) + "\n").encode()
+        data = (json.dumps(base.body(self.token, base.now())) + "\n").encode()
         os.ftruncate(fd, 0)
         os.pwrite(fd, data, 0)
         os.fsync(fd)
@@ -56,6 +56,9 @@ class LocalLock(lock._Heartbeat):
                 time.sleep(0.05)
         return {}, None
 
+    def holder(self):
+        return self.body()
+
     def body(self):
         """The lock file's JSON (None when absent or unreadable)."""
         try:
@@ -66,7 +69,7 @@ class LocalLock(lock._Heartbeat):
 
     def check(self):
         if not self._owns_path() or (self.body() or {}).get("token") != self.token:
-            raise lock.LockLost(lock._lost_message(self.root, self.body()))
+            raise base.LockLost(base.lost_message(self.root, self.body()))
 
     def _owns_path(self):
         """Whether ROOT/.lock is still the file this build locked (someone may have
@@ -77,7 +80,7 @@ class LocalLock(lock._Heartbeat):
             return False
 
     def _beat(self):
-        while not self.stop.wait(lock.HEARTBEAT):
+        while not self.stop.wait(base.HEARTBEAT):
             try:
                 os.utime(self.fd)  # mtime = heartbeat, for the waiting build's message
             except OSError:

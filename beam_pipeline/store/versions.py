@@ -15,7 +15,7 @@ import uuid
 from apache_beam.io.filesystems import FileSystems
 
 from beam_pipeline.errors import UserError
-from beam_pipeline.store import files, gcs, lock
+from beam_pipeline.store import files, gcs, lock_base
 from dataset_format import layout
 
 KEEP_SUPERSEDED_HOURS = 48.0  # --keep_superseded_hours: covers a nightly schedule twice
@@ -178,7 +178,7 @@ def clean_leftovers(root, now=None):
       unpublished run like any failed one, never a complete version taking a
       --keep_versions slot: this build resumes its finished shards (failed_runs) and the
       cleanup after publishing deletes it. Locally all of them (the flock rules out a live
-      writer); on gs:// those claimed longer than lock.SUBMITTED_TTL ago (a build whose lock
+      writer); on gs:// those claimed longer than lock_base.SUBMITTED_TTL ago (a build whose lock
       was taken over may still be running; it cannot publish).
     * LATEST's own .tmp/, left by a run killed after publishing.
     Nothing without a readable LATEST (a new root, or a damaged one: nothing is known to be
@@ -195,7 +195,7 @@ def clean_leftovers(root, now=None):
     now_id, unpublished = new_version_id(now), []
     for v, done in sorted(found.items()):
         if done and v > latest_version and (
-                "://" not in root or _seconds_between(v, now_id) > lock.SUBMITTED_TTL):
+                "://" not in root or _seconds_between(v, now_id) > lock_base.SUBMITTED_TTL):
             manifest = layout.join(layout.version_dir(root, v), layout.MANIFEST)
             if _refused(lambda: FileSystems.delete([manifest]), manifest):
                 continue
@@ -300,7 +300,7 @@ def prune(root, published, keep, keep_superseded_hours=KEEP_SUPERSEDED_HOURS, dr
     * Incomplete versions older than `published` that no live build can own. On a local root
       that is all of them (this build holds the root's flock, so no other build runs). On
       gs:// a build whose lock was taken over may still be writing (it will not publish:
-      its lock check fails), and a submitted job's lock lives lock.SUBMITTED_TTL: only those
+      its lock check fails), and a submitted job's lock lives lock_base.SUBMITTED_TTL: only those
       claimed longer than that before `published` are deleted.
     * With `keep` > 0, complete versions beyond the newest `keep` (never `published`), but
       only once superseded (a newer complete version written) more than
@@ -327,7 +327,7 @@ def prune(root, published, keep, keep_superseded_hours=KEEP_SUPERSEDED_HOURS, dr
                     and _superseded_for(root, v, complete, now) > keep_superseded_hours * 3600)
         else:
             drop = v < published and ("://" not in root or _seconds_between(v, published)
-                                       > lock.SUBMITTED_TTL)
+                                       > lock_base.SUBMITTED_TTL)
         if drop and not dry_run:
             if _refused(lambda v=v: delete_version(root, v), f"version {v} of {root}"):
                 continue
