@@ -10,7 +10,8 @@ goes through the proxy):
 1. full build of N photographs from a gs:// folder;
 2. the same folder again (unchanged night);
 3. +1% night: new photographs, each padded (a JPEG comment) to the size of a stored one,
-   so size alone cannot tell them apart;
+   so size alone cannot tell them apart; the bytes it adds under the root (every version,
+   as billed) against the dataset's shard bytes;
 4. every file renamed (copied under new names): same bytes, new keys: the build re-frames
    every stored record;
 5. a CSV manifest of gs:// uris: built once, then again unchanged.
@@ -73,6 +74,11 @@ def latest_manifest(emulator, root):
 
 def shard_bytes(manifest):
     return sum(s["num_bytes"] for split in manifest["splits"].values() for s in split["shards"])
+
+
+def stored_bytes(emulator, root):
+    """Bytes of every object under the dataset root (all versions: what is billed)."""
+    return sum(emulator.list(f"{root}/").values())
 
 
 def shards_of(manifest):
@@ -148,11 +154,16 @@ def nights(emulator, counter, code, n, shards):
            for j in photos(max(1, n // 100), n) if len(j) + 4 <= sizes[-1]]
     for i, jpeg in enumerate(new):
         emulator.upload_bytes(f"{base}/class{i % 5}/new{i:05d}.jpg", jpeg)
+    stored, previous = stored_bytes(emulator, root), latest_manifest(emulator, root)["version"]
     totals, log, sec = run_build(code, [base], root, counter, *opts)
     m = latest_manifest(emulator, root)
     gets, _ = media(log, "/in/")
+    added = stored_bytes(emulator, root) - stored
     figures["+1% night"] = dict(new=len(new), seconds=sec, requests=totals["requests"],
                                 launcher_input_downloads=gets - m["build"]["converted"],
+                                stored_added=added, storage_share=added / shard_bytes(m),
+                                copies=sum(1 for kind, _, target, _ in log if kind == "copy"
+                                           and f"/versions/{previous}/" in unquote(target)),
                                 totals=totals)
 
     for i, jpeg in enumerate(data + new):
@@ -190,6 +201,10 @@ TARGETS = (
     ("re-framing: bytes downloaded / records' bytes", "renamed", "bytes_ratio", "<= 1.1"),
     ("re-framing: stored-record GETs", "renamed", "stored_gets", "~ records, fewer when adjacent"),
     ("launcher input downloads, renamed night", "renamed", "launcher_input_downloads", "0"),
+    ("+1% night: storage added / dataset's shard bytes", "+1% night", "storage_share",
+     "~ 0.01"),
+    ("+1% night: server-side copies of the previous version's objects", "+1% night",
+     "copies", "0"),
     ("launcher input downloads, +1% night (same sizes)", "+1% night",
      "launcher_input_downloads", "0"),
     ("input GETs per converted image", "full build", "input_gets_per_image", "<= 1.1"),

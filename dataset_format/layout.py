@@ -51,7 +51,7 @@ REPLACING_SUFFIX = ".tmp"              # a local file being replaced atomically 
 
 # 2: keys relative to their input (manifest["key_scheme"]) and catalog.parquet.
 # 3: a shard's path may name a file another version of the root wrote (shared_file).
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 READABLE_FORMAT_VERSIONS = (1, 2, 3)
 KEY_SCHEME = "relative/1"  # image/filename = path relative to its input root
 

@@ -188,9 +188,14 @@ def check_invariants(result):
         n = len(info["shards"])
         for i, shard in enumerate(info["shards"]):
             path = shard["path"]
-            assert not os.path.isabs(path) and "/" not in path and "://" not in path
-            assert path == layout.shard_name(m["name"], split, i, n)
-            data = pathlib.Path(vdir, path).read_bytes()
+            assert not os.path.isabs(path) and "://" not in path
+            if path.startswith(layout.SHARED_PREFIX):  # an earlier version's file, shared
+                owner, name = layout.shared_parts(path)
+                assert owner < m["version"], path
+                assert layout.parse_shard_name(name)[:2] == (m["name"], split), path
+            else:
+                assert "/" not in path and path == layout.shard_name(m["name"], split, i, n)
+            data = pathlib.Path(layout.shard_file(vdir, path)).read_bytes()
             assert len(data) == shard["num_bytes"]
             assert frames.file_crc32c(data) == shard["crc32c"] and "sha256" not in shard
     assert m["errors"]["path"] == layout.ERRORS

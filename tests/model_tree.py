@@ -15,7 +15,7 @@ import numpy as np
 from PIL import Image
 
 from beam_pipeline.job import images, records
-from dataset_format import examples, frames, schema
+from dataset_format import examples, frames, layout, schema
 
 CLASSES = ("cat", "dog", "owl")
 INPUTS = ("in0", "in1")
@@ -161,7 +161,7 @@ def stored_examples(vdir, manifest):
     out = {}
     for split, info in manifest["splits"].items():
         for shard in info["shards"]:
-            with open(os.path.join(vdir, shard["path"]), "rb") as f:
+            with open(layout.shard_file(vdir, shard["path"]), "rb") as f:
                 offset = 0
                 while (found := frames.read_frame(f, offset)) is not None:
                     record, length = found

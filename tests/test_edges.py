@@ -600,4 +600,12 @@ def test_keep_versions_1_keeps_the_version_just_superseded(tmp_path):
     assert versions.list_versions(str(root)) == {first: True, second: True}
     third = build(src, root, *FAST, "--keep_versions", "1", "--force",
                   "--keep_superseded_hours", "0")["version"]
-    assert versions.list_versions(str(root)) == {third: True}
+    # first and second are no longer versions: what is left of them is the shards third
+    # shares (docs/format.md, "Shared shards").
+    assert {v for v, done in versions.list_versions(str(root)).items() if done} == {third}
+    from beam_pipeline.store import shared
+    from dataset_format import layout
+
+    held = shared.referenced(str(root), [third])
+    for v in (first, second):
+        assert set(os.listdir(root / layout.VERSIONS / v)) == held.get(v, set())

@@ -74,7 +74,7 @@ def test_adding_images_reuses_every_shard_and_adds_delta_shards(first, tmp_path)
     assert inc["reused"]["shards"] == sum(1 for s in v1["manifest"]["splits"].values()
                                          for sh in s["shards"] if sh["num_examples"])
     assert inc["reused"]["examples"] == 80 and inc["added_shards"]["examples"] == 2
-    # Reused shards are hard links of the previous files: no bytes copied.
+    # Reused shards are the previous files, named where they are: no bytes copied.
     for split, info in v2["manifest"]["splits"].items():
         for shard in info["shards"]:
             if shard["origin"] == "hash":
@@ -185,7 +185,11 @@ def test_retention_keeps_reused_shards_readable(first, tmp_path):
     src, v1 = first
     make_images(src, {"owl": {"late.jpg": image_bytes((3, 3, 3))}})
     v2 = build([src], tmp_path / "root", *ARGS, "--keep_versions", "1", "--keep_superseded_hours", "0")
-    assert not os.path.exists(v1["version_dir"])  # the version it linked from is gone
+    # The version it shares shards with is gone but for those shards and their indexes.
+    shared = {sh["path"].split("/")[2] for i in v2["manifest"]["splits"].values()
+              for sh in i["shards"] if sh["path"].startswith(f"../{v1['version']}/")}
+    assert shared and set(os.listdir(v1["version_dir"])) == shared | {
+        layout.index_name(n) for n in shared}
     check_invariants(v2)
     meta = readers.info(v2["root"])
     n = sum(1 for _ in readers.make_dataset(meta, "train", batch_size=1, training=False))
@@ -229,7 +233,7 @@ def test_incremental_on_gcs(gcs, gcs_bucket, tmp_path):
     objects = gcs.list(f"{root}/")
     for split, info in v2["manifest"]["splits"].items():
         for shard in info["shards"]:
-            uri = f"{root}/versions/{v2['version']}/{shard['path']}"
+            uri = layout.shard_file(f"{root}/versions/{v2['version']}", shard["path"])
             assert objects[uri] == shard["num_bytes"]
     assert not [u for u in objects if "/.tmp/" in u]
 

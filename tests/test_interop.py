@@ -121,7 +121,7 @@ def test_tfds_metadata_is_what_tfds_itself_writes(built_dataset, tmp_path):
                       tfds.features.ClassLabel(names=m["labels"]) if key == schema.LABEL
                       else kinds[dtype]())
     info = tfds.core.DatasetInfo(
-        builder=tfds.core.DatasetIdentity(name=m["name"], version=tfds.core.Version("2.0.0"),
+        builder=tfds.core.DatasetIdentity(name=m["name"], version=tfds.core.Version(f"{m['format_version']}.0.0"),
                                           data_dir=str(tmp_path),
                                           module_name="beam_pipeline.job.tfds_metadata"),
         description=json.load(open(os.path.join(vdir, "dataset_info.json")))["description"],

@@ -20,7 +20,12 @@ a few nights), inputs added and removed; and builds: default, --full_rebuild, --
     in one split appears in another, across the whole generated history, unless
     --resplit was run;
   * only bytes no stored record was made from are decoded (manifest build.converted);
-  * an unchanged listing with unchanged options is "up to date".
+  * an unchanged listing with unchanged options is "up to date";
+  * retention (--keep_versions 0, 1 or 2; --keep_superseded_hours 0, or 1000 while a
+    training job has pinned a version) keeps the newest versions and every pinned one
+    readable byte for byte, and leaves in a retired version directory exactly the shared
+    shards (and indexes) a kept manifest names: no kept version loses a file, no storage
+    is left that nothing names.
 
 Profiles: `fast` (derandomized, in the fast subset) and `long` (`slow`; MODEL_EXAMPLES
 sequences of MODEL_STEPS steps, from the environment; each build also compared with a real
@@ -46,13 +51,15 @@ from tests.model_tree import (CLASSES, INPUTS, Tree, full_build_record, near_cop
 
 SPLITS = {"a": "train=0.6,validation=0.2,test=0.2", "b": "train=0.3,validation=0.3,test=0.4"}
 ARGS = ["--name", "m", "--target_shard_mb", "0.003", "--no_transform", "--max_error_rate",
-        "1", "--write_index", "true"]
+        "1", "--write_index", "true",
+        "--max_delta_share", "0.6"]  # a tree of a few images: most nights incremental, sharing
 LEAKS = ["--near_duplicates", "--drop_near_duplicate_leaks"]
 MODES = {"default": [], "full_rebuild": ["--full_rebuild"], "resplit": ["--resplit"],
          "force": ["--force"], "leaks": LEAKS, "other_splits": [], "beam": ["--sink", "beam"]}
 SEEDS = st.integers(0, 40)  # few contents: the same bytes turn up under several names
 CHANGES_PER_BUILD = 4  # then a build is the only rule left: every sequence builds often
 INDEX = st.integers(0, 10_000)
+PIN_BUILDS = 2  # builds a pinned version must survive (a training run's length)
 
 
 def changes(f):
@@ -64,7 +71,7 @@ class Regeneration(RuleBasedStateMachine):
 
     real_full_build = False
     totals = {"steps": 0, "builds": 0, "published": 0, "up_to_date": 0, "refused": 0,
-              "sequences": 0, "returned": 0}
+              "sequences": 0, "returned": 0, "retired": 0, "shared": 0, "pins": 0}
 
     def __init__(self):
         super().__init__()
@@ -79,6 +86,7 @@ class Regeneration(RuleBasedStateMachine):
         self.labels = []           # LATEST's label list
         self.signature = None      # the listing LATEST was built from
         self.pending = 0           # changes since the last build
+        self.pinned = {}           # version -> its examples when a training job pinned it
         for i, label in enumerate(CLASSES):  # never empty: an input needs an image
             self.tree.write(f"in0/{label}/seed{i}.jpg", tiny_image(i, "jpg"))
         self.tree.write("in1/cat/seed9.png", tiny_image(9, "png"))
@@ -229,6 +237,16 @@ class Regeneration(RuleBasedStateMachine):
         elif self.tree.files(["in1"], readable_only=True):
             self.active.append("in1")
 
+    def pin_latest(self):
+        """A training job pins the version LATEST names (readers.info(root, version=…)) for
+        the next PIN_BUILDS builds."""
+        with open(os.path.join(self.root, layout.LATEST)) as f:
+            version = json.load(f)["version"]
+        vdir = layout.version_dir(self.root, version)
+        with open(os.path.join(vdir, layout.MANIFEST)) as f:
+            self.pinned[version] = [stored_examples(vdir, json.load(f)), PIN_BUILDS]
+        Regeneration.totals["pins"] += 1
+
     # --- builds ----------------------------------------------------------------------------
 
     def key(self, rel):
@@ -239,13 +257,18 @@ class Regeneration(RuleBasedStateMachine):
     def first_build(self):
         self.build("default")
 
-    @rule(mode=st.sampled_from(list(MODES)))  # the first is what shrinking tends to
-    def build(self, mode):
+    @rule(mode=st.sampled_from(list(MODES)), keep=st.sampled_from([1, 2, 0]),
+          pin=st.booleans())
+    def build(self, mode, keep=1, pin=False):  # the first of each: what shrinking tends to
         self.step(change=False)
+        if pin and self.previous is not None:
+            self.pin_latest()
         Regeneration.totals["builds"] += 1
         splits = SPLITS["b" if mode == "other_splits" else "a"]
         config = (splits, mode == "leaks")
-        args = [*ARGS, "--splits", splits, *MODES[mode]]
+        hours = "1000" if self.pinned else "0"  # a pinned version is inside the window
+        args = [*ARGS, "--splits", splits, *MODES[mode], "--keep_versions", str(keep),
+                "--keep_superseded_hours", hours]
         inputs = [self.tree.path(name) for name in self.active]
         if mode == "beam":  # no catalog: it could not carry the split map forward
             with pytest.raises(UserError, match="--sink beam writes no catalog"):
@@ -263,6 +286,11 @@ class Regeneration(RuleBasedStateMachine):
         if expect == "up_to_date":
             return
         self.check_version(result, mode, config)
+        self.check_retention(keep)
+        for version, pinned in list(self.pinned.items()):  # the training job goes on, or ends
+            pinned[1] -= 1
+            if not pinned[1]:
+                del self.pinned[version]
         if self.real_full_build:
             self.check_against_full_build(result, inputs, args)
         self.signature = signature
@@ -367,6 +395,30 @@ class Regeneration(RuleBasedStateMachine):
                 == stored_examples(result["version_dir"], result["manifest"]))
         shutil.rmtree(copy)
 
+    def check_retention(self, keep):
+        """Every complete version verifies; the newest `keep` (and, pinned, every one) are
+        there, byte for byte; a retired directory holds exactly what kept manifests name."""
+        from beam_pipeline.store import shared, versions
+        from beam_pipeline.tools import verify
+
+        found = versions.list_versions(self.root)
+        complete = sorted((v for v, done in found.items() if done), reverse=True)
+        for v in complete:
+            assert verify.check(layout.version_dir(self.root, v))["problems"] == [], v
+        if keep and not self.pinned:  # the newest, and one superseded this very second
+            assert len(complete) <= keep + 1, complete
+        for v, (examples, _) in self.pinned.items():
+            assert v in complete, f"pinned version {v} deleted"
+            vdir = layout.version_dir(self.root, v)
+            with open(os.path.join(vdir, layout.MANIFEST)) as f:
+                assert stored_examples(vdir, json.load(f)) == examples, f"pinned {v} changed"
+        held = shared.referenced(self.root, complete)
+        for v, done in found.items():
+            if not done and v < complete[0]:  # retired: only what a kept version names
+                assert set(os.listdir(layout.version_dir(self.root, v))) == held.get(v, set())
+        Regeneration.totals["retired"] += sum(1 for v, d in found.items() if not d)
+        Regeneration.totals["shared"] += sum(len(n) // 2 for n in held.values())
+
     @invariant()
     def inputs_exist(self):
         assert all(self.tree.files([name], readable_only=True) for name in self.active)
@@ -419,3 +471,28 @@ def test_regeneration_model_fast(capsys, monkeypatch):
 def test_regeneration_model_long(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "100")
     run_profile(LONG, True, capsys, "long")
+
+
+def test_regeneration_model_shares_shards_and_retires_versions(monkeypatch):
+    """One scripted history through the same machine, so the fast subset always covers
+    what the drawn ones may miss on a tree this small: nights that share shards, a pinned
+    version kept through two builds, then retired down to the shards later versions name."""
+    monkeypatch.setenv("COLUMNS", "100")
+    before = dict(Regeneration.totals)
+    machine = Regeneration()
+    try:
+        machine.first_build()
+        for seed in (11, 12, 13):
+            machine.add_image("in0", "cat", seed, "jpg")
+        machine.build("default", keep=0)            # incremental: the first shards shared
+        machine.add_image("in0", "dog", 14, "png")
+        machine.build("default", keep=1, pin=True)  # pins LATEST: nothing is deleted
+        machine.add_image("in0", "owl", 15, "jpg")
+        machine.build("default", keep=1)            # still pinned for this build
+        machine.rename_or_move_image(3, "in0")
+        machine.build("default", keep=1)            # the pin is over: versions retire
+    finally:
+        machine.teardown()
+    ran = {k: v - before[k] for k, v in Regeneration.totals.items()}
+    assert ran["published"] == 5 and ran["pins"] == 1
+    assert ran["shared"] >= 3 and ran["retired"] >= 1, ran

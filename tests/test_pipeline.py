@@ -26,7 +26,7 @@ def all_records(result):
 
 def test_manifest_invariants(built_dataset):
     m = check_invariants(built_dataset)
-    assert m["format_version"] == 2 and m["name"] == "shapes"
+    assert m["format_version"] == 3 and m["name"] == "shapes"
     assert m["version"] == built_dataset["version"]
     assert m["labels"] == ["circle", "square", "triangle"] and m["label_offset"] == 0
     assert m["features"] == schema.FEATURES

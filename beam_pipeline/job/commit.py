@@ -192,6 +192,9 @@ def _commit_shard(spec, split, shard, result):
             files.write_bytes(layout.index_name(final), b"")
         return {"path": final_name, "num_examples": 0, "num_bytes": 0,
                 "crc32c": frames.file_crc32c(b""), "origin": Origin.HASH}
+    if result.shared:  # an earlier version's file, reused where it is: nothing to move
+        return {"path": result.shared, "num_examples": result.num_examples,
+                "num_bytes": result.num_bytes, **checksum(result), "origin": result.origin}
     if result.temp != final:  # written to a temp name (--sink beam, dropped duplicates)
         _rename(result.temp, final)
     if spec.write_index and result.index_temp and result.index_temp != layout.index_name(final):
@@ -215,7 +218,7 @@ def _content_duplicates(ordered, spec):
                                       collect_extras=spec.drop_content_duplicates)
     if not spec.drop_content_duplicates:
         return ordered, entry, 0
-    kept = [rewrite.keep_rows(r, extras[r.path], spec.write_index) if r.path in extras else r
+    kept = [rewrite.keep_rows(r, extras[r.file], spec.write_index) if r.file in extras else r
             for r in ordered]
     return kept, entry, sum(a.num_examples - b.num_examples for a, b in zip(ordered, kept))
 

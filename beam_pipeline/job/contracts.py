@@ -190,6 +190,15 @@ class ShardResult:
     index_temp: Optional[str] = None
     pixel_moments: Optional[PixelMoments] = None  # --transform shards written from images
     resumed: bool = False               # taken from a failed run's finished shard (attempts.py)
+    # Reused as it is where an earlier version wrote it: the manifest path ../VERSION/NAME
+    # (`temp` is then that file). None: the shard is this version's own file, `path`.
+    shared: Optional[str] = None
+
+    @property
+    def file(self):
+        """The shard's path as the manifest and catalog give it (relative to the version
+        directory; docs/format.md)."""
+        return self.shared or self.path
 
     def slim(self):
         """This result without its variable-size parts (label counts, error records, pixel

@@ -1,15 +1,17 @@
 """Incremental shard tasks on a worker: reuse a previous shard, or copy its surviving records.
 
-Neither decodes an image: "reuse" links the previous shard file (a hard link locally, a
-server-side copy on GCS: no image bytes through the worker); "copy" reads the kept
-records' TFRecord frames by offset from the previous shard and writes them to a new one.
-Both write the new shard's catalog fragment and return a ShardResult, as WriteShardFn does.
+Neither decodes an image: "reuse" shares the previous shard file (the new manifest names
+it where it is, `../VERSION/NAME`: no byte written or copied, on local roots and gs:// alike;
+docs/format.md, format version 3); "copy" reads the kept records' TFRecord frames by offset
+from the previous shard and writes them to a new one. Both write the new shard's catalog
+fragment and return a ShardResult, as WriteShardFn does.
 """
 
 import dataclasses
 import json
 import logging
 import os
+import posixpath
 import uuid
 
 import google_crc32c
@@ -20,7 +22,7 @@ from apache_beam.io.filesystems import FileSystems
 from beam_pipeline.job.contracts import Kind
 from beam_pipeline.job.rewrite import copy_frames, with_rows
 from beam_pipeline.store import files
-from dataset_format import frames, layout
+from dataset_format import frames, layout, storage
 
 RAW = CompressionTypes.UNCOMPRESSED
 
@@ -52,8 +54,10 @@ def run(kind, result, listing, previous_vdir, write_index, redo=None, vdir=None)
     are the previous manifest's, and copied records have their CRCs checked. A damaged
     record goes to `redo` (converted again from its input, or rejected: rewrite.copy_frames).
     Copied records are written to the attempt's temp name (the caller places them: two
-    attempts may differ); a reused file, the same bytes from any attempt, goes straight to
-    its final name in `vdir` when given.
+    attempts may differ). A reused file is shared where it is (nothing written but the
+    attempt's catalog fragment, so attempts cannot collide); copied instead only when its
+    index is not the catalog's, the same bytes from any attempt, straight to its final name
+    in `vdir` when given.
     """
     header, rows = read_task(listing)
     source = layout.shard_file(previous_vdir, header["source"])
@@ -67,17 +71,35 @@ def run(kind, result, listing, previous_vdir, write_index, redo=None, vdir=None)
                             damage)
         return dataclasses.replace(result, errors=tuple(errors), repaired=redone,
                                    converted=redone)
+    # The file as it is: its checksum as the previous manifest gave it (crc32c, or sha256
+    # from a version written before shards had a CRC-32C).
+    result = dataclasses.replace(result, crc32c=header.get("crc32c"),
+                                 sha256=header.get("sha256"),
+                                 num_bytes=sum(r["length"] for r in rows))
+    index = "".join(frames.index_line(r["offset"], r["length"]) for r in rows)
+    shared = layout.shared_path(posixpath.basename(previous_vdir.rstrip("/")), header["source"])
+    if not write_index or _index_is(source, index):
+        # Shared: the manifest and catalog name the file where it is; the index beside it
+        # is the one readers use, so it must be the catalog's (a damaged one is not shared).
+        result = dataclasses.replace(result, shared=shared, temp=source, index_temp=None)
+        return with_rows(result, [dict(r, split=split, shard=shard, file=shared) for r in rows],
+                         False)
+    # Its index missing or not the catalog's: a copy, with a new index.
     if vdir is not None:
         temp = layout.join(vdir, final)
     link_or_copy(source, temp)
-    # The file as it is: its checksum as the previous manifest gave it (crc32c, or sha256
-    # from a version written before shards had a CRC-32C). Its index is written from the
-    # catalog rows, not linked: a damaged index is not carried forward either.
-    result = dataclasses.replace(result, temp=temp, crc32c=header.get("crc32c"),
-                                 sha256=header.get("sha256"),
-                                 num_bytes=sum(r["length"] for r in rows))
+    result = dataclasses.replace(result, temp=temp)
     return with_rows(result, [dict(r, split=split, shard=shard, file=final) for r in rows],
                      write_index)
+
+
+def _index_is(shard, text):
+    """The index beside `shard` holds exactly `text`: one GET on gs:// through the
+    process's one client (Beam's FileSystems.open adds a metadata and a bucket GET)."""
+    try:
+        return storage.read_bytes(layout.index_name(shard)) == text.encode()
+    except Exception:  # missing or unreadable: not shared, written anew
+        return False
 
 
 def unlike_manifest(path, header):

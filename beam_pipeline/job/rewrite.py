@@ -112,6 +112,11 @@ def keep_rows(result, drop_positions, write_index):
     """`result`'s temp shard rewritten without the records at `drop_positions`."""
     rows = [r for r in catalog.iter_rows(result.catalog_temp)
             if r["position"] not in drop_positions]
-    rewritten = dataclasses.replace(result, temp=result.temp + layout.REWRITE_SUFFIX,
-                                    catalog_temp=None)  # the original stays, for a retry
+    # A shared shard is an earlier version's file: its rewrite goes beside this attempt's
+    # catalog fragment (in this build's .tmp/), never into that version's directory.
+    base = (result.catalog_temp[:-len(layout.FRAGMENT_SUFFIX)] if result.shared
+            else result.temp)
+    rewritten = dataclasses.replace(result, temp=base + layout.REWRITE_SUFFIX,
+                                    catalog_temp=None,  # the original stays, for a retry
+                                    shared=None)  # this version's own file now
     return copy_frames(result.temp, rewritten, rows, write_index)[0]

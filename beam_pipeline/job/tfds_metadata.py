@@ -2,7 +2,8 @@
 
 `write(version_dir, manifest)` is a commit hook (commit.commit's `extra_files`): it runs in
 the job's last stage, after the shards are renamed and before manifest.json is written, and
-writes what `tfds.builder_from_directory(version_dir)` needs:
+writes what `tfds.builder_from_directory(version_dir)` needs (once the shards this version
+shares with earlier ones are materialized in it: tools/materialize.py):
 
   dataset_info.json       splits with shard lengths and bytes, file template, description
   features.json           the FeaturesDict: JPEGs decode to uint8 images, labels are a ClassLabel
@@ -80,7 +81,10 @@ def dataset_info_json(manifest):
             continue
         n = len(s["shards"])
         expected = [layout.shard_name(name, split, i, n) for i in range(n)]
-        actual = [sh["path"] for sh in s["shards"]]
+        # A shared shard (../VERSION/NAME) is where an earlier version wrote it; TFDS reads
+        # it once tools/materialize.py has put it under the template's name here.
+        actual = [e if sh["path"].startswith(layout.SHARED_PREFIX) else sh["path"]
+                  for e, sh in zip(expected, s["shards"])]
         if expected != actual:
             raise ValueError(f"split {split!r}: shard names {actual[:2]}… do not follow the "
                              f"TFDS template ({expected[:2]}…)")
@@ -120,5 +124,7 @@ def write(version_dir, manifest):
     for name, text in contents.items():
         files.write_bytes(layout.join(version_dir, name), text.encode())
     empty = sorted(s for s, v in manifest["splits"].items() if not v["num_examples"])
+    shared = sum(sh["path"].startswith(layout.SHARED_PREFIX)
+                 for s in manifest["splits"].values() for sh in s["shards"])
     manifest["tfds"] = {"version": info["version"], "files": sorted(contents),
-                        "omitted_splits": empty}
+                        "omitted_splits": empty, "shared_shards": shared}

@@ -297,17 +297,20 @@ DELETE_BATCH, DELETE_PARALLEL = 100, 8  # objects per batch request; batches in 
 _per_thread = threading.local()
 
 
-def delete_prefix(uri, first=None):
+def delete_prefix(uri, first=None, keep=frozenset()):
     """Delete every object under the gs:// prefix `uri`: listed 1,000 names a page, deleted
     100 to a batch request, 8 batches at a time (a client per thread: a client's batch is
     not thread-safe). Beam's FileSystems.delete lists, makes a client and sends a batch per
     path: three round trips per object, one after another. Missing objects are fine.
     `first`: a name under the prefix deleted alone before the rest, once the listing has
-    succeeded (a refused listing leaves everything, the `first` object included)."""
+    succeeded (a refused listing leaves everything, the `first` object included). `keep`:
+    gs:// uris under the prefix left in place (shards a kept version shares)."""
     import concurrent.futures
 
     bucket, prefix = gcs_blob(uri.rstrip("/") + "/")
-    names = [b.name for b in client().list_blobs(bucket.name, prefix=prefix)]
+    kept = {gcs_blob(k)[1] for k in keep}
+    names = [b.name for b in client().list_blobs(bucket.name, prefix=prefix)
+             if b.name not in kept]
     if first is not None:
         first_name = gcs_blob(first)[1]
         if first_name in names:

@@ -15,7 +15,7 @@ import uuid
 from apache_beam.io.filesystems import FileSystems
 
 from beam_pipeline.errors import UserError
-from beam_pipeline.store import files, gcs, lock_base
+from beam_pipeline.store import files, gcs, lock_base, shared
 from dataset_format import layout
 
 KEEP_SUPERSEDED_HOURS = 48.0  # --keep_superseded_hours: covers a nightly schedule twice
@@ -155,19 +155,9 @@ def _list_local_versions(prefix):
     return found
 
 
-def delete_version(root, version):
-    """The manifest first: a run killed part way leaves an incomplete version (the next
-    cleanup's), never a manifest whose shards are gone."""
-    vdir = layout.version_dir(root, version)
-    manifest = layout.join(vdir, layout.MANIFEST)
-    if "://" in root:  # listed first: a refused listing (403) leaves the version whole,
-        from beam_pipeline.store import gcs  # so the summary still names it as left over
-
-        gcs.delete_prefix(vdir, first=manifest)
-        return
-    if files.exists(manifest):
-        FileSystems.delete([manifest])
-    files.delete_tree(vdir)
+def delete_version(root, version, keep=frozenset()):
+    """The manifest first, then every file but `keep` (shards kept versions share)."""
+    shared.delete_version(root, version, keep)
 
 
 def clean_leftovers(root, now=None):
@@ -320,7 +310,7 @@ def prune(root, published, keep, keep_superseded_hours=KEEP_SUPERSEDED_HOURS, dr
         return []
     complete = sorted((v for v, done in versions.items() if done), reverse=True)
     now = now or datetime.datetime.now(datetime.timezone.utc)
-    deleted = []
+    drops = {}
     for v, done in sorted(versions.items()):
         if done:
             drop = (keep and v != published and v not in complete[:keep]
@@ -328,10 +318,21 @@ def prune(root, published, keep, keep_superseded_hours=KEEP_SUPERSEDED_HOURS, dr
         else:
             drop = v < published and ("://" not in root or _seconds_between(v, published)
                                        > lock_base.SUBMITTED_TTL)
-        if drop and not dry_run:
-            if _refused(lambda v=v: delete_version(root, v), f"version {v} of {root}"):
-                continue
         if drop:
+            drops[v] = done
+    try:  # what the versions that stay share: never deleted
+        held = shared.referenced(root, [v for v in complete if v not in drops]) if drops else {}
+    except Exception as e:
+        logging.warning("cleanup of %s skipped, nothing deleted: cannot read the manifest of "
+                        "a kept version (%s)", root, " ".join(str(e).split())[:300])
+        return []
+    deleted = []
+    for v, done in drops.items():
+        keep_files = held.get(v, frozenset())
+        if not dry_run and _refused(lambda v=v, k=keep_files: delete_version(root, v, k),
+                                    f"version {v} of {root}"):
+            continue
+        if done or not keep_files:  # a retired directory holding shared files is not news
             deleted.append(v)
     return deleted
 
