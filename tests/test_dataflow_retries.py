@@ -202,6 +202,9 @@ def test_a_copied_shard_written_by_two_attempts_at_once_publishes_what_the_bucke
         reused = list(pool.map(job.attempt, [reuse_task] * 2))
     assert reused[0].num_examples == reused[1].num_examples > 0
     assert (reused[0].num_bytes, reused[0].crc32c) == (reused[1].num_bytes, reused[1].crc32c)
+    # Both attempts share the previous version's file: neither writes a shard.
+    assert reused[0].shared == reused[1].shared and reused[0].shared.startswith(
+        f"../{first['version']}/")
     others = reused[:1]
     assert (mine.num_examples, theirs.num_examples) == (len(kept), len(kept) - 1)
     assert [e["reason"] for e in theirs.errors] == ["damaged_record"]
@@ -212,9 +215,10 @@ def test_a_copied_shard_written_by_two_attempts_at_once_publishes_what_the_bucke
     chosen = winner if committed == "winner" else loser
     manifest = job.commit([chosen, *others])
     shards = manifest["splits"]["train"]["shards"]
-    for entry in shards:
+    for entry in shards:  # the reused shard is shared: named where the first version wrote it
         assert (entry["num_bytes"], entry["crc32c"]) == _object(
             gcs, layout.shard_file(job.spec.vdir, entry["path"])), entry
+    assert [e["path"].startswith(f"../{first['version']}/") for e in shards].count(True) == 1
     written, rejected = manifest["accounting"]["written"], manifest["errors"]["count"]
     assert written == sum(r.num_examples for r in (chosen, *others)) == manifest["catalog"]["rows"]
     assert (written + rejected, rejected) == (5, len(chosen.errors))  # 6 inputs, one deleted
