@@ -296,7 +296,10 @@ def prune(root, published, keep, keep_superseded_hours=KEEP_SUPERSEDED_HOURS, dr
       only once superseded (a newer complete version written) more than
       `keep_superseded_hours` ago: a training job may have pinned one just before.
 
-    Any listing error means delete nothing (logged). A delete that is refused (a bucket
+    Deleting a version keeps the shards (and indexes) the versions that stay name
+    (store/shared.py): its manifest goes first, then every file none of them names; the
+    named ones go when the last version naming them does. Any listing error, or a kept
+    manifest that cannot be read, means delete nothing (logged). A delete that is refused (a bucket
     retention policy, a missing permission) is logged and the next version tried: the
     version that called this is published already, and the next build tries again.
     Returns the deleted version ids (with `dry_run`, the ones it would delete, deleting
