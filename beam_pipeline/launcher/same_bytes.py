@@ -10,12 +10,12 @@ The writer reads each input at its listed generation, so the md5 stored beside a
 (the catalog's input_md5) is that of the bytes it was made from.
 """
 
-import collections
 import dataclasses
 import hashlib
 import itertools
 import json
 
+from beam_pipeline.algorithms.read_ahead import threaded
 from beam_pipeline.algorithms.spill import SortedSpill
 from beam_pipeline.refs import ImageRef, Listed
 
@@ -131,18 +131,9 @@ def first_match(left, right):
 
 def hashed(items, threads=HASH_THREADS):
     """(ImageRef, x) items -> ((ImageRef, x), sha256 of its input or None if unreadable),
-    in order, reading `threads` inputs at a time."""
-    import concurrent.futures
-
-    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-        pending = collections.deque()
-        for item in items:
-            pending.append((item, pool.submit(input_sha256, item[0].uri, item[0].stamp)))
-            if len(pending) > 2 * threads:
-                item, future = pending.popleft()
-                yield item, future.result()
-        for item, future in pending:
-            yield item, future.result()
+    in order, reading `threads` inputs at a time (algorithms/read_ahead.py)."""
+    return threaded(items, lambda item: input_sha256(item[0].uri, item[0].stamp), threads,
+                    depth=2 * threads)
 
 
 def input_sha256(uri, stamp=""):
