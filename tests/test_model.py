@@ -52,7 +52,7 @@ from tests.model_tree import (CLASSES, INPUTS, Tree, full_build_record, near_cop
 SPLITS = {"a": "train=0.6,validation=0.2,test=0.2", "b": "train=0.3,validation=0.3,test=0.4"}
 ARGS = ["--name", "m", "--target_shard_mb", "0.003", "--no_transform", "--max_error_rate",
         "1", "--write_index", "true",
-        "--max_delta_share", "0.6"]  # a tree of a few images: most nights incremental, sharing
+        "--max_delta_share", "0.9"]  # a tree of a few images: most nights incremental, sharing
 LEAKS = ["--near_duplicates", "--drop_near_duplicate_leaks"]
 MODES = {"default": [], "full_rebuild": ["--full_rebuild"], "resplit": ["--resplit"],
          "force": ["--force"], "leaks": LEAKS, "other_splits": [], "beam": ["--sink", "beam"]}
