@@ -1,7 +1,7 @@
-"""The commit step at 1k, 10k and 100k shards against the storage emulator: seconds and peak
-RSS, in total and per shard.
+"""The commit step at 100, 1k and 10k shards against the storage emulator: seconds, CPU,
+requests and peak RSS, in total and per shard (the cost curve).
 
-    python benchmarks/bench_commit.py [--shards 1000 10000 100000]
+    python benchmarks/bench_commit.py [--shards 100 1000 10000]
     python benchmarks/bench_commit.py --shards 1000 --code DIR   # another checkout's commit
 
 For each size: a fresh bucket holding what the writers leave for commit (per shard: its
@@ -9,7 +9,9 @@ one-row catalog fragment and, for a commit that renames shards, a tiny temp shar
 TFRecord frame; the listing's errors), and
 synthetic typed ShardResults (1,000 classes, a label per shard, an error record every tenth
 shard). Then `commit.commit` runs in a fresh process (so its peak RSS is its own), timed
-from the call to the published LATEST.
+from the call to the published LATEST, its CPU seconds (all threads) beside. Every request
+goes through the counting proxy (tests/gcs_counting.py): requests by kind per shard, and
+how many times each catalog fragment was read (its media and metadata GETs).
 
 This checkout's commit gets what the job hands it: slim results (ShardResult.slim), the
 label counts combined (SumLabelCounts) and the error records as one file (WriteErrors), and
@@ -24,6 +26,7 @@ not absolute ones.
 
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import os
 import subprocess
@@ -41,6 +44,15 @@ NAME = "bench"
 
 def shard_name(shard, n):
     return f"{NAME}-train.tfrecord-{shard:05d}-of-{n:05d}"
+
+
+def stored_sha256(i):
+    """A distinct, evenly spread stored-image hash per shard, as real ones are (the hex of i
+    itself gave every row the same 8-byte prefix: the duplicates scan then read every
+    fragment a second time to compare full hashes)."""
+    import hashlib
+
+    return hashlib.sha256(str(i).encode()).hexdigest()
 
 
 def child(args):
@@ -88,19 +100,22 @@ def child(args):
                                                                   r) for r in results])),
                   "error_files": (f"{vdir}/.tmp/shard_errors.jsonl",)}
         results = [r.slim() for r in results]
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    before, cpu = usage.ru_maxrss, usage.ru_utime + usage.ru_stime
     start = time.perf_counter()
     manifest = commit_module.commit(results, spec, **kwargs)
     seconds = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    peak, cpu = usage.ru_maxrss, usage.ru_utime + usage.ru_stime - cpu
     assert manifest["accounting"]["written"] == n and manifest["catalog"]["rows"] == n
     assert manifest["errors"]["count"] == (n + 9) // 10 + 1
-    print(json.dumps({"seconds": seconds, "rss_before_mib": before / 1024,
+    print(json.dumps({"seconds": seconds, "cpu_seconds": cpu, "rss_before_mib": before / 1024,
                       "peak_rss_mib": peak / 1024, "new": new}))
 
 
-def prepare(emulator, n, new):
-    """The objects the writers leave for commit -> the dataset root."""
+def prepare(emulator, n, new, local=None):
+    """The objects the writers leave for commit -> the dataset root (gs://, or a fresh
+    directory under `local`)."""
     import io
 
     import pyarrow as pa
@@ -110,8 +125,23 @@ def prepare(emulator, n, new):
     from beam_pipeline.store import catalog
     from dataset_format import frames
 
-    bucket = emulator.client.bucket(emulator.create_bucket())
-    root = f"gs://{bucket.name}/ds"
+    if local:
+        base = tempfile.mkdtemp(dir=local)
+        root = f"{base}/ds"
+
+        class Blob:
+            def __init__(self, name):
+                self.path = os.path.join(base, name)
+
+            def upload_from_string(self, data):
+                os.makedirs(os.path.dirname(self.path), exist_ok=True)
+                with open(self.path, "wb" if isinstance(data, bytes) else "w") as f:
+                    f.write(data)
+
+        bucket = type("Dir", (), {"blob": staticmethod(Blob)})()
+    else:
+        bucket = emulator.client.bucket(emulator.create_bucket())
+        root = f"gs://{bucket.name}/ds"
     vdir = "ds/versions/20260101T000000Z"
     frame = frames.tfrecord_frame(b"x" * 8)
 
@@ -119,7 +149,7 @@ def prepare(emulator, n, new):
         final = shard_name(i, n)
         row = {"key": f"{i}.jpg", "uri": f"gs://in/{i}.jpg", "label": f"c{i % LABELS}",
                "label_id": i % LABELS, "split": "train", "shard": i, "file": final,
-               "position": 0, "offset": 0, "length": len(frame), "sha256": f"{i:064x}",
+               "position": 0, "offset": 0, "length": len(frame), "sha256": stored_sha256(i),
                "height": 8, "width": 8, "input_size": 1, "input_mtime": 0.0}
         out = io.BytesIO()
         pq.write_table(pa.Table.from_pylist([row], schema=catalog.SCHEMA), out)
@@ -143,8 +173,11 @@ def prepare(emulator, n, new):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shards", type=int, nargs="+", default=[1000, 10000, 100000])
+    parser.add_argument("--shards", type=int, nargs="+", default=[100, 1000, 10000])
     parser.add_argument("--code", default=REPO, help="checkout whose commit is measured")
+    parser.add_argument("--local", metavar="DIR",
+                        help="a local root under DIR instead of the emulator (CPU and memory "
+                        "only: no requests; sizes the emulator takes hours to set up)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--root", help=argparse.SUPPRESS)
     parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
@@ -155,6 +188,7 @@ def main():
     record = Record("bench_commit", {k: v for k, v in vars(args).items()
                                     if k not in ("child", "root", "n")})
     sys.path.insert(0, REPO)
+    from tests.gcs_counting import counting
     from tests.gcs_emulator import run_emulator
 
     new = subprocess.run(
@@ -164,27 +198,59 @@ def main():
         capture_output=True, text=True, check=True).stdout.strip() == "True"
     print(f"commit of {args.code} ({'slim results, shards final' if new else 'full results, temp shards renamed'}); "
           "storage emulator on loopback, loaded 2-core machine")
-    print(f"{'shards':>8} {'setup s':>8} {'commit s':>9} {'ms/shard':>9} "
-          f"{'RSS before':>11} {'peak RSS':>9} {'KiB/shard':>10}")
+    print(f"{'shards':>8} {'setup s':>8} {'commit s':>9} {'ms/shard':>9} {'CPU ms/shard':>12} "
+          f"{'req/shard':>9} {'GETs/shard':>10} {'reads/fragment':>14} {'peak RSS':>9} "
+          f"{'KiB/shard':>10}")
     rows = []
-    with tempfile.TemporaryDirectory() as work, run_emulator(work) as emulator:
-        for n in args.shards:
-            start = time.perf_counter()
-            root = prepare(emulator, n, new)
-            setup = time.perf_counter() - start
-            out = subprocess.run(
-                [sys.executable, __file__, "--child", "--code", args.code, "--root", root,
-                 "--n", str(n)], capture_output=True, text=True, env=dict(os.environ))
-            if out.returncode:
-                sys.exit(out.stderr[-3000:])
-            got = json.loads(out.stdout.strip().splitlines()[-1])
-            growth = got["peak_rss_mib"] - got["rss_before_mib"]
-            print(f"{n:>8} {setup:>8.1f} {got['seconds']:>9.1f} "
-                  f"{1000 * got['seconds'] / n:>9.2f} {got['rss_before_mib']:>9.0f}Mi "
-                  f"{got['peak_rss_mib']:>7.0f}Mi {1024 * growth / n:>10.2f}", flush=True)
-            rows.append({"shards": n, "setup_s": setup, **got,
-                         "kib_per_shard": 1024 * growth / n})
+    with tempfile.TemporaryDirectory() as work, (
+            contextlib.nullcontext() if args.local else run_emulator(work)) as emulator:
+        if emulator:
+            emulator.client  # made before the proxy: the setup's uploads are not counted
+        with contextlib.nullcontext() if args.local else counting(emulator) as counter:
+            for n in args.shards:
+                start = time.perf_counter()
+                root = prepare(emulator, n, new, args.local)
+                setup = time.perf_counter() - start
+                if counter:
+                    counter.reset()
+                out = subprocess.run(
+                    [sys.executable, __file__, "--child", "--code", args.code, "--root", root,
+                     "--n", str(n)], capture_output=True, text=True, env=dict(os.environ))
+                if out.returncode:
+                    sys.exit(out.stderr[-3000:])
+                got = json.loads(out.stdout.strip().splitlines()[-1])
+                got.update(requests(counter, n) if counter else
+                           {"requests": 0, "gets": 0, "by_kind": {},
+                            "reads_per_fragment": {"mean": 0, "max": 0}})
+                growth = got["peak_rss_mib"] - got["rss_before_mib"]
+                print(f"{n:>8} {setup:>8.1f} {got['seconds']:>9.1f} "
+                      f"{1000 * got['seconds'] / n:>9.2f} {1000 * got['cpu_seconds'] / n:>12.2f} "
+                      f"{got['requests'] / n:>9.2f} {got['gets'] / n:>10.2f} "
+                      f"{got['reads_per_fragment']['mean']:>8.2f} (max {got['reads_per_fragment']['max']}) "
+                      f"{got['peak_rss_mib']:>7.0f}Mi {1024 * growth / n:>10.2f}", flush=True)
+                print(f"         requests by kind: {got['by_kind']}; load {os.getloadavg()[0]:.1f}")
+                rows.append({"shards": n, "setup_s": setup, **got,
+                             "kib_per_shard": 1024 * growth / n,
+                             "load": os.getloadavg()[0]})
     record.save({"slim_results": new, "runs": rows})
+
+
+def requests(counter, n):
+    """The commit's requests (the proxy's log) -> counts, GETs, reads per fragment."""
+    import collections
+    from urllib.parse import unquote
+
+    totals = counter.totals()
+    reads = collections.Counter(
+        unquote(target).split("?")[0] for kind, _, target, _ in counter.log
+        if kind in ("media_get", "metadata_get") and ".catalog.parquet" in unquote(target))
+    per = list(reads.values()) + [0] * (n - len(reads))
+    by_kind = {k: v for k, v in sorted(totals.items())
+               if k not in ("requests", "bytes_down", "bytes_up", "media_bytes")}
+    return {"requests": totals.get("requests", 0), "by_kind": by_kind,
+            "gets": sum(totals.get(k, 0) for k in ("media_get", "metadata_get", "bucket_get",
+                                                     "list")),
+            "reads_per_fragment": {"mean": sum(per) / n, "max": max(per), "min": min(per)}}
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ takes the first split name.
 
 Held as numpy arrays, not Python objects: 16 + 8 + 16 + 1 bytes per content, sorted by
 content, looked up by binary search; the md5 index (two more words and a position per md5)
-is built on the first md5 lookup (docs/format.md gives the measured cost at 1M contents).
+is built on the first md5 lookup (docs/measurements.md gives the measured cost).
 """
 
 import base64
@@ -92,10 +92,10 @@ class SplitMap:
 
     def _md5_index(self):
         """(the known md5s' words sorted, each one's row): built once, on the first lookup."""
-        def build():
+        def build():  # sorted by the first word only: the lookup compares the second
             words = self.md5_words()
             rows = np.flatnonzero(words.any(axis=1))
-            rows = rows[np.lexsort((words[rows, 1], words[rows, 0]))]
+            rows = rows[np.argsort(words[rows, 0], kind="stable")]
             return words[rows], rows
         return self._cached("_md5s_sorted", build)
 
