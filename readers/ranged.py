@@ -165,10 +165,10 @@ class _LocalFile:
     def read_all(self):
         return self.read_range(0, os.fstat(self._fd).st_size)
 
-    def __del__(self):
+    def __del__(self, _close=os.close):  # os may be gone at interpreter exit
         fd, self._fd = getattr(self, "_fd", None), None
         if fd is not None:
-            os.close(fd)
+            _close(fd)
 
 
 class _GcsFile:
