@@ -147,10 +147,11 @@ def check_batches(ds, stream, source, skip_corrupt):
 
     ds = ds.batch(stream.batching.host_batch).scan(tf.constant([-1, 0], tf.int64), step)
     if skip_corrupt:
-        ds = ds.filter(lambda *b: tf.shape(b[1])[0] == stream.batching.host_batch)
+        ds = ds.filter(tf.autograph.experimental.do_not_convert(
+            lambda *b: tf.shape(b[1])[0] == stream.batching.host_batch))
     size = stream.batching.host_batch
-    return ds.map(lambda *b: tuple(tf.ensure_shape(x, [size] + x.shape.as_list()[1:])
-                                   for x in b))
+    return ds.map(tf.autograph.experimental.do_not_convert(
+        lambda *b: tuple(tf.ensure_shape(x, [size] + x.shape.as_list()[1:]) for x in b)))
 
 
 def _report(missing, host_ids, source, skip_corrupt):
