@@ -643,6 +643,15 @@ def grouping_two_one(n, radius, hashes, real_path):
     print(f"{took:.2f} {(peak - base) / 1024:.1f} {len(found)}")
 
 
+def _saved(hashes, name):
+    """The benchmark's hashes for child processes: real.npy (whole hashes) and
+    real-NAME.npy (every hash of each image) in a new temporary directory -> real.npy."""
+    path = os.path.join(tempfile.mkdtemp(), "real.npy")
+    np.save(path, hashes[:, 0])
+    np.save(path.replace(".npy", f"-{name}.npy"), hashes)
+    return path
+
+
 def grouping2(radius=None):
     """The built scheme's grouping cost: n images with their whole hash only, then with
     both (2n hashes in the join), each size in its own process, the faster of 2 runs."""
@@ -651,9 +660,7 @@ def grouping2(radius=None):
     radius = near_duplicates.DEFAULT_RADIUS if radius is None else radius
     pairs = np.array([perceptual.phash_pair(small_grey(d)) for d, *_ in
                       corpus(random.Random(SEED))], dtype=np.uint64)
-    real_path = os.path.join(tempfile.mkdtemp(), "real.npy")
-    np.save(real_path, pairs[:, 0])
-    np.save(real_path.replace(".npy", "-pairs.npy"), pairs)
+    real_path = _saved(pairs, "pairs")
     print(f"grouping n images, radius {radius}, 1 hash (whole) vs 2 (whole + central 90%) "
           f"per image; 'grouping MB' is peak RSS minus RSS before grouping")
     print("       n  hashes  seconds  us/image  grouping MB  pairs found")
@@ -748,9 +755,7 @@ def scale(radius=None):
     smalls = [small_rgb(d) for d, *_ in corpus(random.Random(SEED))]
     real = np.array([perceptual.phash_pair(s) + descriptor.probes(descriptor.describe(s))
                      for s in smalls], dtype=np.uint64)
-    real_path = os.path.join(tempfile.mkdtemp(), "real.npy")
-    np.save(real_path, real[:, 0])
-    np.save(real_path.replace(".npy", "-all.npy"), real)
+    real_path = _saved(real, "all")
     print(f"grouping n images with six hashes each, radius {radius}, the plan the build "
           f"chooses; one process per size, the faster of 2 runs (1M: 1 run); CPU seconds")
     print("       n   seconds  us/image  grouping MB  planted found  plan (widths/sub)  exact")
