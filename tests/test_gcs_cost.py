@@ -160,6 +160,15 @@ def test_renamed_inputs_are_reframed_reading_each_record_once(gcs, gcs_bucket, t
         if kind in ("media_get", "metadata_get") and ".catalog.parquet" in unquote(target))
     shards = sum(len(s["shards"]) for s in second["splits"].values())
     assert 1 <= len(reads) <= shards and set(reads.values()) == {2}, reads
+    # One storage client per process: its bucket-metadata GET once, not once per call
+    # (Beam's FileSystems made ~8 per shard); each shard's listing is read twice, one GET
+    # each (its recipe, its refs).
+    totals = gcs_counter.totals()
+    assert totals.get("bucket_get", 0) <= 10, totals
+    listings = collections.Counter(
+        unquote(target).split("?")[0] for kind, _, target, _ in gcs_counter.log
+        if kind in ("media_get", "metadata_get") and "/.tmp/listing/" in unquote(target))
+    assert listings and set(listings.values()) <= {1, 2}, listings
 
     # A new image of a stored image's size, other bytes: told apart from the stored row,
     # and from every content the split map holds, by md5 (no launcher read), then read once
