@@ -51,10 +51,13 @@ def decoded(ds, fn, names, seeded, batch, total):
         image, label, number, rid = element
         ok = tf.logical_and(tf.equal(number, expected), rid >= 0)
 
-        def report():
-            span = tf.range(expected, number)
-            return tf.reshape(tf.numpy_function(
-                names.report, [table.lookup(span % TABLE), rid], tf.int64, stateful=True), [])
+        def report():  # an assertion, not a raise in Python: TensorFlow logs the latter
+            span = tf.range(expected, number)  # with its traceback, even in a CLI
+            message = tf.reshape(tf.numpy_function(
+                names.report, [table.lookup(span % TABLE), rid], tf.string, stateful=True), [])
+            failed = tf.debugging.Assert(tf.equal(message, ""), [message], summarize=1)
+            with tf.control_dependencies([failed]):
+                return tf.identity(number)
 
         done = tf.cond(ok, lambda: number, report)
         with tf.control_dependencies([done]):  # the state needs the check: it always runs
@@ -89,8 +92,9 @@ class Names:
         self._firsts = np.cumsum([0] + [p.count for p in pieces])
 
     def report(self, span_ids, rid):
-        """Raise (or warn) naming what failed: the records of the gap before this element
-        (their ids `span_ids`), and this element when it is an in-band failure."""
+        """The error naming what failed (b"" when nothing, or when skip_corrupt only warns):
+        the records of the gap before this element (their ids `span_ids`), and this element
+        when it is an in-band failure."""
         names = [self.record(int(r)) for r in span_ids if int(r) != END]
         fatal = False
         for rid in [int(rid)] if rid < 0 and rid != END else []:
@@ -98,13 +102,13 @@ class Names:
             fatal = fatal or file_check
             names.append(self.file(piece) if file_check else self.piece(piece))
         if fatal:
-            raise ValueError("; ".join(names))
+            return "; ".join(names).encode()
         if names and not self.skip_corrupt:
-            raise ValueError("; ".join(names) + ". Rebuild the dataset, or pass "
-                             "skip_corrupt=True to skip such records")
+            return ("; ".join(names) + ". Rebuild the dataset, or pass skip_corrupt=True to "
+                    "skip such records").encode()
         for name in names:
             print(f"WARNING readers: skip_corrupt: {name}; skipped", file=sys.stderr)
-        return np.int64(0)
+        return b""
 
     def record(self, rid):
         p = int(np.searchsorted(self._firsts, rid, side="right")) - 1

@@ -105,7 +105,7 @@ def test_readers_cli_answers_each_damage_verify_names_in_one_line(built_dataset,
     train.write_bytes(bytes(data))
     validation.write_bytes(validation.read_bytes()[:100])
     os.remove(shards["test"][0])
-    cases = [((), f"{train}: could not read records"),
+    cases = [((), f"{train}: could not read all of records"),
              (("--split", "validation"), f"{validation}: 100 bytes, but manifest.json says"),
              (("--split", "test"), f"{shards['test'][0]}: shard file missing"),
              (("--version", "29990101T000000Z"), "version '29990101T000000Z' does not exist")]
