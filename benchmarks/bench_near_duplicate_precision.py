@@ -268,13 +268,13 @@ def plan_recall(hashes, i, j, label, kind, totals, smalls, radius):
     is multi-probe (exact to a smaller radius), so the far pairs are found only in part."""
     from beam_pipeline.dedup import band_plan
 
-    bits = ((hashes.ravel()[:, None] >> np.arange(64, dtype=np.uint64)) & np.uint64(1)).mean(0)
+    bits = corpus_lib.bit_frequencies(hashes)
     print(f"\nthe search plan the build picks at radius {radius} for a catalog of n images "
           "(six hashes each), applied to these pairs, confirmed:")
     out = {}
     for n in (50_000, 1_000_000, 10_000_000):
         k = hashes.shape[1] * n
-        stats = band_plan.Stats(k, 0, tuple(int(round(q * k)) for q in bits))
+        stats = corpus_lib.stats_of(k, bits)
         plan = band_plan.choose_plan(radius, stats)
         found = np.zeros(len(i), bool)
         for a in range(hashes.shape[1]):

@@ -481,6 +481,19 @@ GROUP_SIZES = (50_000, 100_000, 200_000, 400_000)
 INCREMENTAL = (400_000, 0.01)  # old rows, new fraction: a nightly run against a big catalog
 
 
+def bit_frequencies(hashes):
+    """How often each of the 64 bits is 1 over `hashes` (uint64), bit 0 = LSB."""
+    hashes = np.asarray(hashes, np.uint64).ravel()
+    return ((hashes[:, None] >> np.arange(64, dtype=np.uint64)) & np.uint64(1)).mean(0)
+
+
+def stats_of(n, frequencies):
+    """The plan's statistics for n new hashes with these bit frequencies."""
+    from beam_pipeline.dedup import band_plan
+
+    return band_plan.Stats(n, 0, tuple(int(round(q * n)) for q in frequencies))
+
+
 def synthetic_hashes(n, radius, real_path, seed=SEED):
     """n hashes that look like real ones: the benchmark's own (with their near-duplicate
     pairs), then independent bits with the per-bit frequencies measured on them (the top
@@ -489,7 +502,7 @@ def synthetic_hashes(n, radius, real_path, seed=SEED):
     top bit never does). Made 50,000 at a time, so the process's peak RSS is the grouping's."""
     rng = np.random.default_rng(seed)
     real = np.load(real_path)
-    p = ((real[:, None] >> np.arange(64, dtype=np.uint64)) & np.uint64(1)).mean(0)
+    p = bit_frequencies(real)
     h = np.empty(n, np.uint64)
     for lo in range(0, n, 50_000):
         bits = rng.random((min(n - lo, 50_000), 64)) < p
@@ -555,10 +568,10 @@ def _extrapolate(radius, bands, real):
     per image, left out)."""
     from beam_pipeline.dedup import band_plan
 
-    p = ((real[:, None] >> np.arange(64, dtype=np.uint64)) & np.uint64(1)).mean(0)
+    p = bit_frequencies(real)
     cells = []
     for n in (50_000, 400_000, 1_000_000, 10_000_000, 100_000_000):
-        stats = band_plan.Stats(n, 0, tuple(int(round(q * n)) for q in p))
+        stats = stats_of(n, p)
         plan = band_plan.choose_plan(radius, stats, bands or None)
         cells.append(f"{n / 1e6:g}M {'x'.join(map(str, plan.widths))}/{plan.sub_radius} "
                      f"{band_plan.estimate(plan, stats) / n * 1e6:.0f} us")
@@ -614,7 +627,7 @@ def synthetic_centres(h, real_pairs, seed=SEED):
     rng = np.random.default_rng(seed + 1)
     whole, centre = real_pairs[:, 0], real_pairs[:, 1]
     gaps = perceptual.hamming_many(whole, centre)
-    p = ((whole[:, None] >> np.arange(64, dtype=np.uint64)) & np.uint64(1)).mean(0)
+    p = bit_frequencies(whole)
     varying = np.flatnonzero((p > 0) & (p < 1))
     out = h.copy()
     for k in range(len(real_pairs), len(h)):
@@ -695,7 +708,7 @@ def synthetic_extras(h, real, seed=SEED):
     rows at a time (a row's flips: the k smallest of random keys over the varying bits)."""
     rng = np.random.default_rng(seed + 2)
     whole = real[:, 0]
-    p = ((whole[:, None] >> np.arange(64, dtype=np.uint64)) & np.uint64(1)).mean(0)
+    p = bit_frequencies(whole)
     varying = np.flatnonzero((p > 0) & (p < 1)).astype(np.uint64)
     out = np.repeat(h[:, None], real.shape[1] - 1, 1)
     for e in range(1, real.shape[1]):
@@ -773,11 +786,11 @@ def scale(radius=None):
               f"{plan:<17}  {exact}")
     print(f"time per image {SCALE_SIZES[-1] // 1000}k vs {SCALE_SIZES[0] // 1000}k: "
           f"{per[-1] / per[0]:.2f}x (target <= 1.5x)")
-    p = ((real.ravel()[:, None] >> np.arange(64, dtype=np.uint64)) & np.uint64(1)).mean(0)
+    p = bit_frequencies(real.ravel())
     cells = []
     for n in (50_000, 200_000, 1_000_000, 10_000_000, 100_000_000):
         hashes = real.shape[1] * n
-        stats = band_plan.Stats(hashes, 0, tuple(int(round(q * hashes)) for q in p))
+        stats = stats_of(hashes, p)
         plan = band_plan.choose_plan(radius, stats)
         cells.append(f"{n / 1e6:g}M images: {'x'.join(map(str, plan.widths))}/"
                      f"{plan.sub_radius}, exact {plan.exact_radius}, at {radius} bits "
