@@ -67,7 +67,11 @@ def child(args):
 
     # The emulator queues at most 5 connections it has not accepted yet, and answers a batch
     # request slowly: fewer in flight (GCS takes the defaults, 8 batches and 8 reads).
-    gcs.DELETE_PARALLEL, catalog.FRAGMENTS_AHEAD = 1, 4
+    try:  # deletes moved out of gcs.py; older code under --code has them there
+        from beam_pipeline.store import gcs_delete as deletes
+    except ImportError:
+        deletes = gcs
+    deletes.DELETE_PARALLEL, catalog.FRAGMENTS_AHEAD = 1, 4
     from beam_pipeline.job.contracts import CommitSpec, ShardResult
     from dataset_format import frames, layout
 

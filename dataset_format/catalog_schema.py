@@ -6,7 +6,9 @@ merged catalog are written with (beam_pipeline/store/catalog.py does the Parquet
 `arrow_schema()`.
 """
 
+import base64
 import dataclasses
+import json
 from typing import Optional
 
 # name -> Arrow type name, in file order.
@@ -56,18 +58,42 @@ def _row_type():
               for name, kind in COLUMNS.items()]
 
     def from_dict(cls, row):
-        """A row as store/catalog.py's readers give it (a dict of columns); an unknown
-        column is a KeyError naming it."""
+        """A row as pyarrow gives it (a dict of columns, near_descriptor as bytes); a column
+        it lacks is null, an unknown one is a KeyError naming it."""
         unknown = set(row) - set(COLUMNS)
         if unknown:
             raise KeyError(f"not catalog columns: {sorted(unknown)}")
         return cls(**row)
 
+    def to_dict(self):
+        """{column: value} in file order, for the Parquet writer (dataclasses.asdict deep-
+        copies every value: several times slower)."""
+        return {name: getattr(self, name) for name in COLUMNS}
+
+    def from_json(cls, value):
+        """A row carried as JSON between processes (to_json's text, or the dict it parses
+        to): near_descriptor as base64 text."""
+        row = json.loads(value) if isinstance(value, str) else dict(value)
+        if row.get(DESCRIPTOR) is not None:
+            row[DESCRIPTOR] = base64.b64decode(row[DESCRIPTOR])
+        return from_dict(cls, row)
+
+    def to_json(self):
+        """The row as one line of JSON text (near_descriptor as base64): the launcher's
+        reuse/copy listings carry kept rows this way."""
+        row = to_dict(self)
+        if row[DESCRIPTOR] is not None:
+            row[DESCRIPTOR] = base64.b64encode(row[DESCRIPTOR]).decode()
+        return json.dumps(row)
+
     return dataclasses.make_dataclass(
         "CatalogRow", fields, frozen=True,
         namespace={"__module__": __name__,
-                   "__doc__": "One catalog row, typed: a field per COLUMNS entry.",
-                   "from_dict": classmethod(from_dict), "to_dict": dataclasses.asdict})
+                   "__doc__": "One catalog row, typed: a field per COLUMNS entry. Writers "
+                              "build and update it (dataclasses.replace); it becomes a dict "
+                              "only at the Parquet seam (store/catalog.py).",
+                   "from_dict": classmethod(from_dict), "to_dict": to_dict,
+                   "from_json": classmethod(from_json), "to_json": to_json})
 
 
 CatalogRow = _row_type()

@@ -3,6 +3,9 @@
 * `make_images`     the tests.helpers.make_images function, as a fixture
 * `sample_images`   (session) `sample_data.generate(dir, per_class=12)`, read-only
 * `built_dataset`   (session) one real build of `sample_images`, read-only
+* `gcs_without_objects` a loopback storage endpoint where every request is 404: gs:// reads
+                    fail at once (the real endpoint is unreachable here: each read retried
+                    for ~1 min before it failed)
 * `restore_logger_levels` (autouse) gives every test the Beam/TF logger levels back
 
 Treat the session fixtures as read-only: copy first
@@ -12,7 +15,9 @@ Tests that use a fixture in SLOW_FIXTURES are marked `slow` at collection (a bui
 emulator), so `-m "not slow"` leaves them out even where a module forgot the marker.
 """
 
+import http.server
 import logging
+import threading
 
 import pytest
 
@@ -65,6 +70,37 @@ def built_dataset(sample_images, tmp_path_factory):
     """
     root = tmp_path_factory.mktemp("built") / "dataset"
     return dict(build(sample_images, root, *BUILT_ARGS), input=sample_images)
+
+
+class _NotFound(http.server.BaseHTTPRequestHandler):
+    def _answer(self):
+        body = b'{"error": {"code": 404, "message": "No such object"}}'
+        self.send_response(404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = _answer
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def gcs_without_objects(monkeypatch):
+    """STORAGE_EMULATOR_HOST -> a loopback server that answers 404 to everything, so a gs://
+    read fails at once with NotFound (no credentials or metadata-server probe either). For
+    tests where no gs:// object exists and a read must fail; the real emulator is `gcs`."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NotFound)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{server.server_port}")
+    monkeypatch.setenv("NO_GCE_CHECK", "True")
+    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "no-objects")
+    yield
+    server.shutdown()
+    server.server_close()
 
 
 @pytest.fixture(autouse=True)

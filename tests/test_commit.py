@@ -16,6 +16,7 @@ from beam_pipeline.job.contracts import ShardResult
 from beam_pipeline.job.manifest import Finalized, build_manifest
 from beam_pipeline.store import catalog, files
 from dataset_format import frames, layout
+from dataset_format.catalog_schema import CatalogRow
 
 VERSION = "20260401T000000Z"
 
@@ -84,7 +85,7 @@ def _temp_shard(tmp, split, shard, payloads):
     files.write_bytes(temp, data)
     with catalog.FragmentWriter(temp + ".catalog.parquet") as fragment:
         for row in rows:
-            fragment.append(row)
+            fragment.append(CatalogRow.from_dict(row))
     return ShardResult(split, shard, path=final, temp=temp, num_examples=len(payloads),
                        num_bytes=len(data), crc32c=frames.file_crc32c(data),
                        label_counts={"cat": len(payloads)}, kind="images", writer="h:1",

@@ -17,7 +17,7 @@ from google.api_core import exceptions
 
 from beam_pipeline.job import commit, reuse
 from beam_pipeline.job.contracts import Kind
-from beam_pipeline.store import gcs as gcs_store, lock, versions
+from beam_pipeline.store import gcs as gcs_store, lock, retention
 from dataset_format import layout
 from tests.dataflow_sim import finish, plan, release
 from tests.faults import FaultProxy
@@ -129,7 +129,7 @@ def test_a_cleanup_the_bucket_refuses_is_a_warning_in_the_summary_not_a_failed_b
     assert (f"warning: the cleanup could not delete version(s) {first['version']} (a retention "
             "policy, or no delete permission?); published anyway") in out
     proxy.fail_clear()
-    assert first["version"] in versions.prune(root, third["version"], 1, 0)
+    assert first["version"] in retention.prune(root, third["version"], 1, 0)
 
 
 def both_at_once(job, task, mine_storage, zombie_storage, gate):
@@ -191,7 +191,7 @@ def test_a_copied_shard_written_by_two_attempts_at_once_publishes_what_the_bucke
     job = plan(["--input", src, "--output", root, *args])
     (copy_task,) = [t for t in job.tasks if t.kind == Kind.COPY]
     header, kept = reuse.read_task(copy_task.listing)
-    refused = kept[0]["uri"].split("/", 3)[3]
+    refused = kept[0].uri.split("/", 3)[3]
     with FaultProxy(gcs.endpoint) as zombie_storage:
         zombie_storage.fail(f"out/versions/{first['version']}/{header['source']}", 403)
         zombie_storage.fail(refused, 403)

@@ -8,6 +8,7 @@ import random
 
 from beam_pipeline.dedup import duplicates
 from beam_pipeline.store import catalog
+from dataset_format.catalog_schema import CatalogRow
 
 
 def _row(key, split, file, position, sha256):
@@ -48,7 +49,7 @@ def test_groups_match_a_full_sort_with_shared_prefixes_and_odd_keys(tmp_path, mo
                 key = keys.pop(rng.randrange(len(keys)))
                 row = _row(key, rng.choice(["train", "test"]), f"s{f}", position,
                            rng.choice(pool))
-                writer.append(row)
+                writer.append(CatalogRow.from_dict(row))
                 rows.append(row)
         fragments.append(path)
     got = list(duplicates.groups(fragments))
@@ -60,7 +61,8 @@ def test_no_duplicates_and_empty_fragments(tmp_path):
     path = str(tmp_path / "f.parquet")
     with catalog.FragmentWriter(path) as writer:
         for i in range(3):
-            writer.append(_row(f"k{i}", "train", "s", i, hashlib.sha256(bytes([i])).hexdigest()))
+            writer.append(CatalogRow.from_dict(
+                _row(f"k{i}", "train", "s", i, hashlib.sha256(bytes([i])).hexdigest())))
     empty = str(tmp_path / "e.parquet")
     with catalog.FragmentWriter(empty):
         pass

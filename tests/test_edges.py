@@ -499,7 +499,7 @@ def test_the_winners_cleanup_keeps_a_live_losers_version_and_the_loser_publishes
 def test_a_cleanup_that_cannot_list_a_version_deletes_nothing(open_dir, caplog):
     """Before: a version folder it could not look into counted as incomplete, and was
     deleted (or the cleanup crashed half way)."""
-    from beam_pipeline.store import versions
+    from beam_pipeline.store import retention, versions
     from dataset_format import layout
 
     root = os.path.join(open_dir, "ds")
@@ -513,7 +513,7 @@ def test_a_cleanup_that_cannot_list_a_version_deletes_nothing(open_dir, caplog):
     with unreadable(layout.version_dir(root, ids[0])):
         with pytest.raises(PermissionError):
             versions.list_versions(root)
-        assert versions.prune(root, ids[2], keep=1, keep_superseded_hours=0) == []
+        assert retention.prune(root, ids[2], keep=1, keep_superseded_hours=0) == []
     assert "nothing deleted: cannot list its versions" in caplog.text
     assert versions.list_versions(root) == {"20250101T000000Z": False, **dict.fromkeys(ids, True)}
 
@@ -568,7 +568,7 @@ def test_retention_keeps_a_version_superseded_less_than_48_h_ago(tmp_path):
     before it was superseded."""
     import datetime
 
-    from beam_pipeline.store import versions
+    from beam_pipeline.store import retention, versions
 
     root = str(tmp_path / "ds")
 
@@ -580,10 +580,10 @@ def test_retention_keeps_a_version_superseded_less_than_48_h_ago(tmp_path):
     fake_complete(root, "20260102T000000Z", ago(50))  # superseded #1 50 h ago
     fake_complete(root, "20260103T000000Z", ago(1))   # superseded #2 1 h ago
     fake_complete(root, "20260104T000000Z", ago(0))   # published now: superseded #3
-    assert versions.prune(root, "20260104T000000Z", keep=1) == ["20260101T000000Z"]
-    assert versions.prune(root, "20260104T000000Z", keep=1, keep_superseded_hours=0.5) == [
+    assert retention.prune(root, "20260104T000000Z", keep=1) == ["20260101T000000Z"]
+    assert retention.prune(root, "20260104T000000Z", keep=1, keep_superseded_hours=0.5) == [
         "20260102T000000Z"]
-    assert versions.prune(root, "20260104T000000Z", keep=1, keep_superseded_hours=0) == [
+    assert retention.prune(root, "20260104T000000Z", keep=1, keep_superseded_hours=0) == [
         "20260103T000000Z"]
     assert versions.list_versions(root) == {"20260104T000000Z": True}
 

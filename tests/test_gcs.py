@@ -112,7 +112,7 @@ def test_build_and_read_on_gcs(gcs, gcs_bucket, tmp_path, make_images):
 def test_versions_delete_and_prune_on_gcs(gcs, gcs_bucket):
     """GCS has no directories: deleting a version or the temp dir must remove every object
     under the prefix, nested ones included."""
-    from beam_pipeline.store import files, versions
+    from beam_pipeline.store import files, retention, versions
 
     root = f"gs://{gcs_bucket}/ds"
     old, broken, new = "20260101T000000Z", "20260102T000000Z", "20260103T000000Z"
@@ -128,7 +128,7 @@ def test_versions_delete_and_prune_on_gcs(gcs, gcs_bucket):
     assert versions.publish(root, old) == new            # never moves LATEST backwards
     assert versions.latest(root)[0] == new
 
-    assert sorted(versions.prune(root, new, keep=1)) == [old, broken]
+    assert sorted(retention.prune(root, new, keep=1)) == [old, broken]
     assert versions.list_versions(root) == {new: True}
     assert not [u for u in gcs.list(f"{root}/versions/") if f"/{old}/" in u or f"/{broken}/" in u]
 

@@ -233,7 +233,7 @@ def test_the_version_a_build_starts_from_is_its_manifest_typed(tmp_path):
                       "dog": {"d.jpg": tiny_image(9, "jpg")}})
     v = build([src], root, *ARGS)
     manifest = json.loads((root / "versions" / v["version"] / layout.MANIFEST).read_text())
-    past = history.find(str(root))
+    past = history.find(history.HistoryConfig(str(root)))
     info = past.manifest
     assert (info.version, info.version_dir) == (v["version"], v["version_dir"])
     assert info.labels == ("cat", "dog")

@@ -12,6 +12,7 @@ from beam_pipeline.launcher import identity, incremental, rules
 from beam_pipeline.refs import ImageRef
 from beam_pipeline.store import catalog
 from beam_pipeline.store.catalog import FragmentWriter
+from dataset_format.catalog_schema import CatalogRow
 from beam_pipeline.algorithms.spill import SortedSpill
 from dataset_format import dataset_info, layout
 
@@ -46,7 +47,7 @@ def previous(tmp_path):
     vdir.mkdir(parents=True)
     with FragmentWriter(str(vdir / layout.CATALOG)) as writer:
         for r in PREVIOUS_ROWS:
-            writer.append(r)
+            writer.append(CatalogRow.from_dict(r))
     shards = [{"path": f"train-{i:05d}-of-00002.tfrecord", "num_examples": 2,
                "sha256": f"{i}" * 64, "origin": Origin.HASH} for i in range(2)]
     manifest = {"version": "V1", "splits": {"train": {"num_examples": 4, "shards": shards}}}

@@ -19,7 +19,7 @@ import tempfile
 
 import pytest
 
-from beam_pipeline.store import versions
+from beam_pipeline.store import retention, versions
 from dataset_format import layout
 from tests.helpers import REPO, build, image_bytes, make_images
 
@@ -76,7 +76,7 @@ def test_a_prune_stopped_part_way_leaves_no_manifest_without_its_shards(open_dir
         os.seteuid(NOBODY)
     try:
         with pytest.raises(Exception):
-            versions.delete_version(str(root), "20260101T000000Z")
+            retention.delete_version(str(root), "20260101T000000Z")
     finally:
         if os.geteuid() != os.getuid():
             os.seteuid(0)

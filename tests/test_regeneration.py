@@ -15,7 +15,7 @@ import pytest
 
 from beam_pipeline import cli
 from beam_pipeline.job import commit, contracts
-from beam_pipeline.store import files, versions
+from beam_pipeline.store import files, retention, versions
 from dataset_format import dataset_info, layout, schema
 from tests.helpers import REPO, build, image_bytes, make_images, read_records
 
@@ -206,8 +206,8 @@ def test_keep_versions_deletes_only_what_it_should(tmp_path):
         fake_version(root, v)
     # 20200103 was superseded by `new` seconds ago: kept for --keep_superseded_hours (48 h
     # by default), then deleted; 29990101 was never superseded (never LATEST): kept.
-    assert versions.prune(str(root), new, 1) == []
-    assert versions.prune(str(root), new, 1, keep_superseded_hours=0) == ["20200103T000000Z"]
+    assert retention.prune(str(root), new, 1) == []
+    assert retention.prune(str(root), new, 1, keep_superseded_hours=0) == ["20200103T000000Z"]
     assert versions.list_versions(str(root)) == {
         new: True, "29990101T000000Z": True, "29990102T000000Z": True,
         "29991231T000000Z": False}
@@ -282,7 +282,7 @@ def test_regeneration_cycle_on_gcs(gcs, gcs_bucket, tmp_path, monkeypatch):
     # Two ids claimed in one second on an object store: the claim objects keep them apart.
     assert_same_second_claims_differ(root, monkeypatch, "29990101T00000")
     for v in ("29990101T000000Z", "29990101T000001Z"):  # drop them: they'd outrank the build
-        versions.delete_version(root, v)
+        retention.delete_version(root, v)
 
     # A half-written version, a new class, retention: the same as on local paths.
     gcs.upload_bytes(f"{root}/versions/20200101T000000Z/.tmp/listing.jsonl", b"{}\n")

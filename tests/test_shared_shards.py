@@ -200,12 +200,12 @@ def test_retention_deletes_a_shard_only_when_no_kept_version_names_it(nights):
 def test_a_prune_killed_after_deleting_a_manifest_leaves_what_kept_versions_name(nights):
     """delete_version removes the manifest first: killed right after, the version is an
     incomplete directory with every file; the next prune deletes what nothing names."""
-    from beam_pipeline.store import versions
+    from beam_pipeline.store import retention, versions
 
     src, root, v1, v2 = nights
     os.remove(os.path.join(v1["version_dir"], layout.MANIFEST))  # the kill, mid-prune
     assert _read_all(root) and not _files(v1["version_dir"]) == []
-    versions.prune(root, v2["version"], keep=1, keep_superseded_hours=0)
+    retention.prune(root, v2["version"], keep=1, keep_superseded_hours=0)
     shared = _shared_of(v2["manifest"])
     assert len(_tfrecords(v1["version_dir"])) == len(shared)
     assert {f"../{v1['version']}/{n}" for n in _tfrecords(v1["version_dir"])} == shared
@@ -217,7 +217,7 @@ def test_a_prune_killed_after_deleting_a_manifest_leaves_what_kept_versions_name
     with open(os.path.join(v3["version_dir"], layout.MANIFEST), "a") as f:
         f.write("damaged")
     listed = {v: _files(os.path.join(root, "versions", v)) for v in versions.list_versions(root)}
-    assert versions.prune(root, v3["version"], keep=1, keep_superseded_hours=0) == []
+    assert retention.prune(root, v3["version"], keep=1, keep_superseded_hours=0) == []
     assert {v: _files(os.path.join(root, "versions", v)) for v in listed} == listed
 
 

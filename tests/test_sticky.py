@@ -112,7 +112,8 @@ def test_a_new_key_with_stored_content_keeps_its_split(tmp_path):
     assert got[moved][0].split == rules.assign_split(moved, SPLITS)
 
 
-def test_a_gs_input_is_found_in_the_split_map_by_its_md5_without_a_read(tmp_path):
+def test_a_gs_input_is_found_in_the_split_map_by_its_md5_without_a_read(tmp_path,
+                                                                         gcs_without_objects):
     """Content only an older version held, back under a new key on gs://: the split map's
     md5 gives its split; none of these uris exists, so any hash would count and fail."""
     import base64

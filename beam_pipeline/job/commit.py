@@ -16,12 +16,13 @@ import logging
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
+from beam_pipeline.algorithms.read_ahead import threaded
 from beam_pipeline.dedup import duplicates, leaks
 from beam_pipeline.job import errors_file, rewrite
 from beam_pipeline.job.contracts import Origin, ShardResult
 from beam_pipeline.job.label_counts import SumLabelCounts, minus_dropped, sum_label_counts
 from beam_pipeline.job.manifest import Finalized, build_manifest
-from beam_pipeline.store import catalog, files, lock, split_map, versions
+from beam_pipeline.store import catalog, files, lock, retention, split_map, versions
 from dataset_format import frames, layout
 
 
@@ -96,13 +97,13 @@ def finalize(results, spec, label_counts=None, error_files=()):
 
 def _commit_shards(spec, by_shard):
     """split -> manifest entries in shard order; the renames and empty shards (rare) 16 at
-    a time."""
-    import concurrent.futures
-
-    with concurrent.futures.ThreadPoolExecutor(16) as pool:
-        return {split: list(pool.map(lambda i, split=split: _commit_shard(
-                    spec, split, i, by_shard.get((split, i))), range(n)))
-                for split, n in sorted(spec.num_shards.items())}
+    a time (algorithms/read_ahead.py)."""
+    shards = [(split, i) for split, n in sorted(spec.num_shards.items()) for i in range(n)]
+    entries = {split: [] for split in sorted(spec.num_shards)}
+    for (split, _), entry in threaded(
+            shards, lambda shard: _commit_shard(spec, *shard, by_shard.get(shard)), 16):
+        entries[split].append(entry)
+    return entries
 
 
 def _write_manifest(spec, manifest, extra_files):
@@ -130,7 +131,7 @@ def _publish(spec, manifest):
                                    "published"))
     # Never fails a published job: a delete refused (a retention policy) is logged, and the
     # launcher's summary names what is left (report.print_summary).
-    versions.prune(spec.root, spec.version, spec.keep_versions, spec.keep_superseded_hours)
+    retention.prune(spec.root, spec.version, spec.keep_versions, spec.keep_superseded_hours)
     _release_lock(spec)
     try:  # after LATEST moved: readers need not wait for it
         files.delete_tree(spec.tmp_dir)

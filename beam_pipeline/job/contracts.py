@@ -14,7 +14,7 @@ from typing import Iterable, Optional
 import apache_beam as beam
 
 from beam_pipeline.dedup.near_duplicates import DEFAULT_RADIUS
-from beam_pipeline.store import versions
+from beam_pipeline.store import retention
 from dataset_format import layout
 
 
@@ -114,7 +114,7 @@ class CommitSpec:
     increment: dict = None    # incremental: {"from": version, "removed": n, "changed": n, …}
     drop_content_duplicates: bool = False
     lock_token: str = None    # the launcher's ROOT/.lock token, checked before publishing
-    keep_superseded_hours: float = versions.KEEP_SUPERSEDED_HOURS
+    keep_superseded_hours: float = retention.KEEP_SUPERSEDED_HOURS
     near_duplicates: bool = False          # group the catalog's perceptual hashes
     near_duplicate_radius: int = DEFAULT_RADIUS  # Hamming bits
     drop_near_duplicate_leaks: bool = False

@@ -23,14 +23,15 @@ from beam_pipeline.job.contracts import Kind
 from beam_pipeline.job.rewrite import copy_frames, with_rows
 from beam_pipeline.store import files
 from dataset_format import frames, layout, storage
+from dataset_format.catalog_schema import CatalogRow
 
 RAW = CompressionTypes.UNCOMPRESSED
 
 
 def read_task(listing):
-    """A reuse/copy listing -> (header dict, [kept catalog rows in shard order])."""
+    """A reuse/copy listing -> (header dict, [kept CatalogRows in shard order])."""
     lines = [line for line in files.read_bytes(listing).decode().splitlines() if line]
-    return json.loads(lines[0]), [json.loads(line) for line in lines[1:]]
+    return json.loads(lines[0]), [CatalogRow.from_json(line) for line in lines[1:]]
 
 
 def link_or_copy(source, target):
@@ -75,22 +76,25 @@ def run(kind, result, listing, previous_vdir, write_index, redo=None, vdir=None)
     # from a version written before shards had a CRC-32C).
     result = dataclasses.replace(result, crc32c=header.get("crc32c"),
                                  sha256=header.get("sha256"),
-                                 num_bytes=sum(r["length"] for r in rows))
-    index = "".join(frames.index_line(r["offset"], r["length"]) for r in rows)
+                                 num_bytes=sum(r.length for r in rows))
+    index = "".join(frames.index_line(r.offset, r.length) for r in rows)
     shared = layout.shared_path(posixpath.basename(previous_vdir.rstrip("/")), header["source"])
     if not write_index or _index_is(source, index):
         # Shared: the manifest and catalog name the file where it is; the index beside it
         # is the one readers use, so it must be the catalog's (a damaged one is not shared).
         result = dataclasses.replace(result, shared=shared, temp=source, index_temp=None)
-        return with_rows(result, [dict(r, split=split, shard=shard, file=shared) for r in rows],
-                         False)
+        return with_rows(result, _placed(rows, split, shard, shared), False)
     # Its index missing or not the catalog's: a copy, with a new index.
     if vdir is not None:
         temp = layout.join(vdir, final)
     link_or_copy(source, temp)
     result = dataclasses.replace(result, temp=temp)
-    return with_rows(result, [dict(r, split=split, shard=shard, file=final) for r in rows],
-                     write_index)
+    return with_rows(result, _placed(rows, split, shard, final), write_index)
+
+
+def _placed(rows, split, shard, file):
+    """The kept rows as rows of this version's shard `file`."""
+    return [dataclasses.replace(r, split=split, shard=shard, file=file) for r in rows]
 
 
 def _index_is(shard, text):

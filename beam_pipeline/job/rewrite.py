@@ -22,7 +22,7 @@ def copy_frames(source, result, rows, write_index, redo=None, deep=False):
     The frames are read in runs (store/ranges.py): neighbouring kept frames in one ranged
     read, at most 1.1x their bytes downloaded, one run in memory at a time. A damaged
     record (or a source that cannot be read) goes to `redo(row, why)`, which returns
-    (frame, row fields) converted again from the input, or (None, error record); without
+    (frame, row updated) converted again from the input, or (None, error record); without
     `redo` it raises Damaged. `deep`: also check each record's key and image sha256 against
     its row (a file whose checksum is not the manifest's may have been rewritten whole).
 
@@ -32,27 +32,27 @@ def copy_frames(source, result, rows, write_index, redo=None, deep=False):
     errors, redone = [], 0
     with _files_of(result, write_index) as out:
         for row, frame, why in _checked(source, rows, deep):
-            fields = {}
             if why is not None:
                 if redo is None:
                     raise Damaged(f"{source}: {why}")
-                frame, fields = redo(row, f"{source}: {why}")
+                frame, redone_row = redo(row, f"{source}: {why}")
                 redone += frame is not None
                 if frame is None:
-                    errors.append(fields)
+                    errors.append(redone_row)  # the error record
                     continue
+                row = redone_row
             offset = out.num_bytes
             out.write_frame(frame)
-            out.add(dict(row, **fields, split=result.split, shard=result.shard,
-                         file=result.path, position=out.num_examples, offset=offset,
-                         length=len(frame)))
+            out.add(dataclasses.replace(row, split=result.split, shard=result.shard,
+                                        file=result.path, position=out.num_examples,
+                                        offset=offset, length=len(frame)))
     return _written(result, out, crc32c=out.crc32c, num_bytes=out.num_bytes), errors, redone
 
 
 def _checked(source, rows, deep):
     """(row, frame, None) for a whole frame, (row, None, why) for a damaged one; when the
     source cannot be read, every row from there on is damaged."""
-    spans = ranges.read_spans(source, [(row["offset"], row["length"]) for row in rows])
+    spans = ranges.read_spans(source, [(row.offset, row.length) for row in rows])
     unreadable = None
     for row in rows:
         if unreadable is None:
@@ -65,27 +65,27 @@ def _checked(source, rows, deep):
 
 
 def damage(frame, row, deep=False):
-    """What is wrong with `frame` as the record of catalog `row`, or None (~2 µs for a 40 KB
-    record: its CRCs, by the C extension)."""
-    if len(frame) != row["length"]:
-        return f"record {row['position']} is cut short ({len(frame)} of {row['length']} bytes)"
+    """What is wrong with `frame` as the record of CatalogRow `row`, or None (~2 µs for a
+    40 KB record: its CRCs, by the C extension)."""
+    if len(frame) != row.length:
+        return f"record {row.position} is cut short ({len(frame)} of {row.length} bytes)"
     try:
-        found = frames.read_frame(io.BytesIO(frame), row["offset"])
+        found = frames.read_frame(io.BytesIO(frame), row.offset)
     except frames.FrameError as e:
-        return f"record {row['position']}: {e}"
-    if found is None or found[1] != row["length"]:
-        return f"record {row['position']}: no whole frame at offset {row['offset']}"
+        return f"record {row.position}: {e}"
+    if found is None or found[1] != row.length:
+        return f"record {row.position}: no whole frame at offset {row.offset}"
     if deep:
         features = reframe.parse_example(found[0])
-        if (features.get(schema.FILENAME, b"").decode() != row["key"]
-                or features.get(schema.SHA256, b"").decode() != row["sha256"]):
-            return f"record {row['position']} is not {row['key']}'s"
+        if (features.get(schema.FILENAME, b"").decode() != row.key
+                or features.get(schema.SHA256, b"").decode() != row.sha256):
+            return f"record {row.position} is not {row.key}'s"
     return None
 
 
 def with_rows(result, rows, write_index):
     """`result` (a shard in place at result.temp) with the catalog fragment and index of its
-    `rows` written, and counted."""
+    `rows` (CatalogRows) written, and counted."""
     with _files_of(result, write_index, shard=False) as out:
         for row in rows:
             out.add(row)
@@ -110,8 +110,8 @@ def _written(result, out, **fields):
 
 def keep_rows(result, drop_positions, write_index):
     """`result`'s temp shard rewritten without the records at `drop_positions`."""
-    rows = [r for r in catalog.iter_rows(result.catalog_temp)
-            if r["position"] not in drop_positions]
+    rows = [r for r in catalog.read_rows(result.catalog_temp)
+            if r.position not in drop_positions]
     # A shared shard is an earlier version's file: its rewrite goes beside this attempt's
     # catalog fragment (in this build's .tmp/), never into that version's directory.
     base = (result.catalog_temp[:-len(layout.FRAGMENT_SUFFIX)] if result.shared

@@ -55,12 +55,12 @@ class ShardFile:
         return len(frame)
 
     def add(self, row):
-        """The catalog row of the record just written (or of a linked shard's record): to the
+        """The CatalogRow of the record just written (or of a linked shard's record): to the
         fragment, its offset and length to the index, its label to the counts."""
         self._fragment.append(row)
-        self._index.add(row["offset"], row["length"])
+        self._index.add(row.offset, row.length)
         self.num_examples += 1
-        self.label_counts[row["label"]] = self.label_counts.get(row["label"], 0) + 1
+        self.label_counts[row.label] = self.label_counts.get(row.label, 0) + 1
 
     def record(self, metadata):
         """Key-value metadata for the fragment's footer (job/attempts.py)."""

@@ -4,6 +4,7 @@ Only small ImageRefs crossed the shuffle; image bytes live here, one shard at a 
 so memory does not grow with the dataset.
 """
 
+import base64
 import concurrent.futures
 import dataclasses
 import hashlib
@@ -26,6 +27,7 @@ from beam_pipeline.job.contracts import Kind, PixelMoments, ShardResult
 from beam_pipeline.job.shard_file import ShardFile
 from beam_pipeline.refs import ImageRef
 from dataset_format import frames, layout, schema
+from dataset_format.catalog_schema import CatalogRow
 
 DAMAGED = "damaged_record"  # errors.jsonl: a damaged stored record whose input is gone
 
@@ -76,6 +78,8 @@ class WriteShardFn(beam.DoFn):
         self.passed_through = Metrics.counter("images", "passed_through")
 
     def setup(self):
+        # The writer's own pool, kept across shards (read_ahead.threaded makes one per call):
+        # read_ahead.ordered drives it (job/inputs.py), local reads skip it.
         self.pool = concurrent.futures.ThreadPoolExecutor(inputs.READ_AHEAD)
         self.budget = workers.this_machine(self.writers_per_process, inputs.READ_AHEAD)
         gcs.widen_pool(self.budget.connections)
@@ -133,16 +137,15 @@ class WriteShardFn(beam.DoFn):
                     continue
                 offset = out.num_bytes
                 length = out.write(made.parts, made.length)
-                out.add({
-                    "key": ref.key, "uri": ref.uri, "label": ref.label,
-                    "label_id": self.label_ids[ref.label], "split": split, "shard": shard,
-                    "file": final, "position": out.num_examples,
-                    "offset": offset, "length": length, "sha256": made.sha256,
-                    "height": made.height, "width": made.width, "input_size": ref.size,
-                    "input_stamp": ref.stamp, "input_sha256": made.input_sha256,
-                    "input_md5": ref.md5,
-                    "phash": made.phash, "phash_center": made.phash_center,
-                    "near_descriptor": made.descriptor})
+                out.add(CatalogRow(
+                    key=ref.key, uri=ref.uri, label=ref.label,
+                    label_id=self.label_ids[ref.label], split=split, shard=shard,
+                    file=final, position=out.num_examples,
+                    offset=offset, length=length, sha256=made.sha256,
+                    height=made.height, width=made.width, input_size=ref.size,
+                    input_stamp=ref.stamp, input_sha256=made.input_sha256,
+                    input_md5=ref.md5, phash=made.phash, phash_center=made.phash_center,
+                    near_descriptor=made.descriptor))
                 passed_through += made.passed_through
                 reframed += made.reframed
                 converted += not made.reframed
@@ -173,7 +176,8 @@ class WriteShardFn(beam.DoFn):
                 record, f = reframe.reframe(data, ref.key, label_id, ref.label)
                 return _Made((record,), len(record), f[schema.SHA256].decode(), f[schema.HEIGHT],
                              f[schema.WIDTH], ref.sha256, 0, None, ref.source.phash,
-                             ref.source.phash_center, ref.source.descriptor, reframed=True)
+                             ref.source.phash_center, _descriptor(ref.source.descriptor),
+                             reframed=True)
             except Exception as e:  # the stored record damaged or gone: convert instead
                 logging.warning("%s: converting %s again (%s)", ref.source.path, ref.uri, e)
                 data, read_error = inputs.fetch(ref.uri, self.encode_options.max_bytes, ref.stamp)
@@ -191,10 +195,9 @@ class WriteShardFn(beam.DoFn):
                                     f"({why}) and its input cannot replace it: {e.detail}")
 
     def _redo(self, row, why):
-        """A reuse/copy task's damaged record (catalog `row`) -> (its frame converted again
-        from the input, the row's new fields), or (None, error record)."""
-        ref = ImageRef(row["key"], row["uri"], row["label"], row["split"],
-                       row["input_size"], row["input_stamp"])
+        """A reuse/copy task's damaged record (its CatalogRow) -> (its frame converted again
+        from the input, the row with the new record's fields), or (None, error record)."""
+        ref = ImageRef(row.key, row.uri, row.label, row.split, row.input_size, row.input_stamp)
         logging.warning("%s: converting %s again", why, ref.uri)
         data, read_error = inputs.fetch(ref.uri, self.encode_options.max_bytes, ref.stamp)
         try:
@@ -202,10 +205,10 @@ class WriteShardFn(beam.DoFn):
         except images.ImageError as e:
             return None, error_record(ref.uri, e.stage, e.reason, e.detail)
         head, tail = frames.frame_ends(made.parts, made.length)
-        return b"".join((head, *made.parts, tail)), {
-            "sha256": made.sha256, "height": made.height, "width": made.width,
-            "input_sha256": made.input_sha256, "phash": made.phash,
-            "phash_center": made.phash_center, "near_descriptor": made.descriptor}
+        return b"".join((head, *made.parts, tail)), dataclasses.replace(
+            row, sha256=made.sha256, height=made.height, width=made.width,
+            input_sha256=made.input_sha256, phash=made.phash, phash_center=made.phash_center,
+            near_descriptor=made.descriptor)
 
     def _converted(self, ref, data, read_error):
         """An input's bytes converted -> _Made (ImageError when it is rejected)."""
@@ -234,6 +237,11 @@ class WriteShardFn(beam.DoFn):
             raise
         except Exception as e:  # a decoder's unforeseen failure is this image's, not the night's
             raise images.ImageError("decode", "crashed", f"{type(e).__name__}: {e}") from e
+
+
+def _descriptor(text):
+    """A stored row's near_descriptor as refs.StoredFrame carries it (base64) -> bytes."""
+    return None if text is None else base64.b64decode(text)
 
 
 def _signed(phash):

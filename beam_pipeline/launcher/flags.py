@@ -20,6 +20,7 @@ NEAR_DUPLICATE_RADIUS = 8  # measured: benchmarks/bench_near_duplicates.py (docs
 
 def add_build_args(parser):
     """Every build option; BuildOptions (a PipelineOptions) registers exactly these."""
+    # ~85 lines: one add() per flag with its help, a table rather than logic.
     add = parser.add_argument
     add("--input", action="append", default=None,
         help="Image directory (DIR/<class>/… or DIR/<split>/<class>/…), glob, or .csv/.jsonl "

@@ -28,9 +28,19 @@ class History:
     notes: tuple = ()                      # lines for the user: damage gone around
 
 
-def find(root, resplit=False):
-    """-> History of `root` (--resplit: no split map)."""
+@dataclasses.dataclass(frozen=True)
+class HistoryConfig:
+    """What the history stage needs of the build options."""
+
+    root: str              # the dataset root
+    resplit: bool = False  # --resplit: start over without a split map
+
+
+def find(config):
+    """HistoryConfig -> History of `config.root` (--resplit: no split map)."""
     from beam_pipeline.store import versions
+
+    root = config.root
 
     notes = []
     latest, problem = _latest(root)
@@ -52,7 +62,7 @@ def find(root, resplit=False):
         if why:
             notes.append(f"{why}; nothing is reused from version {version}: every image is "
                          "converted again (its splits still hold)")
-    smap = None if resplit else _split_map(root, candidates, notes)
+    smap = None if config.resplit else _split_map(root, candidates, notes)
     return History(version, manifest, catalog, smap, tuple(notes))
 
 

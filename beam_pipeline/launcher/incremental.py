@@ -30,6 +30,7 @@ from beam_pipeline.job.contracts import Kind, Origin, PlannedShard, ShardPlan
 from beam_pipeline.launcher import identity
 from beam_pipeline.launcher.plan import iter_shards
 from beam_pipeline.launcher.rules import shard_sort_key
+from dataset_format.catalog_schema import CatalogRow
 from dataset_format.dataset_info import ShardInfo
 
 
@@ -97,10 +98,12 @@ def plan_increment(resolved, previous_vdir, previous, spill_dir, target_shard_mb
         if kept_as_is(ref, row):
             kept_in[row["file"]] += 1
             # Moved or touched with the same bytes: the catalog follows the file.
-            row.update(uri=ref.uri, input_size=ref.size, input_stamp=ref.stamp,
-                       input_sha256=ref.sha256 or row.get("input_sha256"),
-                       input_md5=ref.md5 or row.get("input_md5"))
-            kept.add(f"{row['file']} {row['position']:010d}", json.dumps(row))
+            stored = CatalogRow.from_json(row)
+            stored = dataclasses.replace(
+                stored, uri=ref.uri, input_size=ref.size, input_stamp=ref.stamp,
+                input_sha256=ref.sha256 or stored.input_sha256,
+                input_md5=ref.md5 or stored.input_md5)
+            kept.add(f"{stored.file} {stored.position:010d}", stored.to_json())
             continue
         if row is not None:
             ref = dataclasses.replace(ref, source=identity.stored_frame(previous_vdir, row))

@@ -3,7 +3,6 @@ stat'ed (gs:// ones by listing the folders they name), keys checked unique on di
 from directory inputs because a manifest names its files: nothing is walked, every row can
 be wrong on its own."""
 
-import concurrent.futures
 import csv
 import io
 import itertools
@@ -17,6 +16,7 @@ from beam_pipeline.errors import UserError, error_record
 from beam_pipeline.launcher import stamps, walk
 from beam_pipeline.launcher.folders import has_control
 from beam_pipeline.refs import ImageRef
+from beam_pipeline.algorithms.read_ahead import threaded
 from beam_pipeline.algorithms.spill import SortedSpill
 
 STAT_THREADS = 32          # manifest uris on gs:// checked at once
@@ -166,12 +166,11 @@ def _stat_all_remote(remote):
             raise UserError(f"{where}: {full}: only local paths and gs:// uris are supported")
         folders.setdefault(full.rsplit("/", 1)[0] + "/", []).append((full, where))
     stats, rest = {}, []
-    with concurrent.futures.ThreadPoolExecutor(STAT_THREADS) as pool:
-        for found, left in pool.map(_list_folder, folders.items()):
-            stats.update(found)
-            rest.extend(left)
-        if rest:
-            stats.update(zip((full for full, _ in rest), pool.map(_stat_remote, *zip(*rest))))
+    for _, (found, left) in threaded(folders.items(), _list_folder, STAT_THREADS):
+        stats.update(found)
+        rest.extend(left)
+    stats.update((full, stat) for (full, _), stat in threaded(
+        rest, lambda row: _stat_remote(*row), STAT_THREADS))
     return stats
 
 

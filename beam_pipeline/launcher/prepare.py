@@ -22,7 +22,7 @@ from beam_pipeline.launcher import checks, history, identity, incremental, listi
 from beam_pipeline.launcher import options as opts
 from beam_pipeline.launcher.rules import label_ids, parse_splits
 from beam_pipeline.launcher.shard_index import write_shard_listings
-from beam_pipeline.store import files, lock, versions
+from beam_pipeline.store import files, lock, retention, versions
 from dataset_format import layout
 
 
@@ -51,13 +51,13 @@ class Planned:
 
 def prepare(build, root):
     """-> UpToDate, or Planned after claiming a version and writing its shard listings."""
-    past = history.find(root, build.resplit)
+    past = history.find(history.HistoryConfig(root, build.resplit))
     for note in past.notes:
         print(f"note: {note}", file=sys.stderr, flush=True)
     previous = past.manifest
     versions.check_clock(root, past.version)
     checks.refuse_catalogless(build, root, previous)
-    for v in versions.clean_leftovers(root):
+    for v in retention.clean_leftovers(root):
         print(f"{root}: version {v} was never published (a run killed before LATEST): "
               "its manifest removed, its finished shards resumed")
     label_file = checks.read_label_file(build.label_file) if build.label_file else None

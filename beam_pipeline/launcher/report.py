@@ -103,13 +103,13 @@ def leftover_versions(root, manifest):
     delete as of the manifest's writing (so not a version that only became due since)."""
     import datetime
 
-    from beam_pipeline.store import versions
+    from beam_pipeline.store import retention
 
     config = manifest.get("config", {})
     written = datetime.datetime.strptime(manifest["created_at"], "%Y-%m-%dT%H:%M:%SZ").replace(
         tzinfo=datetime.timezone.utc)
-    return versions.prune(root, manifest["version"], config.get("keep_versions", 0),
-                          config.get("keep_superseded_hours", versions.KEEP_SUPERSEDED_HOURS),
+    return retention.prune(root, manifest["version"], config.get("keep_versions", 0),
+                          config.get("keep_superseded_hours", retention.KEEP_SUPERSEDED_HOURS),
                           dry_run=True, now=written)
 
 

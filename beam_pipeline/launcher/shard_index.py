@@ -8,26 +8,26 @@ shards is not inlined); each shard writer then streams its own listing file.
 def write_shard_listings(tmp_dir, shards):
     """PlannedShard stream -> one listing file per shard -> the
     path of the shard index the job reads. Small files are written 16 at a time (gs://
-    latency); a shard of many tiny images is streamed, so memory stays flat either way.
+    latency; algorithms/read_ahead.py, its results drained in order); a shard of many tiny
+    images is streamed, so memory stays flat either way.
     """
-    import concurrent.futures
-
+    from beam_pipeline.algorithms.read_ahead import threaded
     from beam_pipeline.store import files
     from dataset_format import layout
 
-    index, in_flight = [], []
-    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+    index = []
+
+    def small_listings():
+        """(path, bytes) of each small listing; big ones are streamed here as they come."""
         for planned in shards:
             path = layout.listing_file(tmp_dir, planned.split, planned.shard)
             index.append(planned.task(path).to_json() + "\n")
             small = _write_listing(path, planned.lines)
-            if small is None:
-                continue
-            in_flight.append(pool.submit(files.write_bytes, path, small))
-            if len(in_flight) >= 32:
-                in_flight.pop(0).result()
-        for future in in_flight:
-            future.result()
+            if small is not None:
+                yield path, small
+
+    for _ in threaded(small_listings(), lambda item: files.write_bytes(*item), 16, depth=32):
+        pass  # a failed write raises here, in its turn
     index_path = layout.join(tmp_dir, layout.SHARD_INDEX)
     files.write_bytes(index_path, "".join(index).encode())
     return index_path

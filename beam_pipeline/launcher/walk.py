@@ -144,6 +144,8 @@ def parallel_walk(list_one, root, threads):
     stop = threading.Event()
     pending, lock = [0], threading.Lock()
     done = object()
+    # Not algorithms/read_ahead.py: a folder's listing submits its sub-folders' (tasks make
+    # tasks) and items come unordered through a queue; that helper reads a known sequence.
     pool = concurrent.futures.ThreadPoolExecutor(threads)
 
     def put(x):

@@ -18,7 +18,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from beam_pipeline.algorithms.read_ahead import threaded
 from dataset_format import catalog_schema
-from dataset_format.catalog_schema import DESCRIPTOR
+from dataset_format.catalog_schema import DESCRIPTOR, CatalogRow
 
 SCHEMA = catalog_schema.arrow_schema()  # the columns: dataset_format/catalog_schema.py
 ROWS_PER_BATCH = 8192
@@ -38,11 +38,8 @@ class FragmentWriter:
         return self
 
     def append(self, row):
-        """One row: a dict of SCHEMA's columns (missing ones null); near_descriptor as bytes,
-        or as the base64 text iter_rows gives (rows carried through JSON)."""
-        if isinstance(row.get(DESCRIPTOR), str):
-            row = dict(row, **{DESCRIPTOR: base64.b64decode(row[DESCRIPTOR])})
-        self.rows.append(row)
+        """One row: a CatalogRow (a dict only here, at the Parquet seam)."""
+        self.rows.append(row.to_dict())
         if len(self.rows) >= ROWS_PER_BATCH:
             self._flush()
 
@@ -164,9 +161,17 @@ def iter_tables(path, columns=None, row_groups=None):
             yield source.read_row_group(i, columns=columns)
 
 
+def read_rows(path):
+    """The rows of a catalog file as CatalogRows, one row group in memory at a time."""
+    for table in iter_tables(path):
+        for row in table.to_pylist():
+            yield CatalogRow.from_dict(row)
+
+
 def iter_rows(path):
-    """The rows of a catalog file as dicts, one row group at a time, ready for JSON (the
-    launcher carries kept rows as JSON lines): near_descriptor as base64 text."""
+    """The rows of a catalog file as dicts, one row group at a time, ready for JSON: the
+    launcher's identity joins only read rows and spill them as JSON text (a CatalogRow per
+    row would be built only to be dumped again); near_descriptor as base64 text."""
     for table in iter_tables(path):
         for row in table.to_pylist():
             if row.get(DESCRIPTOR) is not None:

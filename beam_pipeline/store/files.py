@@ -139,9 +139,9 @@ def delete_tree(directory):
         if FileSystems.exists(directory):
             FileSystems.delete([directory])  # LocalFileSystem removes the whole tree
         return
-    from beam_pipeline.store import gcs
+    from beam_pipeline.store import gcs_delete
 
-    gcs.delete_prefix(directory)  # batched: not Beam's three round trips per object
+    gcs_delete.delete_prefix(directory)  # batched: not Beam's three round trips per object
 
 
 def place_once(source, path):
@@ -192,9 +192,9 @@ def size_and_crc32c(path):
 def delete(path):
     """Delete one file; FileNotFoundError when it is not there."""
     if is_gcs(path):
-        from beam_pipeline.store import gcs
+        from beam_pipeline.store import gcs_delete
 
-        return gcs.delete(path)
+        return gcs_delete.delete(path)
     os.unlink(path)
 
 
@@ -210,9 +210,9 @@ def copy(source, path):
 def delete_quietly(path):
     """Delete one file if it is there (a temp file; a failure is left to the clean-up)."""
     if path.startswith("gs://"):
-        from beam_pipeline.store import gcs
+        from beam_pipeline.store import gcs_delete
 
-        gcs.delete_quietly(path)
+        gcs_delete.delete_quietly(path)
         return
     with contextlib.suppress(OSError):
         os.unlink(path)

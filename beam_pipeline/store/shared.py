@@ -37,9 +37,9 @@ def delete_version(root, version, keep=frozenset()):
     vdir = layout.version_dir(root, version)
     manifest = layout.join(vdir, layout.MANIFEST)
     if "://" in root:  # listed first: a refused listing (403) leaves the version whole,
-        from beam_pipeline.store import gcs  # so the summary still names it as left over
+        from beam_pipeline.store import gcs_delete  # so the summary still names it as left over
 
-        gcs.delete_prefix(vdir, first=manifest, keep={layout.join(vdir, k) for k in keep})
+        gcs_delete.delete_prefix(vdir, first=manifest, keep={layout.join(vdir, k) for k in keep})
         return
     if not keep:
         if files.exists(manifest):

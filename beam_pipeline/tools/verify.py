@@ -121,48 +121,59 @@ def check(path):
             for label, n in counts.items():
                 counted[label] = counted.get(label, 0) + n
                 records += n
-        shard_sum = sum(sh.num_examples for sh in s.shards)
-        if shard_sum != s.num_examples:
-            problems.add(f"manifest split {split!r}", f"num_examples {s.num_examples} but its "
-                                                      f"shards add up to {shard_sum}")
-        bytes_sum = sum(sh.num_bytes or 0 for sh in s.shards)
-        if s.num_bytes is not None and bytes_sum != s.num_bytes:
-            problems.add(f"manifest split {split!r}", f"num_bytes {s.num_bytes} but its "
-                                                      f"shards add up to {bytes_sum}")
-        if sum(s.label_counts.values()) != s.num_examples:
-            problems.add(f"manifest split {split!r}",
-                         f"label_counts add up to {sum(s.label_counts.values())}, "
-                         f"num_examples is {s.num_examples}")
-        if readable:
-            for label in sorted(set(counted) | set(s.label_counts)):
-                want, got = s.label_counts.get(label, 0), counted.get(label, 0)
-                if want != got:
-                    problems.add(f"split {split!r}",
-                                 f"class {label!r}: {got} records, manifest says {want}")
-            total = sum(counted.values())
-            if total != s.num_examples:
-                problems.add(f"split {split!r}",
-                             f"{total} records, manifest num_examples is {s.num_examples}")
-        else:
-            problems.add(f"split {split!r}", "records per class not counted: a shard is missing "
-                                             "or cannot be read to its end (see above)")
+        _check_split(split, s, counted if readable else None, problems)
         written += s.num_examples
-    acc = manifest.get("accounting")
-    if acc:
-        if acc.get("written") != written:
-            problems.add("manifest accounting", f"written {acc.get('written')} but the splits "
-                                                f"hold {written}")
-        parts = (acc.get("duplicates", 0) + acc.get("failed", 0) + acc.get("written", 0)
-                 + acc.get("leaks", 0))
-        if acc.get("listed") != parts:
-            problems.add("manifest accounting", f"listed {acc.get('listed')} != duplicates + "
-                                                f"failed + written + leaks = {parts}")
+    _check_accounting(manifest.get("accounting"), written, problems)
     catalog.finish([sh.name for s in info.splits.values() for sh in s.shards])
     _check_errors_file(gfile, vdir, manifest, problems)
     _check_near_duplicates_file(gfile, vdir, manifest, problems)
     _check_tfds(gfile, vdir, info, problems)
     return {"problems": problems.items, "version_dir": vdir, "version": info.version,
             "shards": files, "records": records, "warnings": _warnings(manifest)}
+
+
+def _check_split(split, s, counted, problems):
+    """A split's manifest sums (shards, bytes, classes) and, when every shard was read to its
+    end (`counted`: records per class; None otherwise), its records per class."""
+    shard_sum = sum(sh.num_examples for sh in s.shards)
+    if shard_sum != s.num_examples:
+        problems.add(f"manifest split {split!r}", f"num_examples {s.num_examples} but its "
+                                                  f"shards add up to {shard_sum}")
+    bytes_sum = sum(sh.num_bytes or 0 for sh in s.shards)
+    if s.num_bytes is not None and bytes_sum != s.num_bytes:
+        problems.add(f"manifest split {split!r}", f"num_bytes {s.num_bytes} but its "
+                                                  f"shards add up to {bytes_sum}")
+    if sum(s.label_counts.values()) != s.num_examples:
+        problems.add(f"manifest split {split!r}",
+                     f"label_counts add up to {sum(s.label_counts.values())}, "
+                     f"num_examples is {s.num_examples}")
+    if counted is not None:
+        for label in sorted(set(counted) | set(s.label_counts)):
+            want, got = s.label_counts.get(label, 0), counted.get(label, 0)
+            if want != got:
+                problems.add(f"split {split!r}",
+                             f"class {label!r}: {got} records, manifest says {want}")
+        total = sum(counted.values())
+        if total != s.num_examples:
+            problems.add(f"split {split!r}",
+                         f"{total} records, manifest num_examples is {s.num_examples}")
+    else:
+        problems.add(f"split {split!r}", "records per class not counted: a shard is missing "
+                                         "or cannot be read to its end (see above)")
+
+
+def _check_accounting(acc, written, problems):
+    """The manifest's accounting against the records the splits hold."""
+    if not acc:
+        return
+    if acc.get("written") != written:
+        problems.add("manifest accounting", f"written {acc.get('written')} but the splits "
+                                            f"hold {written}")
+    parts = (acc.get("duplicates", 0) + acc.get("failed", 0) + acc.get("written", 0)
+             + acc.get("leaks", 0))
+    if acc.get("listed") != parts:
+        problems.add("manifest accounting", f"listed {acc.get('listed')} != duplicates + "
+                                            f"failed + written + leaks = {parts}")
 
 
 def _warnings(manifest):

@@ -102,16 +102,8 @@ def check_shard(gfile, vdir, shard, labels, label_offset, write_index, problems,
                 seen.append((offset - frame_len, frame_len, None, None))
                 continue
             seen.append((offset - frame_len, frame_len, key, sha))
-            if not 0 <= label - label_offset < len(labels):
-                shard_problems.append(f"record {k}: label id {label} is outside the "
-                                      f"{len(labels)} classes")
-            elif labels[label - label_offset] != text:
-                shard_problems.append(f"record {k}: label id {label} is "
-                                      f"{labels[label - label_offset]!r} in the manifest but "
-                                      f"the record says {text!r}")
-            if hashlib.sha256(encoded).hexdigest() != sha:
-                shard_problems.append(f"record {k}: {schema.SHA256} does not match "
-                                      f"{schema.ENCODED}")
+            shard_problems += _record_problems(k, label, text, encoded, sha, labels,
+                                               label_offset)
             counts[text] = counts.get(text, 0) + 1
     if shard.num_bytes is not None and f.size != shard.num_bytes:
         shard_problems.insert(0, f"size {f.size} bytes, manifest says {shard.num_bytes}")
@@ -127,6 +119,19 @@ def check_shard(gfile, vdir, shard, labels, label_offset, write_index, problems,
     if catalog is not None:
         catalog.check_shard(rel, split, seen, complete)
     return counts if complete else None
+
+
+def _record_problems(k, label, text, encoded, sha, labels, label_offset):
+    """What is wrong with record `k`'s label (against the manifest's classes) and hash."""
+    found = []
+    if not 0 <= label - label_offset < len(labels):
+        found.append(f"record {k}: label id {label} is outside the {len(labels)} classes")
+    elif labels[label - label_offset] != text:
+        found.append(f"record {k}: label id {label} is {labels[label - label_offset]!r} in "
+                     f"the manifest but the record says {text!r}")
+    if hashlib.sha256(encoded).hexdigest() != sha:
+        found.append(f"record {k}: {schema.SHA256} does not match {schema.ENCODED}")
+    return found
 
 
 def _check_index(gfile, path, rel, frames, complete, required, problems):
