@@ -3,6 +3,7 @@ version of the root wrote (docs/format.md, format version 3)."""
 
 import json
 import os
+import shutil
 
 import pytest
 
@@ -77,15 +78,33 @@ def _manifest(root, version):
         return json.load(f)
 
 
+@pytest.fixture(scope="module")
+def two_nights(tmp_path_factory):
+    """Built once per module, read-only: a first version, then a night adding two images."""
+    base = tmp_path_factory.mktemp("nights")
+    make_images(base / "src", {"cat": 30, "dog": 30, "owl": 20})
+    v1 = build([base / "src"], base / "root", *ARGS)
+    make_images(base / "src", {"cat": {"new_a.jpg": image_bytes((1, 2, 3)),
+                                       "new_b.jpg": image_bytes((4, 5, 6))}})
+    v2 = build([base / "src"], base / "root", *ARGS, "--keep_versions", "0")
+    return base, v1, v2
+
+
 @pytest.fixture
-def nights(tmp_path):
-    """A first version, then a night adding two images: (src, root, v1, v2)."""
-    make_images(tmp_path / "src", {"cat": 30, "dog": 30, "owl": 20})
-    v1 = build([tmp_path / "src"], tmp_path / "root", *ARGS)
-    make_images(tmp_path / "src", {"cat": {"new_a.jpg": image_bytes((1, 2, 3)),
-                                           "new_b.jpg": image_bytes((4, 5, 6))}})
-    v2 = build([tmp_path / "src"], tmp_path / "root", *ARGS, "--keep_versions", "0")
-    return tmp_path / "src", str(tmp_path / "root"), v1, v2
+def nights(two_nights, tmp_path):
+    """`two_nights` copied for one test to change: (src, root, v1, v2). Two builds per test
+    cost ~3 s of the fast subset's CPU; a copy, milliseconds. The copied inputs have new
+    paths and ctimes: the next night finds every one moved, hashes it and keeps its record
+    (what test_sticky's moved trees check), so its shards are shared all the same."""
+    base, v1, v2 = two_nights
+    for name in ("src", "root"):
+        shutil.copytree(base / name, tmp_path / name, symlinks=True)
+
+    def here(result):
+        return {k: v.replace(str(base), str(tmp_path)) if isinstance(v, str) else v
+                for k, v in result.items()}
+
+    return tmp_path / "src", str(tmp_path / "root"), here(v1), here(v2)
 
 
 def test_a_night_that_adds_images_shares_every_unchanged_shard(nights):
@@ -227,12 +246,15 @@ def test_dropping_a_duplicate_from_a_shared_shard_writes_this_version_a_copy(nig
     src, root, v1, v2 = nights
     first = sorted(os.listdir(src / "cat"))[0]
     (src / "cat" / "zz_copy.jpg").write_bytes((src / "cat" / first).read_bytes())
-    stat = {n: os.stat(os.path.join(v1["version_dir"], n)) for n in _files(v1["version_dir"])}
+    def unchanged(vdir):  # not atime: reading a file is not changing it
+        return {n: (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+                for n in _files(vdir) if (st := os.stat(os.path.join(vdir, n)))}
+
+    stat = unchanged(v1["version_dir"])
     v3 = build([src], root, *ARGS, "--keep_versions", "0", "--drop_content_duplicates")
     check_invariants(v3)
     assert v3["manifest"]["content_duplicates"]["dropped"] == 1
-    assert {n: os.stat(os.path.join(v1["version_dir"], n)) for n in _files(v1["version_dir"])} \
-        == stat
+    assert unchanged(v1["version_dir"]) == stat
     _verified(root)
     assert "cat/zz_copy.jpg" not in _read_all(root) and len(_read_all(root)) == 82
 
