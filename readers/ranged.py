@@ -20,6 +20,8 @@ import numpy as np
 from dataset_format import frames, layout
 
 MAX_GAP = 1 << 20  # bytes read through rather than starting another range (one request)
+LOCAL_GAP = 64 << 10  # the same on local disk, where a range costs an open, not a round trip
+MAX_BUFFER = 16 << 20  # a C++ range's read buffer: its bytes (one read, one GET), up to this
 GCS_THREADS = 16  # ranged requests in flight on gs:// (each one a round trip)
 
 
@@ -61,6 +63,28 @@ class RangedRecords:
             for slot, record in zip(slots, records):
                 out[slot] = record
         return out
+
+    def plan(self, ids):
+        """The C++ read of records `ids` (readers/resumable.py): consecutive ranges
+        (paths, byte offsets, record counts, buffer sizes) and `gather`, where the ranges'
+        records, concatenated, indexed by `gather`, are the records of `ids` in their order.
+        Wanted records closer than the gap are read through, as one range."""
+        ids = np.asarray(ids, np.int64)
+        paths, starts, counts, sizes = [], [], [], []
+        gather, base = np.zeros(len(ids), np.int64), 0
+        for shard, positions, slots in self._by_shard(ids):
+            offsets, lengths = self.index(shard)
+            gap = MAX_GAP if shard.path.startswith("gs://") else LOCAL_GAP
+            for lo, hi in _coalesce(offsets, lengths, positions, gap):
+                first, last = positions[lo], positions[hi - 1]
+                paths.append(shard.path)
+                starts.append(offsets[first])
+                counts.append(last - first + 1)
+                sizes.append(min(offsets[last] + lengths[last] - offsets[first], MAX_BUFFER))
+                gather[slots[lo:hi]] = base + positions[lo:hi] - first
+                base += last - first + 1
+        return (np.array(paths, dtype=object), np.array(starts, np.int64),
+                np.array(counts, np.int64), np.array(sizes, np.int64), gather)
 
     def index(self, shard):
         """(offsets, frame lengths) of a shard's records, from its `.index` file (read once)."""
@@ -139,14 +163,14 @@ class RangedRecords:
         return self._files[path]
 
 
-def _coalesce(offsets, lengths, positions):
+def _coalesce(offsets, lengths, positions, max_gap=MAX_GAP):
     """[lo, hi) slices of the sorted `positions` read as one range: a gap of more than
-    MAX_GAP bytes between two wanted records starts a new range."""
+    `max_gap` bytes between two wanted records starts a new range."""
     if not len(positions):
         return []
     ends = offsets[positions] + lengths[positions]
     gaps = offsets[positions[1:]] - ends[:-1]
-    cuts = np.flatnonzero(gaps > MAX_GAP) + 1
+    cuts = np.flatnonzero(gaps > max_gap) + 1
     edges = [0, *cuts.tolist(), len(positions)]
     return list(zip(edges[:-1], edges[1:]))
 

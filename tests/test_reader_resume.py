@@ -125,6 +125,29 @@ PLANS = st.lists(st.tuples(st.integers(1, 9), st.sampled_from([1, 2, 3]),
                            st.sampled_from([6, 12])), min_size=2, max_size=4)
 
 
+def test_a_read_plan_gathers_the_records_it_names(root):
+    """The C++ read (readers/resumable.read_window) takes ranges of consecutive frames from
+    their `.index` offsets, then gathers: read here frame by frame in Python, the plan gives
+    the same records as reading each id on its own, in the ids' order."""
+    from readers import ranged, resumable
+
+    source = resumable.make_source(readers.info(root).split("train"), skip_corrupt=False)
+    rng = np.random.default_rng(5)
+    for ids in (np.arange(N), rng.permutation(N), rng.permutation(N)[:7], np.array([N - 1])):
+        paths, offsets, counts, sizes, gather = source.plan(ids)
+        read = []
+        for path, offset, count, size in zip(paths, offsets, counts, sizes):
+            data = open(path, "rb").read()
+            assert 0 < size <= len(data) - offset
+            for _ in range(count):
+                n = int.from_bytes(data[offset:offset + 8], "little")
+                read.append(data[offset + 12:offset + 12 + n])
+                offset += n + 16
+        assert [read[g] for g in gather] == source.read(ids)
+        assert len(paths) <= len({source.where(i)[0] for i in ids})  # one range a shard here
+    assert ranged.LOCAL_GAP < ranged.MAX_GAP  # gs:// reads through more: a range is a GET
+
+
 @pytest.mark.slow  # ~18 s of tf.data pipelines; fast: the two resume tests below
 @settings(max_examples=12 if LONG else 3, deadline=None, phases=NO_SHRINK,
           suppress_health_check=[HealthCheck.function_scoped_fixture,
