@@ -8,25 +8,33 @@ of a pipeline fails in TF 2.21 (the kernel writes 3 of its 4 inputs into the gra
 only ever made inside a map or interleave function, where it is a plain function node.
 """
 
+import functools
+
 import tensorflow as tf
-from tensorflow.python.data.ops import dataset_ops
-from tensorflow.python.ops import gen_dataset_ops
-
-
-class _FromOffset(dataset_ops.DatasetSource):
-    def __init__(self, path, offset, buffer_size):
-        self._spec = tf.TensorSpec([], tf.string)
-        super().__init__(gen_dataset_ops.tf_record_dataset_v2(
-            tf.reshape(path, [1]), "", tf.cast(buffer_size, tf.int64),
-            tf.reshape(tf.cast(offset, tf.int64), [1])))
-
-    @property
-    def element_spec(self):
-        return self._spec
 
 
 def records_from(path, offset, count, buffer_size):
     """A dataset of `count` serialized records of `path` from byte `offset` (tensors, so it
     can be built per element inside an interleave). A damaged frame ends it early (its error
     is dropped): the caller compares the count it got with `count`."""
-    return _FromOffset(path, offset, buffer_size).ignore_errors().take(count)
+    return _from_offset()(path, offset, buffer_size).ignore_errors().take(count)
+
+
+@functools.cache
+def _from_offset():
+    # TensorFlow's private modules, imported at first use: `import readers` stays cheap
+    from tensorflow.python.data.ops import dataset_ops
+    from tensorflow.python.ops import gen_dataset_ops
+
+    class FromOffset(dataset_ops.DatasetSource):
+        def __init__(self, path, offset, buffer_size):
+            self._spec = tf.TensorSpec([], tf.string)
+            super().__init__(gen_dataset_ops.tf_record_dataset_v2(
+                tf.reshape(path, [1]), "", tf.cast(buffer_size, tf.int64),
+                tf.reshape(tf.cast(offset, tf.int64), [1])))
+
+        @property
+        def element_spec(self):
+            return self._spec
+
+    return FromOffset
