@@ -27,6 +27,14 @@ def test_the_row_type_has_a_field_per_column_in_file_order():
     assert CatalogRow().key is None  # a column a row lacks is null
     with pytest.raises(dataclasses.FrozenInstanceError):
         CatalogRow().key = "k"
+    with pytest.raises(TypeError, match=r"not catalog columns: \['colour'\]"):
+        CatalogRow(key="k", colour="red")
+    row = CatalogRow(key="k", position=2)
+    moved = row.replace(position=3)
+    assert (row.position, moved.position, moved.key, moved.uri) == (2, 3, "k", None)
+    assert moved == dataclasses.replace(row, position=3)
+    with pytest.raises(TypeError, match="colour"):
+        row.replace(colour="red")
 
 
 def test_a_fragment_row_reads_back_as_the_same_typed_row(tmp_path):
@@ -59,15 +67,15 @@ def test_typed_rows_write_the_bytes_the_column_dicts_wrote(tmp_path, monkeypatch
 
 def test_a_row_carried_as_json_comes_back_equal():
     """Kept rows cross from the launcher to the job as JSON lines (the descriptor as base64,
-    as catalog.iter_rows gives it); an update is dataclasses.replace."""
+    as catalog.iter_rows gives it); an update is a new row (row.replace)."""
     row = CatalogRow.from_dict(ROW)
     text = row.to_json()
     assert json.loads(text)["near_descriptor"] == base64.b64encode(b"\x01\x02").decode()
     assert CatalogRow.from_json(text) == row == CatalogRow.from_json(json.loads(text))
-    moved = dataclasses.replace(row, uri="/new/cat/a.jpg", input_stamp="3:4")
+    moved = row.replace(uri="/new/cat/a.jpg", input_stamp="3:4")
     assert CatalogRow.from_json(moved.to_json()).to_dict() == dict(ROW, uri="/new/cat/a.jpg",
                                                                    input_stamp="3:4")
-    assert CatalogRow.from_json(dataclasses.replace(row, near_descriptor=None).to_json()
+    assert CatalogRow.from_json(row.replace(near_descriptor=None).to_json()
                                 ).near_descriptor is None
 
 

@@ -94,7 +94,7 @@ def run(kind, result, listing, previous_vdir, write_index, redo=None, vdir=None)
 
 def _placed(rows, split, shard, file):
     """The kept rows as rows of this version's shard `file`."""
-    return [dataclasses.replace(r, split=split, shard=shard, file=file) for r in rows]
+    return [r.replace(split=split, shard=shard, file=file) for r in rows]
 
 
 def _index_is(shard, text):

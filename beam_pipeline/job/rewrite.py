@@ -43,9 +43,8 @@ def copy_frames(source, result, rows, write_index, redo=None, deep=False):
                 row = redone_row
             offset = out.num_bytes
             out.write_frame(frame)
-            out.add(dataclasses.replace(row, split=result.split, shard=result.shard,
-                                        file=result.path, position=out.num_examples,
-                                        offset=offset, length=len(frame)))
+            out.add(row.replace(split=result.split, shard=result.shard, file=result.path,
+                                position=out.num_examples, offset=offset, length=len(frame)))
     return _written(result, out, crc32c=out.crc32c, num_bytes=out.num_bytes), errors, redone
 
 

@@ -205,8 +205,8 @@ class WriteShardFn(beam.DoFn):
         except images.ImageError as e:
             return None, error_record(ref.uri, e.stage, e.reason, e.detail)
         head, tail = frames.frame_ends(made.parts, made.length)
-        return b"".join((head, *made.parts, tail)), dataclasses.replace(
-            row, sha256=made.sha256, height=made.height, width=made.width,
+        return b"".join((head, *made.parts, tail)), row.replace(
+            sha256=made.sha256, height=made.height, width=made.width,
             input_sha256=made.input_sha256, phash=made.phash, phash_center=made.phash_center,
             near_descriptor=made.descriptor)
 
