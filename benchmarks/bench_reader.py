@@ -19,6 +19,14 @@ Pipelines (224 px, batch 128):
               --epochs 2, the first writes the cache, the second reads it (--only cached)
 Each prints the time to its first batch (building included), the first epoch's images/s,
 CPU ms per image, peak RSS and, with --epochs > 1, the RSS after every epoch.
+
+--profile: instead, where the reader's CPU goes, stage by stage, against plain tf.data: each
+stage run alone on one thread (in-graph `reduce`, no Python per record), CPU µs per record,
+medians of --runs alternating rounds.
+
+--base DIR also runs the reader's pipelines (stream, resumable, eval, cached) from another
+checkout of the repository (e.g. `git archive main | tar -x -C DIR`), as NAME@base, in the
+same alternation: a change's before and after from one run.
 """
 
 import argparse
@@ -132,6 +140,89 @@ def tf_pipeline(files, which, batch_size, image_size):
     return ds.batch(batch_size, drop_remainder=which == "same").prefetch(tf.data.AUTOTUNE)
 
 
+def _stages(root, image_size):
+    """{name: a function making the dataset} for `profile`: reading, the checks with a
+    trivial decode, and the decode function itself on one thread."""
+    import tensorflow as tf
+
+    import readers
+    from readers import checked, hosts, images, records, shards
+
+    info = readers.info(root)
+    split = info.split("validation")
+    files = split.files
+    evals = hosts.plan(split, hosts.detect(None), False)
+    train = hosts.plan(split, hosts.detect(None), True)
+    trivial = lambda record, *seed: (tf.zeros([2]), tf.constant(0))  # noqa: E731
+    spec = schema.feature_spec([schema.ENCODED, schema.LABEL])
+    output = images.Output(tf.float32)
+
+    def recs(plan, training):
+        return records.records(plan, split, training, 1)
+
+    def checks(plan, training, fn):
+        ds, pieces = recs(plan, training)
+        names = checked.Names(pieces, False, shards.sentinel_record())
+        return checked.decoded(ds, fn, names, False, lambda d: d, plan.records)
+
+    def same_fn(record):
+        ex = tf.io.parse_single_example(record, spec)
+        jpeg = ex[schema.ENCODED]
+        begin, size, _ = tf.image.sample_distorted_bounding_box(
+            tf.io.extract_jpeg_shape(jpeg), tf.constant([[[0.0, 0.0, 1.0, 1.0]]]),
+            min_object_covered=0.1, aspect_ratio_range=(3 / 4, 4 / 3), area_range=(0.08, 1.0),
+            max_attempts=10, use_image_if_no_bounding_boxes=True)
+        image = tf.io.decode_and_crop_jpeg(
+            jpeg, tf.stack([begin[0], begin[1], size[0], size[1]]), channels=3)
+        image = tf.image.resize(tf.cast(image, tf.float32), [image_size, image_size])
+        return tf.image.random_flip_left_right(image) * (1 / 255), ex[schema.LABEL]
+
+    ours_fn = images.example_fn(True, (image_size, image_size), output, 0)
+    plain = lambda: tf.data.Dataset.from_tensor_slices(files).flat_map(  # noqa: E731
+        tf.data.TFRecordDataset)
+    seeds = lambda: tf.data.Dataset.random(seed=1).batch(2, drop_remainder=True)  # noqa: E731
+    return {
+        "read: TFRecordDataset, file after file": plain,
+        "read: the reader, stream order (training)": lambda: recs(train, True)[0],
+        "read: the reader, eval ranges by offset": lambda: recs(evals, False)[0],
+        "read + map(trivial) (no checks)": lambda: recs(evals, False)[0].map(
+            lambda r, i: trivial(r)),
+        "read + checks + map(trivial)": lambda: checks(evals, False, trivial),
+        "decode: same-work map fn": lambda: plain().map(same_fn),
+        "decode: the reader's fn (+ seeds)": lambda: tf.data.Dataset.zip(
+            plain(), seeds()).map(ours_fn),
+    }
+
+
+def profile(root, image_size, runs):
+    """Print CPU µs per record of each stage (`_stages`), medians of `runs` rounds."""
+    import tensorflow as tf
+
+    stages = _stages(root, image_size)
+    cpu = {name: [] for name in stages}
+    for _ in range(runs):
+        for name, make in stages.items():
+            ds = make().with_options(_one_thread())
+            c0 = _cpu_seconds()
+            n = int(ds.reduce(tf.constant(0, tf.int64), lambda count, *_: count + 1))
+            cpu[name].append(1e6 * (_cpu_seconds() - c0) / n)
+    print(f"\n{'stage (one thread, in-graph)':<45}{'CPU us/record':>14}  (rounds)")
+    for name, values in cpu.items():
+        print(f"{name:<45}{sorted(values)[len(values) // 2]:>14.0f}  "
+              + " ".join(f"{v:.0f}" for v in values))
+    print(f"(load average {os.getloadavg()[0]:.1f}; {n} records)")
+    return {name: sorted(v)[len(v) // 2] for name, v in cpu.items()}
+
+
+def _one_thread():
+    import tensorflow as tf
+
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = 1
+    options.autotune.enabled = False
+    return options
+
+
 def child(which, root, batch_size, image_size, epochs):
     """Run one pipeline; print a JSON line with its figures."""
     import tensorflow as tf
@@ -199,6 +290,8 @@ def main(argv=None):
     p.add_argument("--runs", type=int, default=1, help="alternating rounds (median shown)")
     p.add_argument("--only", choices=PIPELINES + EXTRA, action="append",
                    help="run just these")
+    p.add_argument("--base", help="another checkout: its reader runs too, as NAME@base")
+    p.add_argument("--profile", action="store_true", help="CPU per record, stage by stage")
     p.add_argument("--child", choices=PIPELINES + EXTRA, help=argparse.SUPPRESS)
     add_record_argument(p)
     args = p.parse_args(argv)
@@ -210,11 +303,13 @@ def main(argv=None):
         root = args.data or tmp
         if not args.data:
             write_data(root, args.n, args.shards, args.distinct)
+        if args.profile:
+            return record.save({"profile": profile(root, args.image_size, args.runs)})
         runs = {}
         for _ in range(args.runs):
-            for which in args.only or PIPELINES:
+            for which, script in _schedule(args.only or PIPELINES, args.base):
                 out = subprocess.run(
-                    [sys.executable, os.path.abspath(__file__), "--child", which, "--data",
+                    [sys.executable, script, "--child", which.split("@")[0], "--data",
                      root, "--batch_size", str(args.batch_size), "--image_size",
                      str(args.image_size), "--epochs", str(args.epochs)],
                     capture_output=True, text=True, env=dict(os.environ,
@@ -227,6 +322,15 @@ def main(argv=None):
     record.save({"runs": runs, "medians": report(runs)})
 
 
+def _schedule(pipelines, base):
+    """(name, script) in the order run: each reader pipeline right after its @base twin."""
+    for which in pipelines:
+        if base and which not in ("ceiling", "same", "same_eval"):
+            yield f"{which}@base", os.path.join(os.path.abspath(base), "benchmarks",
+                                                os.path.basename(__file__))
+        yield which, os.path.abspath(__file__)
+
+
 def _median(rows, key):
     values = sorted(r[key] for r in rows)
     mid = len(values) // 2
@@ -235,21 +339,23 @@ def _median(rows, key):
 
 def report(runs):
     gb = 1 << 30
-    print(f"\n{'pipeline':<11}{'images':>7}{'img/s':>7}{'CPU ms/img':>11}{'1st batch':>10}"
+    print(f"\n{'pipeline':<15}{'images':>7}{'img/s':>7}{'CPU ms/img':>11}{'1st batch':>10}"
           f"{'peak RSS':>10}  RSS after each epoch (GB)")
     med = {}
     for which, rows in runs.items():
         med[which] = {k: _median(rows, k) for k in ("rate", "cpu", "first_batch", "peak_rss")}
         by_epoch = " ".join(f"{v / gb:.2f}" for v in rows[-1]["rss_by_epoch"])
-        print(f"{which:<11}{rows[0]['images']:>7}{med[which]['rate']:>7.0f}"
+        print(f"{which:<15}{rows[0]['images']:>7}{med[which]['rate']:>7.0f}"
               f"{1000 * med[which]['cpu'] / rows[0]['images']:>11.2f}"
               f"{med[which]['first_batch']:>9.2f}s{med[which]['peak_rss'] / gb:>9.2f}G  "
               f"{by_epoch}")
     print(f"({os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; medians of "
           f"{len(next(iter(runs.values())))} alternating runs)")
     checks = []
-    for ours, base in (("stream", "same"), ("resumable", "same"), ("resumable", "stream"),
-                       ("eval", "same_eval")):
+    pairs = [("stream", "same"), ("resumable", "same"), ("resumable", "stream"),
+             ("eval", "same_eval")]
+    pairs += [(f"{ours}@base", base) for ours, base in pairs]
+    for ours, base in pairs:
         if ours in med and base in med:
             a, b = med[ours], med[base]
             checks.append(f"{ours} / {base}: throughput {a['rate'] / b['rate']:.2f}x, first "

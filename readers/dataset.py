@@ -3,9 +3,9 @@
 Memory stays bounded because only serialized records (~40 KB JPEGs) sit in the shuffle
 buffer and cache; pixels exist only between decode and batch. Speed comes from decoding just
 the crop window, one record per call of a parallel map (the pipeline a tf.data user writes),
-and parallel interleaved reads. Which records a host reads: readers/hosts.py; how files are
-checked and read: readers/shards.py; how a failed record is named: readers/checked.py;
-pixels: readers/images.py.
+and parallel interleaved reads. Which records a host reads: readers/hosts.py; in which order
+they are read: readers/records.py; how files are checked and read: readers/shards.py; how a
+failed record is named: readers/checked.py; pixels: readers/images.py.
 """
 
 import dataclasses
@@ -19,17 +19,14 @@ from readers import checked
 from readers import hosts as hosts_lib
 from readers import images
 from readers import order as order_lib
+from readers import records as records_lib
 from readers import resumable
 from readers import native
 from readers import shards
 
 log = logging.getLogger(__name__)
 
-GCS_READ_BUFFER_BYTES = 8 << 20  # per open shard on gs://: large reads keep throughput up
-LOCAL_READ_BUFFER_BYTES = 256 << 10  # per open local shard (TFRecordDataset's default)
-SHUFFLE_BUFFER_BYTES = 32 << 20  # default shuffle buffer: ~this many serialized bytes...
-SHUFFLE_MIN_RECORDS = 1024  # ...and at least this many records (the resumable window's)
-CACHE_CHUNK = 256  # cache=: records per cached element; their order is reshuffled each epoch
+SHUFFLE_MIN_RECORDS = 1024  # ...and at least records.SHUFFLE_BUFFER_BYTES' worth
 CROP_FRACTION = images.CROP_FRACTION
 
 
@@ -129,8 +126,9 @@ def make_dataset(path, split="train", batch_size=128, image_size=224, training=N
                           label_offset - ds_info.label_offset, crop_fraction, seed or 0,
                           0 if start is None else start, repeat, skip_corrupt, with_keys)
 
-    ds = _records(plan, split_info, training, host_seed, cache, cycle_length, deterministic,
-                  read_buffer_bytes, skip_corrupt)  # -> (record, id)
+    ds, pieces = records_lib.records(plan, split_info, training, host_seed, cache,
+                                     cycle_length, deterministic, read_buffer_bytes,
+                                     skip_corrupt)  # (record, id), the pieces read
     if training:
         buffer = _shuffle_buffer(shuffle_buffer, split_info, plan.records)
         if buffer > 1:
@@ -142,7 +140,7 @@ def make_dataset(path, split="train", batch_size=128, image_size=224, training=N
     elif repeat:
         ds = ds.repeat(int(repeat))
     drop_remainder = training if drop_remainder is None else drop_remainder
-    ds = _decode(ds, plan, training, host_seed, size, output,
+    ds = _decode(ds, plan, pieces, training, host_seed, size, output,
                  label_offset - ds_info.label_offset, crop_fraction, skip_corrupt, batch_size,
                  drop_remainder, native_batching, repeat)
     if not skip_corrupt:  # one image per record: the filter after the check hides that
@@ -173,58 +171,8 @@ def _window(ds_info, split):
     return found[0]
 
 
-def _records(plan, split_info, training, seed, cache, cycle_length, deterministic,
-             read_buffer_bytes, skip_corrupt=False):
-    """This host's serialized records as (record, id), id its number in plan order (a
-    piece that could not be read ends with an in-band element: readers/shards.py)."""
-    read = (skip_corrupt and shards.resyncing_reader(plan.pieces)) or shards.reader(
-        _read_buffer(read_buffer_bytes, plan))
-    pieces = shards.pieces_dataset(plan.pieces)
-    cycle = cycle_length or min(len(plan.pieces), 16)
-    if cache:  # cache chunks in a fixed order; reshuffle the chunks each epoch instead
-        ds = pieces.interleave(_plain(lambda *p: read(*p).batch(CACHE_CHUNK)),
-                               cycle_length=cycle, num_parallel_calls=tf.data.AUTOTUNE,
-                               deterministic=True)
-        ds = ds.cache("" if cache is True else cache)
-        if training:
-            ds = ds.shuffle(_chunk_buffer(cache, plan, split_info), seed=seed,
-                            reshuffle_each_iteration=True)
-        unchunk = _plain(lambda *chunk: tf.data.Dataset.from_tensor_slices(chunk))
-        return ds.interleave(unchunk, cycle_length=cycle, num_parallel_calls=tf.data.AUTOTUNE,
-                             deterministic=deterministic)
-    if training:
-        pieces = pieces.shuffle(len(plan.pieces), seed=seed, reshuffle_each_iteration=True)
-        return pieces.interleave(read, cycle_length=cycle, block_length=1,
-                                 num_parallel_calls=tf.data.AUTOTUNE,
-                                 deterministic=deterministic)
-    return pieces.flat_map(read)  # evaluation: manifest order, file after file
-
-
-_plain = tf.autograph.experimental.do_not_convert  # no tensor control flow: cheaper tracing
-
-
-def _read_buffer(read_buffer_bytes, plan):
-    """Bytes read at a time per open shard: large on gs:// (each read is a request), small
-    locally (the page cache reads ahead; 16 open shards x 8 MiB was 128 MiB of RSS)."""
-    if read_buffer_bytes:
-        return int(read_buffer_bytes)
-    remote = any("://" in p.path for p in plan.pieces)
-    return GCS_READ_BUFFER_BYTES if remote else LOCAL_READ_BUFFER_BYTES
-
-
-def _chunk_buffer(cache, plan, split_info):
-    """Chunks shuffled together: all of them in memory (cache=True holds the split there
-    anyway); a file cache shuffles ~SHUFFLE_BUFFER_BYTES of chunks, so its memory does not
-    grow with the split."""
-    chunks = -(-plan.records // CACHE_CHUNK) + len(plan.pieces)
-    if cache is True:
-        return chunks
-    chunk_bytes = CACHE_CHUNK * _mean_bytes(split_info)
-    return int(max(2, min(chunks, SHUFFLE_BUFFER_BYTES // chunk_bytes)))
-
-
-def _decode(ds, plan, training, seed, size, output, label_shift, crop_fraction, skip_corrupt,
-            batch_size, drop_remainder, native_batching, repeat):
+def _decode(ds, plan, pieces, training, seed, size, output, label_shift, crop_fraction,
+            skip_corrupt, batch_size, drop_remainder, native_batching, repeat):
     """(record, id) -> (image, label) elements or batches, naming any record that fails."""
     if size is None:
         fn = native.native_fn(training, output, label_shift)
@@ -239,7 +187,7 @@ def _decode(ds, plan, training, seed, size, output, label_shift, crop_fraction, 
         seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(
             2, drop_remainder=True)
         ds = tf.data.Dataset.zip(ds, seeds)
-    names = checked.Names(plan.pieces, skip_corrupt, shards.sentinel_record())
+    names = checked.Names(pieces, skip_corrupt, shards.sentinel_record())
     total = None if repeat is True else _batches(plan, training, repeat, None, False)
     return checked.decoded(ds, fn, names, training, batch, total)
 
@@ -285,12 +233,9 @@ def _seed(seed, training):
 def _shuffle_buffer(shuffle_buffer, split_info, num_records):
     if shuffle_buffer is not None:
         return int(shuffle_buffer)
-    return int(min(num_records, max(SHUFFLE_MIN_RECORDS,
-                                    SHUFFLE_BUFFER_BYTES // _mean_bytes(split_info))))
-
-
-def _mean_bytes(split_info):
-    return (split_info.num_bytes or 0) / max(split_info.num_examples, 1) or 100_000
+    return int(min(num_records, max(
+        SHUFFLE_MIN_RECORDS, records_lib.SHUFFLE_BUFFER_BYTES // records_lib.mean_bytes(
+            split_info))))
 
 
 def _options(deterministic, split_here):

@@ -13,11 +13,12 @@ import functools
 import tensorflow as tf
 
 
-def records_from(path, offset, count, buffer_size):
+def records_from(path, offset, count, buffer_size, log_warning=False):
     """A dataset of `count` serialized records of `path` from byte `offset` (tensors, so it
     can be built per element inside an interleave). A damaged frame ends it early (its error
-    is dropped): the caller compares the count it got with `count`."""
-    return _from_offset()(path, offset, buffer_size).ignore_errors().take(count)
+    is dropped, or with log_warning logged by TensorFlow with its offset): the caller compares
+    the count it got with `count`."""
+    return _from_offset()(path, offset, buffer_size).ignore_errors(log_warning).take(count)
 
 
 @functools.cache

@@ -23,6 +23,8 @@ import sys
 import numpy as np
 import tensorflow as tf
 
+from readers import offset_records
+
 RESYNC_READ = 256  # skip_corrupt with .index files: records per ranged read
 
 
@@ -52,10 +54,36 @@ def check_files(pieces):
                 raise error
 
 
-def pieces_dataset(pieces):
-    """Dataset of (path, start, count, num_bytes, first, piece) per piece: `first` is the
-    number of the piece's first record among this host's records (plan order), `piece` its
-    index in `pieces`, num_bytes -1 when the manifest has no size."""
+def record_offsets(paths, file_records):
+    """{path: [byte offset of each record]} from the `.index` files beside the shards (one
+    read each, in parallel), or None when a file has none (built with --write_index false).
+    An index whose line count is not the manifest's record count raises, naming it."""
+    from dataset_format import frames, layout
+
+    def offsets(item):
+        path, count = item
+        index = layout.index_name(path)
+        try:
+            with tf.io.gfile.GFile(index, "rb") as f:
+                entries = frames.parse_index(f.read().decode())
+        except tf.errors.NotFoundError:
+            return None
+        if len(entries) != count:
+            raise ValueError(f"{index}: {len(entries)} lines, but manifest.json gives {path} "
+                             f"{count} records: the index does not belong to this shard")
+        return [offset for offset, _ in entries]
+
+    items = sorted(dict(zip(paths, file_records)).items())
+    with concurrent.futures.ThreadPoolExecutor(min(16, len(items)) or 1) as pool:
+        found = dict(zip((path for path, _ in items), pool.map(offsets, items)))
+    return None if any(v is None for v in found.values()) else found
+
+
+def pieces_dataset(pieces, offsets=None):
+    """Dataset of (path, start, count, num_bytes, first, piece, offset) per piece: `first`
+    is the number of the piece's first record among this host's records (plan order),
+    `piece` its index in `pieces`, num_bytes -1 when the manifest has no size, offset the
+    byte offset of its first record (`offsets`: `record_offsets`' result; else -1)."""
     firsts = [sum(p.count for p in pieces[:i]) for i in range(len(pieces))]
     return tf.data.Dataset.from_tensor_slices((
         tf.constant([p.path for p in pieces]),
@@ -63,7 +91,8 @@ def pieces_dataset(pieces):
         tf.constant([p.count for p in pieces], tf.int64),
         tf.constant([-1 if p.num_bytes is None else p.num_bytes for p in pieces], tf.int64),
         tf.constant(firsts, tf.int64),
-        tf.range(len(pieces), dtype=tf.int64)))
+        tf.range(len(pieces), dtype=tf.int64),
+        tf.constant([offsets[p.path][p.start] if offsets else -1 for p in pieces], tf.int64)))
 
 
 def sentinel_record():
@@ -87,10 +116,11 @@ def failure_of(rid):
     return (-1 - rid) // 2, (-1 - rid) % 2 == 1
 
 
-def reader(read_buffer_bytes):
+def reader(read_buffer_bytes, by_offset=False):
     """A function of one `pieces_dataset` element -> Dataset of (record, id): `id` the
     record's number among this host's records, so a record that fails to decode is named
-    from it (readers/checked.py).
+    from it (readers/checked.py). by_offset: pieces carry their byte offsets, and are read
+    from there (readers/offset_records.py) rather than from the file's first record.
 
     Nothing here raises: the decode map's `ignore_errors` downstream must never see a
     reading error. A file that is missing, unreadable or not its manifest size when the piece
@@ -101,15 +131,19 @@ def reader(read_buffer_bytes):
     sentinel = tf.constant(sentinel_record())
 
     @_plain
-    def read(path, start, count, num_bytes, first, piece):
+    def read(path, start, count, num_bytes, first, piece, offset):
         # the size check, run (and passed) before the TFRecordDataset is opened: one of a
         # missing file would spin. A map of one element, so a failure is not retried.
         size_ok = tf.data.Dataset.from_tensors(path).map(
             _plain(lambda p: _size_ok(p, num_bytes))).ignore_errors(log_warning=True)
         size_ok = size_ok.concatenate(tf.data.Dataset.from_tensors(False)).take(1)
         size_ok = size_ok.get_single_element()
-        records = _records(path, start, read_buffer_bytes).take(
-            tf.where(size_ok, count, tf.constant(0, tf.int64)))
+        readable = tf.where(size_ok, count, tf.constant(0, tf.int64))
+        if by_offset:
+            records = offset_records.records_from(path, offset, readable, read_buffer_bytes,
+                                                  log_warning=True)
+        else:
+            records = _records(path, start, read_buffer_bytes).take(readable)
         ids = tf.data.Dataset.range(first, first + count)
         failed = tf.data.Dataset.from_tensors(
             (sentinel, tf.where(size_ok, failed_id(piece, False), failed_id(piece, True))))
@@ -149,7 +183,7 @@ def resyncing_reader(pieces):
             yield sentinel, failed_id(piece, True)
 
     spec = (tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.int64))
-    return _plain(lambda path, start, count, num_bytes, first, piece: (
+    return _plain(lambda path, start, count, num_bytes, first, piece, offset: (
         tf.data.Dataset.from_generator(records, output_signature=spec, args=(piece,))))
 
 
