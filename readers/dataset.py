@@ -189,6 +189,9 @@ def _decode(ds, plan, pieces, training, seed, size, output, label_shift, crop_fr
         ds = tf.data.Dataset.zip(ds, seeds)
     names = checked.Names(pieces, skip_corrupt, shards.sentinel_record())
     total = None if repeat is True else _batches(plan, training, repeat, None, False)
+    if size is not None and batch_size and not skip_corrupt:  # checked once a batch
+        return checked.decoded_batches(ds, fn, names, training, batch_size, drop_remainder,
+                                       total)
     return checked.decoded(ds, fn, names, training, batch, total)
 
 

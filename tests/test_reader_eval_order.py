@@ -21,9 +21,10 @@ TOTAL = sum(COUNTS)
 JPEG = image_bytes((120, 60, 30), (8, 8))
 
 
-def _write(root, index=True):
+def _write(root, index=True, bad=()):
     """ROOT/versions/VERSION: one split, "validation", record r's label r; `.index` files
-    beside the shards when `index`."""
+    beside the shards when `index`; the records numbered in `bad` hold bytes that are not a
+    JPEG (their frames are sound)."""
     vdir = pathlib.Path(layout.version_dir(str(root), VERSION))
     vdir.mkdir(parents=True)
     shards, rid = [], 0
@@ -32,7 +33,8 @@ def _write(root, index=True):
         entries, data = [], b""
         for _ in range(count):
             frame = frames.tfrecord_frame(examples.serialize_example(
-                {schema.ENCODED: JPEG, schema.LABEL: rid,
+                {schema.ENCODED: b"\xff\xd8 not a jpeg" if rid in bad else JPEG,
+                 schema.LABEL: rid,
                  schema.FILENAME: f"r{rid}.jpg".encode()}))
             entries.append((len(data), len(frame)))
             data += frame
@@ -114,3 +116,27 @@ def test_a_file_removed_after_make_dataset_is_named(tmp_path):
                        match=rf"{gone.name}: shard file missing, unreadable"):
         for _ in ds:
             pass
+
+
+# The check once a batch (readers/checked.py `decoded_batches`): a record that does not decode
+# shifts every number after it; a short last batch is one that lost a record.
+@pytest.mark.parametrize("bad, batch, training", [
+    ((200,), 128, False),          # inside a batch (the first file's record 200)
+    ((255,), 128, False),          # the last of a batch: the next batch starts one late
+    ((TOTAL - 1,), 128, False),    # the very last record: the last batch comes out short
+    ((5, 400), 64, True),          # training (drop_remainder, shuffled): the first is named
+])
+def test_a_record_that_does_not_decode_is_named_once_a_batch(tmp_path, bad, batch, training):
+    _write(tmp_path, bad=bad)
+    ds = readers.make_dataset(tmp_path, "validation", batch_size=batch, image_size=8,
+                              training=training, seed=1)
+    with pytest.raises(tf.errors.InvalidArgumentError) as e:
+        for _ in ds:
+            pass
+    named = [r for r in bad if f"(key r{r}.jpg) is not a decodable image record" in
+             e.value.message]
+    assert named and e.value.message.count("is not a decodable") == len(named), e.value.message
+    file = 0 if named[0] < COUNTS[0] else 1 if named[0] < COUNTS[0] + COUNTS[1] else 2
+    first = sum(COUNTS[:file])
+    assert f"order-validation.tfrecord-0000{file}-of-00003: record {named[0] - first} " in (
+        e.value.message)
