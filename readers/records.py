@@ -24,7 +24,7 @@ LOCAL_READ_BUFFER_BYTES = 256 << 10  # per open local shard (TFRecordDataset's d
 SHUFFLE_BUFFER_BYTES = 32 << 20  # default shuffle buffer: ~this many serialized bytes...
 CACHE_CHUNK = 256  # cache=: records per cached element; their order is reshuffled each epoch
 EVAL_RANGE = 128  # evaluation: consecutive records read as one range (~5 MB of photos)
-EVAL_CYCLE = 8  # evaluation: ranges read at once
+EVAL_CYCLE = 2  # evaluation: ranges read at once (8 held ~0.12 GB more RSS, no faster here)
 
 
 def records(plan, split_info, training, seed, cache=False, cycle_length=None,

@@ -118,18 +118,19 @@ def test_a_file_removed_after_make_dataset_is_named(tmp_path):
             pass
 
 
-# The check once a batch (readers/checked.py `decoded_batches`): a record that does not decode
-# shifts every number after it; a short last batch is one that lost a record.
-@pytest.mark.parametrize("bad, batch, training", [
+# Evaluation's check once a batch (readers/checked.py `decoded_batches`): a record that does
+# not decode shifts every number after it; a short last batch is one that lost a record.
+@pytest.mark.parametrize("bad, batch, drop", [
     ((200,), 128, False),          # inside a batch (the first file's record 200)
     ((255,), 128, False),          # the last of a batch: the next batch starts one late
     ((TOTAL - 1,), 128, False),    # the very last record: the last batch comes out short
-    ((5, 400), 64, True),          # training (drop_remainder, shuffled): the first is named
+    ((TOTAL - 1,), 64, True),      # ... in the remainder drop_remainder then drops
+    ((5, 400), 64, True),          # two: the first is named
 ])
-def test_a_record_that_does_not_decode_is_named_once_a_batch(tmp_path, bad, batch, training):
+def test_a_record_that_does_not_decode_is_named_once_a_batch(tmp_path, bad, batch, drop):
     _write(tmp_path, bad=bad)
     ds = readers.make_dataset(tmp_path, "validation", batch_size=batch, image_size=8,
-                              training=training, seed=1)
+                              training=False, drop_remainder=drop)
     with pytest.raises(tf.errors.InvalidArgumentError) as e:
         for _ in ds:
             pass
