@@ -83,13 +83,13 @@ def _temp_shard(tmp, split, shard, payloads):
                      "input_size": 1, "input_stamp": "0:0", "input_sha256": "00" * 32})
         data += frame
     files.write_bytes(temp, data)
-    with catalog.FragmentWriter(temp + ".catalog.parquet") as fragment:
+    with catalog.FragmentWriter(temp + layout.FRAGMENT_SUFFIX) as fragment:
         for row in rows:
             fragment.append(CatalogRow.from_dict(row))
     return ShardResult(split, shard, path=final, temp=temp, num_examples=len(payloads),
                        num_bytes=len(data), crc32c=frames.file_crc32c(data),
                        label_counts={"cat": len(payloads)}, kind="images", writer="h:1",
-                       catalog_temp=temp + ".catalog.parquet")
+                       catalog_temp=temp + layout.FRAGMENT_SUFFIX)
 
 
 def test_commit_transform_drops_content_duplicates_and_publishes(tmp_path):
