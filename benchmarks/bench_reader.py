@@ -160,9 +160,11 @@ def _stages(root, image_size):
     def recs(plan, training):
         return records.records(plan, split, training, 1)
 
-    def checks(plan, training, fn):
+    def checks(plan, training, fn, batch=None):
         ds, pieces = recs(plan, training)
         names = checked.Names(pieces, False, shards.sentinel_record())
+        if batch:
+            return checked.decoded_batches(ds, fn, names, False, batch, False, plan.records)
         return checked.decoded(ds, fn, names, False, lambda d: d, plan.records)
 
     def same_fn(record):
@@ -188,6 +190,7 @@ def _stages(root, image_size):
         "read + map(trivial) (no checks)": lambda: recs(evals, False)[0].map(
             lambda r, i: trivial(r)),
         "read + checks + map(trivial)": lambda: checks(evals, False, trivial),
+        "read + checks once a batch + map(trivial)": lambda: checks(evals, False, trivial, 128),
         "decode: same-work map fn": lambda: plain().map(same_fn),
         "decode: the reader's fn (+ seeds)": lambda: tf.data.Dataset.zip(
             plain(), seeds()).map(ours_fn),
@@ -198,13 +201,16 @@ def profile(root, image_size, runs):
     """Print CPU µs per record of each stage (`_stages`), medians of `runs` rounds."""
     import tensorflow as tf
 
+    import readers
+
+    n = readers.info(root).split("validation").num_examples
     stages = _stages(root, image_size)
     cpu = {name: [] for name in stages}
     for _ in range(runs):
         for name, make in stages.items():
             ds = make().with_options(_one_thread())
             c0 = _cpu_seconds()
-            n = int(ds.reduce(tf.constant(0, tf.int64), lambda count, *_: count + 1))
+            ds.reduce(tf.constant(0, tf.int64), lambda count, *_: count + 1).numpy()
             cpu[name].append(1e6 * (_cpu_seconds() - c0) / n)
     print(f"\n{'stage (one thread, in-graph)':<45}{'CPU us/record':>14}  (rounds)")
     for name, values in cpu.items():

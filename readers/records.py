@@ -6,10 +6,11 @@ readers/shards.py.
 * Training (stream order): the pieces shuffled each epoch, 16 read interleaved, one record
   from each in turn (the shuffle buffer downstream mixes them).
 * Evaluation (manifest order): the pieces cut into ranges of `EVAL_RANGE` consecutive records
-  (each read from its byte offset, from the `.index` files), several ranges read at once in
-  a deterministic interleave that yields each range whole before the next: manifest order,
-  with reading off the decode's critical path. Read file after file on one thread, the
-  evaluation pipeline ran at 0.68-0.81x the same-work one (docs/reader.md, "Speed").
+  (each read from its byte offset, from the `.index` files), `EVAL_CYCLE` ranges read at once
+  in a deterministic interleave that yields each range whole before the next: manifest
+  order, read off the decode's thread, and in parallel within a file where one reading
+  thread (~100 us a record) would not keep up with many decoding cores. On 2 cores it
+  changed neither CPU per image nor RSS measurably (docs/reader.md, "Speed").
 * cache=: chunks of `CACHE_CHUNK` records cached in a fixed order, the chunks reshuffled.
 """
 
