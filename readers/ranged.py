@@ -74,6 +74,7 @@ class RangedRecords:
         gather, base = np.zeros(len(ids), np.int64), 0
         for shard, positions, slots in self._by_shard(ids):
             offsets, lengths = self.index(shard)
+            self.check_file(shard)
             gap = MAX_GAP if shard.path.startswith("gs://") else LOCAL_GAP
             for lo, hi in _coalesce(offsets, lengths, positions, gap):
                 first, last = positions[lo], positions[hi - 1]
@@ -85,6 +86,22 @@ class RangedRecords:
                 base += last - first + 1
         return (np.array(paths, dtype=object), np.array(starts, np.int64),
                 np.array(counts, np.int64), np.array(sizes, np.int64), gather)
+
+    def check_file(self, shard):
+        """Raise, naming the shard, if it is missing or not its manifest size. Checked each
+        time a chunk is planned, because the C++ reader retries a file it cannot open (under
+        the `ignore_errors` that ends a damaged range) instead of failing: one stat a shard a
+        chunk (on gs://, one metadata request)."""
+        try:
+            size = self._file(shard.path).size()
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                f"{shard.path}: shard file missing (manifest.json lists it): the version was "
+                "pruned or only partly copied; rebuild it or read another version") from None
+        if shard.num_bytes >= 0 and size != shard.num_bytes:
+            raise ValueError(f"{shard.path}: {size} bytes, but manifest.json says "
+                             f"{shard.num_bytes}: the file is truncated or was overwritten; "
+                             "rebuild the dataset or read another version")
 
     def index(self, shard):
         """(offsets, frame lengths) of a shard's records, from its `.index` file (read once)."""
@@ -189,6 +206,12 @@ class _LocalFile:
     def read_all(self):
         return self.read_range(0, os.fstat(self._fd).st_size)
 
+    def size(self):
+        try:
+            return os.stat(self.path).st_size  # the path, not the open descriptor: deleted?
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{self.path}: missing") from None
+
     def __del__(self, _close=os.close):  # os may be gone at interpreter exit
         fd, self._fd = getattr(self, "_fd", None), None
         if fd is not None:
@@ -212,3 +235,11 @@ class _GcsFile:
     def read_all(self):
         with self._gfile.GFile(self.path, "rb") as f:
             return f.read()
+
+    def size(self):
+        import tensorflow as tf
+
+        try:
+            return self._gfile.stat(self.path).length
+        except tf.errors.NotFoundError:
+            raise FileNotFoundError(f"{self.path}: missing") from None

@@ -240,6 +240,40 @@ def test_a_damaged_record_is_named_or_skipped_alone(tmp_path):
     assert len(keys) == N - 1 and len(set(keys)) == N - 1  # only the damaged record lost
 
 
+def test_a_shard_gone_after_make_dataset_is_named_at_once(tmp_path):
+    """The C++ reader retries a file it cannot open (under the `ignore_errors` that ends a
+    damaged range) instead of failing: each planned chunk stats its shards first, so a shard
+    pruned or cut mid-training is one error naming it, not a hang."""
+    import threading
+
+    vdir = write_dataset(tmp_path)
+    write_indexes(vdir)
+    shards = sorted(p for p in vdir.iterdir() if p.name.endswith("-of-00004"))
+    data = shards[1].read_bytes()
+    for damage in ("delete", "truncate"):
+        shards[1].write_bytes(data)
+        ds = readers.make_dataset(str(tmp_path), "train", batch_size=2, image_size=8, start=0)
+        if damage == "delete":
+            shards[1].unlink()
+        else:
+            shards[1].write_bytes(data[:-5])
+        outcome = []
+
+        def read(ds=ds):
+            try:
+                list(ds)
+                outcome.append("no error")
+            except tf.errors.OpError as e:
+                outcome.append(e.message)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        reader.join(60)
+        assert outcome, "reading a split with a shard gone hung"
+        want = "shard file missing" if damage == "delete" else "the file is truncated"
+        assert f"{shards[1].name}: " in outcome[0] and want in outcome[0], outcome[0]
+
+
 def test_an_undecodable_record_is_named_or_skipped(tmp_path):
     """A record whose frame is intact but whose image does not decode (a dataset written by
     another tool, or a --validate header build): named by shard and position."""
