@@ -21,6 +21,13 @@ def records_from(path, offset, count, buffer_size, log_warning=False):
     return _from_offset()(path, offset, buffer_size).ignore_errors(log_warning).take(count)
 
 
+def exact_records(path, offset, count, buffer_size):
+    """`count` records of `path` from byte `offset`, or an error: a frame that does not check
+    out, a file missing or cut. No `ignore_errors` here: on a file it cannot open,
+    TensorFlow's reader would be asked again for ever."""
+    return _from_offset()(path, offset, buffer_size).take(count)
+
+
 @functools.cache
 def _from_offset():
     # TensorFlow's private modules, imported at first use: `import readers` stays cheap

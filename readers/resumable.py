@@ -25,6 +25,7 @@ from readers.shards import sentinel_record
 CHUNK = order_lib.WINDOW  # records per generator call (about one window of the order)
 FIRST_CHUNK = 128  # the first call's: the first batch waits for one small read, not 1,024
 CYCLE = 16  # ranges of a window read at once on gs:// (requests in flight)
+MAX_PENDING = 8  # windows planned but not come through before Python reads the next one
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,23 +51,33 @@ class Stream:
 
 
 def plans(stream, source):
-    """Yield one read plan per window of this host's records, in order: the C++ ranges
-    (ranged.RangedRecords.plan) and (ids, epochs, ks) of the window's records.
+    """Yield one read plan per window of this host's records, in order: its number, the C++
+    ranges (ranged.RangedRecords.plan), (ids, epochs, ks) of its records and whether only
+    Python reads it. Each window is also kept on `source.planned` until it has come through
+    (fill_gaps).
 
     k counts this host's records within the epoch, so a gap after decoding names its record.
     An error planning a window (a missing or short `.index`) is not raised here, where the
     decode map's `ignore_errors` downstream would swallow it: it is kept on `source.error`,
     and a plan marked for the Python reader carries it in-band (python_read) to
-    check_batches, which raises it.
+    check_batches, which raises it. A finite stream ends with an empty Python plan, so a
+    last window that failed in C++ is read too.
     """
+    none, seq = np.zeros(0, np.int64), 0
+    source.planned.clear()  # a new iteration starts from its own position
+    source.error = None
     try:
-        for ids, epoch, ks in _windows(stream, source):
-            yield (*source.plan(ids), ids, np.full(len(ids), epoch, np.int64), ks, False)
+        for seq, (ids, epoch, ks) in enumerate(_windows(stream, source)):
+            epochs, ranges = np.full(len(ids), epoch, np.int64), source.plan(ids)
+            source.planned[seq] = (ids, epochs, ks)
+            slow = len(source.planned) > MAX_PENDING  # C++ keeps failing: let Python say why
+            yield (seq, *ranges, ids, epochs, ks, slow)
+        seq += 1
+        yield (seq, np.zeros(0, object), none, none, none, none, none, none, none, True)
     except Exception as e:  # noqa: BLE001 - re-raised by check_batches, in order
         source.error = e
-        none = np.zeros(0, np.int64)
-        yield (np.zeros(0, object), none, none, none, none, np.array([-1], np.int64),
-               np.array([-1], np.int64), np.array([-1], np.int64), True)
+        minus = np.array([-1], np.int64)
+        yield (seq + 1, np.zeros(0, object), none, none, none, none, minus, minus, minus, True)
 
 
 def _windows(stream, source):
@@ -85,31 +96,61 @@ def _windows(stream, source):
 
 
 def read_window(source):
-    """plan -> (records, ids, epochs, ks) of one window, read by TFRecordDatasetV2 from the
-    `.index` offsets (readers/offset_records.py), on gs:// CYCLE ranges at once. A range that
-    came back short held a damaged frame: that window is read again by python_read, which
-    names the record (or, with skip_corrupt, drops it alone)."""
+    """plan -> (number, records, ids, epochs, ks) of one window, read by TFRecordDatasetV2
+    from the `.index` offsets (readers/offset_records.py), on gs:// CYCLE ranges at once. A
+    frame that does not check out, or a file that cannot be read, fails the window, which
+    the `ignore_errors` after this map drops: fill_gaps then reads it in Python, which names
+    the record (or, with skip_corrupt, drops it alone). TensorFlow's own errors are never
+    ignored inside a file (it retries a file it cannot open forever)."""
     python = python_read(source)
     remote = any(s.path.startswith("gs://") for s in source.shards)
 
     @tf.autograph.experimental.do_not_convert
-    def read(paths, offsets, counts, buffers, gather, ids, epochs, ks, slow):
+    def read(seq, paths, offsets, counts, buffers, gather, ids, epochs, ks, slow):
         def fast():
             ranges = tf.data.Dataset.from_tensor_slices((paths, offsets, counts, buffers))
             if remote:
                 records = ranges.interleave(
-                    offset_records.records_from, cycle_length=CYCLE, num_parallel_calls=CYCLE,
-                    block_length=tf.reduce_max(counts), deterministic=True)
+                    offset_records.exact_records, cycle_length=CYCLE,
+                    num_parallel_calls=CYCLE, block_length=tf.reduce_max(counts),
+                    deterministic=True)
             else:  # one after another: 16 threads cost ~35% more CPU a record on local disk
-                records = ranges.flat_map(offset_records.records_from)
+                records = ranges.flat_map(offset_records.exact_records)
             got = records.batch(tf.reduce_sum(counts)).get_single_element()
-            return tf.cond(tf.shape(got, out_type=tf.int64)[0] == tf.reduce_sum(counts),
-                           lambda: (tf.gather(got, gather), ids, epochs, ks),
-                           lambda: python(ids, epochs, ks))
+            return tf.gather(got, gather), ids, epochs, ks
 
-        return tf.cond(slow, lambda: python(ids, epochs, ks), fast)
+        return (seq,) + tuple(tf.cond(slow, lambda: python(ids, epochs, ks), fast))
 
     return read
+
+
+def fill_gaps(source):
+    """(number, window) -> the window, after any windows before it that failed in C++ (read
+    in Python now, in order). One Python call a window; nothing is copied unless a window
+    failed."""
+    python = python_read(source)
+
+    def missing_before(seq):
+        parts = []
+        for s in sorted(k for k in source.planned if k <= seq):
+            window = source.planned.pop(s)
+            if s < seq:
+                parts.append(python.read(*window))
+        if not parts:
+            return np.zeros(0, object), *(np.zeros(0, np.int64),) * 3
+        return tuple(np.concatenate(column) for column in zip(*parts))
+
+    @tf.autograph.experimental.do_not_convert
+    def fill(seq, records, ids, epochs, ks):
+        gap = tf.numpy_function(missing_before, [seq],
+                                [tf.string, tf.int64, tf.int64, tf.int64], stateful=True)
+        gap = [tf.ensure_shape(x, [None]) for x in gap]
+        window = (records, ids, epochs, ks)
+        return tf.cond(tf.size(gap[1]) > 0,
+                       lambda: tuple(tf.concat([g, w], 0) for g, w in zip(gap, window)),
+                       lambda: window)
+
+    return fill
 
 
 def python_read(source):
@@ -121,7 +162,7 @@ def python_read(source):
             try:
                 got = source.read(ids)
             except Exception as e:  # noqa: BLE001 - re-raised by check_batches, in order
-                source.error = e
+                source.error = source.error or e  # the first error is the one to name
             else:
                 keep = [j for j, r in enumerate(got) if r is not None]
                 source.dropped.update(int(ids[j]) for j in range(len(got)) if got[j] is None)
@@ -135,6 +176,7 @@ def python_read(source):
                                 [tf.string, tf.int64, tf.int64, tf.int64], stateful=True)
         return tuple(tf.ensure_shape(x, [None]) for x in out)
 
+    in_tf.read = read
     return in_tf
 
 
@@ -156,12 +198,13 @@ def decoded(stream, source, size, output, label_shift, crop_fraction, skip_corru
         return (image, label) + keys + (epoch, k)
 
     vector = tf.TensorSpec([None], tf.int64)
-    signature = (tf.TensorSpec([None], tf.string), vector, vector, vector, vector, vector,
-                 vector, vector, tf.TensorSpec([], tf.bool))
+    signature = (tf.TensorSpec([], tf.int64), tf.TensorSpec([None], tf.string), vector, vector,
+                 vector, vector, vector, vector, vector, tf.TensorSpec([], tf.bool))
     ds = tf.data.Dataset.from_generator(lambda: plans(stream, source),
                                         output_signature=signature)
-    # the next window is read while this one decodes
-    ds = ds.map(read_window(source), num_parallel_calls=2, deterministic=True).unbatch()
+    # the next window is read while this one decodes; a window that failed is read again
+    ds = ds.map(read_window(source), num_parallel_calls=2, deterministic=True)
+    ds = ds.ignore_errors().map(fill_gaps(source)).unbatch()
     ds = ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     ds = ds.ignore_errors(log_warning=True)  # decoding only: TensorFlow's reason, in its log
     return check_batches(ds, stream, source, skip_corrupt)
@@ -183,7 +226,7 @@ def check_batches(ds, stream, source, skip_corrupt):
     per_epoch = stream.steps_per_epoch * stream.batching.host_batch
 
     def check(state, epochs, ks):
-        if len(epochs) and epochs[-1] < 0:  # a reading error, in-band (chunks)
+        if len(epochs) and epochs.min() < 0:  # a reading error, in-band (python_read)
             raise source.error
         epoch, k = (int(v) for v in (source.first if state[0] < 0 else state))
         missing = []
@@ -250,6 +293,6 @@ def make_source(split_info, skip_corrupt):
                                    -1 if s.num_bytes is None else s.num_bytes))
         first += s.num_examples
     source = ranged.RangedRecords(shards, skip_corrupt)
-    source.dropped, source.error = set(), None
+    source.dropped, source.error, source.planned = set(), None, {}
     source.sentinel = sentinel_record()
     return source

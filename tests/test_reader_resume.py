@@ -240,20 +240,25 @@ def test_a_damaged_record_is_named_or_skipped_alone(tmp_path):
     assert len(keys) == N - 1 and len(set(keys)) == N - 1  # only the damaged record lost
 
 
-def test_a_shard_gone_after_make_dataset_is_named_at_once(tmp_path):
-    """The C++ reader retries a file it cannot open (under the `ignore_errors` that ends a
-    damaged range) instead of failing: each planned chunk stats its shards first, so a shard
-    pruned or cut mid-training is one error naming it, not a hang."""
+def test_a_shard_gone_after_make_dataset_is_named_at_once(tmp_path, monkeypatch):
+    """A shard pruned or cut mid-training is one error naming it, never a hang (TensorFlow's
+    reader, asked again under `ignore_errors`, retries a file it cannot open for ever). Each
+    planned chunk stats its shards; "unchecked": a shard gone between that stat and the C++
+    read fails its window, which Python reads again and names."""
     import threading
+
+    from readers import ranged
 
     vdir = write_dataset(tmp_path)
     write_indexes(vdir)
     shards = sorted(p for p in vdir.iterdir() if p.name.endswith("-of-00004"))
     data = shards[1].read_bytes()
-    for damage in ("delete", "truncate"):
+    for damage in ("delete", "truncate", "unchecked"):
+        if damage == "unchecked":
+            monkeypatch.setattr(ranged.RangedRecords, "check_file", lambda self, shard: None)
         shards[1].write_bytes(data)
         ds = readers.make_dataset(str(tmp_path), "train", batch_size=2, image_size=8, start=0)
-        if damage == "delete":
+        if damage in ("delete", "unchecked"):
             shards[1].unlink()
         else:
             shards[1].write_bytes(data[:-5])
@@ -270,7 +275,8 @@ def test_a_shard_gone_after_make_dataset_is_named_at_once(tmp_path):
         reader.start()
         reader.join(60)
         assert outcome, "reading a split with a shard gone hung"
-        want = "shard file missing" if damage == "delete" else "the file is truncated"
+        want = {"delete": "shard file missing", "truncate": "the file is truncated",
+                "unchecked": ": missing"}[damage]
         assert f"{shards[1].name}: " in outcome[0] and want in outcome[0], outcome[0]
 
 
