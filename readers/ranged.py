@@ -88,10 +88,10 @@ class RangedRecords:
                 np.array(counts, np.int64), np.array(sizes, np.int64), gather)
 
     def check_file(self, shard):
-        """Raise, naming the shard, if it is missing or not its manifest size. Checked each
-        time a chunk is planned, because the C++ reader retries a file it cannot open (under
-        the `ignore_errors` that ends a damaged range) instead of failing: one stat a shard a
-        chunk (on gs://, one metadata request)."""
+        """Raise, naming the shard, if it is missing or not its manifest size (the words of
+        shards.check_files, which checks every file once when the dataset is made). Checked
+        each time a chunk is planned, so a shard pruned or cut mid-training is named as such:
+        one stat a shard a chunk (on gs://, one metadata request)."""
         try:
             size = self._file(shard.path).size()
         except FileNotFoundError:

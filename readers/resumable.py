@@ -3,9 +3,10 @@ readers/order.py, starting at any position without reading what comes before it.
 
 A Python generator plans a window of records at a time (one call per ~1,024 records): the
 `.index` files give each wanted record's offset, and nearby records coalesce into ranges
-(readers/ranged.py). TensorFlow's C++ TFRecord reader reads the ranges from their offsets,
-16 at once, checking both frame CRCs (readers/offset_records.py); the Python reader of
-readers/ranged.py only reads a window again when a frame in it is damaged, to name it.
+(readers/ranged.py). TensorFlow's C++ TFRecord reader reads the ranges from their offsets
+(one after another locally, 16 at once on gs://), checking both frame CRCs
+(readers/offset_records.py); the Python reader of readers/ranged.py reads a window again
+only when its C++ read failed, to name the damaged record or file.
 Decoding is a per-record parallel map. The crop and
 flip of record r in epoch e are seeded by (seed, e, r), so a resumed run sees the same pixels
 as an uninterrupted one, on any number of hosts.
