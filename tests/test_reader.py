@@ -509,6 +509,7 @@ def test_transform_without_transform_output_names_the_fix(root):
         readers.make_dataset(str(root), transform=True)
 
 
+@pytest.mark.slow  # Model.fit on make_dataset, fast: test_reader_keras_resume.py
 def test_keras_fit(root):
     """The docs/reader.md example, shrunk."""
     import keras

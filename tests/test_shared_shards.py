@@ -184,6 +184,7 @@ def _shared_of(manifest):
             if (p := sh["path"]).startswith("../")}
 
 
+@pytest.mark.slow  # three more builds; fast: the prune-killed test and test_model.py's scripted history
 def test_retention_deletes_a_shard_only_when_no_kept_version_names_it(nights):
     """v2 was published with --keep_versions 0: no prune ran, the state a build killed
     between publishing and pruning leaves. The next build prunes for both."""
