@@ -360,6 +360,22 @@ def test_cache_reshuffles_file_order_every_epoch(root):
     assert len({tuple(e) for e in epochs}) > 1  # not frozen at the first epoch's order
 
 
+def test_file_cache_reads_every_record_once_an_epoch_from_its_files(root, tmp_path):
+    """The first epoch writes the cache files, the second reads them (in reshuffled chunks
+    of CACHE_CHUNK records), each record once."""
+    from readers import records
+
+    prefix = str(tmp_path / "cache")
+    ds = readers.make_dataset(str(root), batch_size=None, image_size=SIZE, seed=2,
+                              cache=prefix)
+    first = _ids_labels(ds.batch(30))[0]
+    written = sorted(p.name for p in tmp_path.iterdir())
+    assert written and all(n.startswith("cache") for n in written), written
+    second = _ids_labels(ds.batch(30))[0]
+    assert sorted(first) == sorted(second) == list(range(30))
+    assert records.CACHE_CHUNK < 30  # several chunks, so their order can change
+
+
 @pytest.mark.parametrize("value_range,expected", [
     ((0, 255), 1.0), pytest.param((-1, 1), 2 / 255, marks=pytest.mark.slow)])
 def test_value_range(root, validation_uint8, value_range, expected):
