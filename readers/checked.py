@@ -102,7 +102,14 @@ def decoded_batches(ds, fn, names, seeded, batch_size, drop_remainder, total):
         with tf.control_dependencies([done]):
             return tf.identity(images), tf.identity(labels)
 
-    ds = _numbered(ds, fn, seeded, table).batch(batch_size).enumerate().map(check)
+    # A map right before the batch lets tf.data fuse the two (map_and_batch_fusion): each
+    # element is copied into its batch as it comes instead of held until the batch is full.
+    # Batching the ignore_errors output directly held 0.18 GB more (1.19 against 1.01 GB peak
+    # RSS, evaluation, 4k records, medians of 3) at the same CPU. An identity map would be
+    # optimized away, so this one asserts the label's shape.
+    ds = _numbered(ds, fn, seeded, table).map(_plain(
+        lambda image, label, number, rid: (image, tf.ensure_shape(label, []), number, rid)))
+    ds = ds.batch(batch_size).enumerate().map(check)
     if not drop_remainder:
         return ds
     full = [batch_size] + ds.element_spec[0].shape[1:]
