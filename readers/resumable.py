@@ -21,6 +21,7 @@ import tensorflow as tf
 from readers import images, offset_records
 from readers import order as order_lib
 from readers import ranged
+from readers.checked import fused_batch
 from readers.shards import sentinel_record
 
 CHUNK = order_lib.WINDOW  # records per generator call (about one window of the order)
@@ -249,7 +250,7 @@ def check_batches(ds, stream, source, skip_corrupt):
         with tf.control_dependencies([state]):
             return state, tuple(tf.identity(x) for x in batch[:-2])
 
-    ds = ds.batch(stream.batching.host_batch).scan(tf.constant([-1, 0], tf.int64), step)
+    ds = fused_batch(ds, stream.batching.host_batch).scan(tf.constant([-1, 0], tf.int64), step)
     if skip_corrupt:
         ds = ds.filter(tf.autograph.experimental.do_not_convert(
             lambda *b: tf.shape(b[1])[0] == stream.batching.host_batch))
