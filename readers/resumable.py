@@ -97,14 +97,14 @@ def _windows(stream, source):
         epoch, records = epoch + 1, 0
 
 
-def read_window(source):
+def read_window(source, python):
     """plan -> (number, records, ids, epochs, ks) of one window, read by TFRecordDatasetV2
-    from the `.index` offsets (readers/offset_records.py), on gs:// CYCLE ranges at once. A
-    frame that does not check out, or a file that cannot be read, fails the window, which
-    the `ignore_errors` after this map drops: fill_gaps then reads it in Python, which names
-    the record (or, with skip_corrupt, drops it alone). TensorFlow's own errors are never
-    ignored inside a file (it retries a file it cannot open forever)."""
-    python = python_read(source)
+    from the `.index` offsets (readers/offset_records.py), on gs:// CYCLE ranges at once
+    (`python`, a python_read, takes the windows planned for Python). A frame that does not
+    check out, or a file that cannot be read, fails the window, which the `ignore_errors`
+    after this map drops: fill_gaps then reads it in Python, which names the record (or,
+    with skip_corrupt, drops it alone). TensorFlow's own errors are never ignored inside a
+    file (it retries a file it cannot open forever)."""
     remote = any(s.path.startswith("gs://") for s in source.shards)
 
     @tf.autograph.experimental.do_not_convert
@@ -126,11 +126,10 @@ def read_window(source):
     return read
 
 
-def fill_gaps(source):
+def fill_gaps(source, python):
     """(number, window) -> the window, after any windows before it that failed in C++ (read
-    in Python now, in order). One Python call a window; nothing is copied unless a window
-    failed."""
-    python = python_read(source)
+    in Python now by `python`, a python_read, in order). One Python call a window; nothing
+    is copied unless a window failed."""
 
     def missing_before(seq):
         parts = []
@@ -205,8 +204,9 @@ def decoded(stream, source, size, output, label_shift, crop_fraction, skip_corru
     ds = tf.data.Dataset.from_generator(lambda: plans(stream, source),
                                         output_signature=signature)
     # the next window is read while this one decodes; a window that failed is read again
-    ds = ds.map(read_window(source), num_parallel_calls=2, deterministic=True)
-    ds = ds.ignore_errors().map(fill_gaps(source)).unbatch()
+    python = python_read(source)
+    ds = ds.map(read_window(source, python), num_parallel_calls=2, deterministic=True)
+    ds = ds.ignore_errors().map(fill_gaps(source, python)).unbatch()
     ds = ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     ds = ds.ignore_errors(log_warning=True)  # decoding only: TensorFlow's reason, in its log
     return check_batches(ds, stream, source, skip_corrupt)
