@@ -25,6 +25,21 @@ MAX_BUFFER = 16 << 20  # a C++ range's read buffer: its bytes (one read, one GET
 GCS_THREADS = 16  # ranged requests in flight on gs:// (each one a round trip)
 
 
+def size_problem(path, size, expected):
+    """The error naming a shard file that is missing (`size` None) or not the size manifest.json
+    gives it (`expected`, None: unknown), else None. The one wording of both checks: every
+    file when a dataset is made (readers/shards.py), and each chunk's files while reading."""
+    if size is None:
+        return FileNotFoundError(
+            f"{path}: shard file missing (manifest.json lists it): the version was pruned "
+            "or only partly copied; rebuild it or read another version")
+    if expected is not None and size != expected:
+        return ValueError(
+            f"{path}: {size} bytes, but manifest.json says {expected}: the file is "
+            "truncated or was overwritten; rebuild the dataset or read another version")
+    return None
+
+
 class Shard(NamedTuple):
     path: str
     first: int  # number of its first record in the split (manifest order)
@@ -88,20 +103,16 @@ class RangedRecords:
                 np.array(counts, np.int64), np.array(sizes, np.int64), gather)
 
     def check_file(self, shard):
-        """Raise, naming the shard, if it is missing or not its manifest size (the words of
-        shards.check_files, which checks every file once when the dataset is made). Checked
-        each time a chunk is planned, so a shard pruned or cut mid-training is named as such:
+        """Raise, naming the shard, if it is missing or not its manifest size. Checked each
+        time a chunk is planned, so a shard pruned or cut mid-training is named as such:
         one stat a shard a chunk (on gs://, one metadata request)."""
         try:
             size = self._file(shard.path).size()
         except FileNotFoundError:
-            raise FileNotFoundError(
-                f"{shard.path}: shard file missing (manifest.json lists it): the version was "
-                "pruned or only partly copied; rebuild it or read another version") from None
-        if shard.num_bytes >= 0 and size != shard.num_bytes:
-            raise ValueError(f"{shard.path}: {size} bytes, but manifest.json says "
-                             f"{shard.num_bytes}: the file is truncated or was overwritten; "
-                             "rebuild the dataset or read another version")
+            size = None
+        error = size_problem(shard.path, size, None if shard.num_bytes < 0 else shard.num_bytes)
+        if error:
+            raise error
 
     def index(self, shard):
         """(offsets, frame lengths) of a shard's records, from its `.index` file (read once)."""

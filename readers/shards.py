@@ -24,6 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from readers import offset_records
+from readers.ranged import size_problem
 
 RESYNC_READ = 256  # skip_corrupt with .index files: records per ranged read
 
@@ -37,16 +38,10 @@ def check_files(pieces):
         try:
             size = tf.io.gfile.stat(path).length
         except tf.errors.NotFoundError:
-            return FileNotFoundError(
-                f"{path}: shard file missing (manifest.json lists it): the version was pruned "
-                "or only partly copied; rebuild it or read another version")
+            size = None
         except tf.errors.OpError as e:
             return OSError(f"{path}: cannot read this shard file: {e.message}")
-        if expected is not None and size != expected:
-            return ValueError(
-                f"{path}: {size} bytes, but manifest.json says {expected}: the file is "
-                "truncated or was overwritten; rebuild the dataset or read another version")
-        return None
+        return size_problem(path, size, expected)
 
     with concurrent.futures.ThreadPoolExecutor(min(16, len(files)) or 1) as pool:
         for error in pool.map(problem, sorted(files.items())):
