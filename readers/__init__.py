@@ -1,7 +1,7 @@
 """Read datasets built by the Beam pipeline: `info(path)` and `make_dataset(path, ...)`.
 
 Needs TensorFlow, never Apache Beam. `import readers` loads neither: TensorFlow is imported
-when a function that needs it runs, so schema/layout stay cheap for the writer to import.
+when a function that needs it runs (the format itself, `dataset_format/`, is pure Python).
 """
 
 __all__ = ["Position", "info", "make_dataset"]

@@ -21,11 +21,9 @@ model), so build the model that embeds the layer with `tf_keras`.
 """
 
 from dataset_format import layout
-
-IMAGE = "image"          # transformed feature names
-LABEL = "label"
-LABEL_VOCABULARY = layout.TRANSFORM_LABEL_VOCABULARY  # transform_fn/assets/<this>
-STATISTICS = layout.TRANSFORM_STATISTICS              # transform_fn/assets/<this>
+from dataset_format.transform_assets import (IMAGE, LABEL, LABEL_VOCABULARY,  # noqa: F401
+                                             STATISTICS, read_label_vocabulary,
+                                             read_statistics)
 _SERVING_KEYS = ("image/encoded",)      # what a served request has to carry
 
 
@@ -111,32 +109,6 @@ def normalization(tft_output):
     black, white = image[0].mean(axis=(0, 1)), image[1].mean(axis=(0, 1))
     std = 255.0 / (white - black)
     return (-black * std).tolist(), std.tolist()
-
-
-def read_label_vocabulary(tft_output):
-    """[(class name, train count)] from the label vocabulary asset; index i is label id i."""
-    import tensorflow as tf
-
-    path = tft_output.vocabulary_file_by_name(LABEL_VOCABULARY)
-    if not path:
-        raise FileNotFoundError(f"{tft_output.transform_savedmodel_dir}: no "
-                                f"{LABEL_VOCABULARY} asset")
-    with tf.io.gfile.GFile(path, "r") as f:
-        rows = [line.partition(" ") for line in f.read().split("\n") if line]
-    return [(name, int(count)) for count, _, name in rows]
-
-
-def read_statistics(tft_output):
-    """The train split's pixel statistics asset: {num_images, num_pixels, mean, std} (RGB)."""
-    import json
-
-    import tensorflow as tf
-
-    path = tft_output.vocabulary_file_by_name(STATISTICS)  # any named asset, not only vocabs
-    if not path:
-        raise FileNotFoundError(f"{tft_output.transform_savedmodel_dir}: no {STATISTICS} asset")
-    with tf.io.gfile.GFile(path, "r") as f:
-        return json.load(f)
 
 
 def serving_signatures(model, tft_output):

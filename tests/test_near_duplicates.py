@@ -458,7 +458,7 @@ def test_two_hashes_per_row_and_no_pairs_between_rows(tmp_path):
 
 
 def test_the_summary_says_when_the_search_was_multi_probe():
-    from beam_pipeline.launcher.report import near_duplicates_line
+    from beam_pipeline.manifest_text import near_duplicates_line
 
     near = {"radius": 8, "exact_radius": 8, "found_at_radius": 1.0, "pairs": 3,
             "candidates": 5, "pairs_across_splits": 1, "leaks": 1, "excluded": 0}

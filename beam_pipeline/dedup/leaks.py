@@ -33,7 +33,7 @@ from beam_pipeline.dedup import descriptor
 from beam_pipeline.dedup import band_plan
 from beam_pipeline.store import catalog, files
 from beam_pipeline.dedup import near_duplicates as grouping
-from beam_pipeline.job.contracts import Kind
+from beam_pipeline.kinds import Kind
 from dataset_format import layout
 
 HASH = "phash64x6"  # 64-bit pHashes: whole, central 90% (perceptual.phash_pair), 4 corners (descriptor.probes)

@@ -37,11 +37,12 @@ import tempfile
 
 import numpy as np
 
+from beam_pipeline import defaults
 from beam_pipeline.dedup import descriptor
 from beam_pipeline.dedup import band_plan, multi_index
 
 BITS = 64
-DEFAULT_RADIUS = 8  # chosen by measurement (docs/measurements.md): launcher/flags.py agrees
+DEFAULT_RADIUS = defaults.NEAR_DUPLICATE_RADIUS
 _U64 = (1 << BITS) - 1
 
 

@@ -35,7 +35,7 @@ import apache_beam as beam
 from tensorflow_transform.beam.experimental import PTransformAnalyzer  # loads TensorFlow
 
 from dataset_format import layout, schema
-from readers import transform as transform_lib
+from dataset_format import transform_assets
 
 MOMENTS = "shard/pixel_moments"    # int64 [7]: count, sums (r, g, b), sums of squares (r, g, b)
 LABEL_COUNTS = "shard/label_counts"  # int64 [K]: images per label id
@@ -113,13 +113,13 @@ def make_preprocessing_fn(image_size, labels):
             [inputs[MOMENTS], inputs[LABEL_COUNTS]], TrainSummary(labels),
             [tf.string, tf.string], [[], []], output_asset_default_values=[b"", b"{}"],
             name="train_summary")
-        tft.annotate_asset(transform_lib.LABEL_VOCABULARY, transform_lib.LABEL_VOCABULARY)
-        tft.annotate_asset(transform_lib.STATISTICS, transform_lib.STATISTICS)
+        tft.annotate_asset(transform_assets.LABEL_VOCABULARY, transform_assets.LABEL_VOCABULARY)
+        tft.annotate_asset(transform_assets.STATISTICS, transform_assets.STATISTICS)
 
         # The output branch: never run by the analysis, only by readers and serving.
         image = decode_and_resize(inputs[schema.ENCODED], image_size)  # [B, S, S, 3]
         image = (image - mean) / tf.where(std > 0, std, tf.ones_like(std))
-        return {transform_lib.IMAGE: image, transform_lib.LABEL: tf.identity(inputs[schema.LABEL])}
+        return {transform_assets.IMAGE: image, transform_assets.LABEL: tf.identity(inputs[schema.LABEL])}
 
     return preprocessing_fn
 
@@ -153,19 +153,16 @@ def normalization(moments):
 def _write_vocabulary(summary, labels, temp_dir):
     """-> path of a '<count> <name>' file, line i = class id i (TFT copies it to assets)."""
     _, counts = summary
-    return _write_asset(temp_dir, transform_lib.LABEL_VOCABULARY, "".join(
-        f"{int(c)} {name}\n" for c, name in zip(counts, labels)))
+    return _write_asset(temp_dir, transform_assets.LABEL_VOCABULARY,
+                        transform_assets.label_vocabulary_text(labels, counts))
 
 
 def _write_statistics(summary, temp_dir):
     """-> path of a JSON file with the train split's pixel statistics (float64)."""
-    import json
-
     moments, counts = summary
     mean, std = normalization(moments)
-    return _write_asset(temp_dir, transform_lib.STATISTICS, json.dumps({
-        "num_images": int(sum(counts)), "num_pixels": int(moments[0]),
-        "mean": mean.tolist(), "std": std.tolist()}))
+    return _write_asset(temp_dir, transform_assets.STATISTICS, transform_assets.statistics_text(
+        sum(counts), moments[0], mean.tolist(), std.tolist()))
 
 
 def _write_asset(temp_dir, name, text):
@@ -264,9 +261,9 @@ def manifest_part(_, vdir, labels, image_size, split):
     import tensorflow_transform as tft
 
     tft_output = tft.TFTransformOutput(vdir)  # reads metadata only; the graph is not loaded
-    statistics = transform_lib.read_statistics(tft_output)
+    statistics = transform_assets.read_statistics(tft_output)
     mean, std = statistics["mean"], statistics["std"]
-    vocabulary = transform_lib.read_label_vocabulary(tft_output)  # [(name, count)] by id
+    vocabulary = transform_assets.read_label_vocabulary(tft_output)  # [(name, count)] by id
     if [name for name, _ in vocabulary] != list(labels):
         raise ValueError(f"label vocabulary {[n for n, _ in vocabulary]} does not follow the "
                          f"label map {list(labels)}")
@@ -278,9 +275,9 @@ def manifest_part(_, vdir, labels, image_size, split):
         "raw_features": list(RAW_KEYS),
         "analysis_features": [MOMENTS, LABEL_COUNTS],  # absent from records and requests
         "outputs": {
-            transform_lib.IMAGE: {"dtype": "float32", "shape": [image_size, image_size, 3],
+            transform_assets.IMAGE: {"dtype": "float32", "shape": [image_size, image_size, 3],
                                   "value": "(resize(decode_jpeg(image/encoded)) - mean) / std"},
-            transform_lib.LABEL: {"dtype": "int64", "shape": [],
+            transform_assets.LABEL: {"dtype": "int64", "shape": [],
                                   "value": "image/class/label (ids unchanged)"},
         },
         "image_size": image_size,
@@ -297,7 +294,7 @@ def manifest_part(_, vdir, labels, image_size, split):
         },
         "label_vocabulary": {
             "path": layout.join(tft.TFTransformOutput.TRANSFORM_FN_DIR, layout.TRANSFORM_ASSETS,
-                                transform_lib.LABEL_VOCABULARY),
+                                transform_assets.LABEL_VOCABULARY),
             "format": "'<train count> <class name>' per line; line i is label id i",
             "train_counts": {name: counts.get(name, 0) for name in labels},
         },

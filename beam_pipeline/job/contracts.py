@@ -7,41 +7,14 @@ coder below), so a field that JSON cannot carry fails in the first test, not on 
 """
 
 import dataclasses
-import enum
 import json
 from typing import Iterable, Optional
 
 import apache_beam as beam
 
-from beam_pipeline.dedup.near_duplicates import DEFAULT_RADIUS
-from beam_pipeline.store import retention
+from beam_pipeline import defaults
+from beam_pipeline.kinds import Kind, Origin  # noqa: F401  (the plan's words, re-exported)
 from dataset_format import layout
-
-
-class _Text(str, enum.Enum):
-    """A str-valued enum: equal to, printed and JSON-encoded as its value, so the shard
-    index, the ShardResult JSON and the manifest read exactly as with bare strings."""
-
-    def __str__(self):
-        return self.value
-
-    def __format__(self, spec):
-        return format(self.value, spec)
-
-
-class Kind(_Text):
-    """What a shard task does."""
-
-    IMAGES = "images"  # convert the listed images
-    REUSE = "reuse"    # incremental: take a previous shard as it is (job/reuse.py)
-    COPY = "copy"      # incremental: copy a previous shard's surviving records
-
-
-class Origin(_Text):
-    """Where a shard comes from (the manifest's shard "origin")."""
-
-    HASH = "hash"    # a shard of the full plan, cut by key hash
-    DELTA = "delta"  # new inputs of an incremental build (launcher/incremental.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,9 +87,9 @@ class CommitSpec:
     increment: dict = None    # incremental: {"from": version, "removed": n, "changed": n, …}
     drop_content_duplicates: bool = False
     lock_token: str = None    # the launcher's ROOT/.lock token, checked before publishing
-    keep_superseded_hours: float = retention.KEEP_SUPERSEDED_HOURS
+    keep_superseded_hours: float = defaults.KEEP_SUPERSEDED_HOURS
     near_duplicates: bool = False          # group the catalog's perceptual hashes
-    near_duplicate_radius: int = DEFAULT_RADIUS  # Hamming bits
+    near_duplicate_radius: int = defaults.NEAR_DUPLICATE_RADIUS  # Hamming bits
     drop_near_duplicate_leaks: bool = False
     resume_from: tuple = ()   # failed runs' version dirs whose finished shards are reused
     split_map_from: Optional[str] = None   # the split map this version was planned with
@@ -172,7 +145,7 @@ class ShardResult:
     temp: Optional[str] = None          # where this attempt wrote it
     num_examples: int = 0
     num_bytes: int = 0
-    # The file's checksum for the manifest: CRC-32C (readers/frames.crc32c_text) for every
+    # The file's checksum for the manifest: CRC-32C (dataset_format/frames.crc32c_text) for every
     # shard written since format 2 carried it; sha256 (hex) only for a shard reused as is
     # from a version written before.
     crc32c: Optional[str] = None

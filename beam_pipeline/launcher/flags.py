@@ -2,6 +2,8 @@
 
 import argparse
 
+from beam_pipeline import defaults
+
 
 def boolean(text):
     """'true'/'false' (and friends) -> bool, so flags, YAML and template strings agree."""
@@ -15,7 +17,7 @@ def boolean(text):
     raise argparse.ArgumentTypeError(f"expected true or false, not {text!r}")
 
 
-NEAR_DUPLICATE_RADIUS = 8  # measured: benchmarks/bench_near_duplicates.py (docs/measurements.md)
+NEAR_DUPLICATE_RADIUS = defaults.NEAR_DUPLICATE_RADIUS
 
 
 def add_build_args(parser):

@@ -10,7 +10,6 @@ silently: with versions but no intact map anywhere it stops and names --resplit.
 """
 
 import dataclasses
-import json
 from typing import Optional
 
 from beam_pipeline.errors import UserError

@@ -1,6 +1,6 @@
 """What the launcher prints: the plan, progress while a local job runs, and the summary.
 
-The split x class table is shared with tools/inspect_dataset.py.
+The lines it shares with tools/inspect_dataset.py are in beam_pipeline/manifest_text.py.
 """
 
 import json
@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 
+from beam_pipeline.manifest_text import class_table, near_duplicates_line
 from beam_pipeline.refs import split_order
 from dataset_format import layout
 
@@ -15,24 +16,6 @@ from dataset_format import layout
 # decoding dominates), so reader decode time follows the stored pixel count.
 DECODE_NS_PER_PIXEL = 31.7e6 / (4032 * 3024)
 BIG_SIDE, SUGGESTED_MAX_SIDE = 1024, 512
-
-
-def class_table(manifest, splits, all_column=False):
-    """Examples per class and split, as indented text lines, with a total row."""
-    labels = list(manifest.get("labels", []))
-    width = max([len(l) for l in labels] + [len("total"), len("class")])
-
-    def line(name, row):
-        return ("  " + name.ljust(width) + "".join(f"{n:>12}" for n in row)
-                + (f"{sum(row):>12}" if all_column else ""))
-
-    header = "  " + "class".ljust(width) + "".join(f"{s:>12}" for s in splits)
-    lines = [header + (f"{'all':>12}" if all_column else "")]
-    for label in labels:
-        lines.append(line(label, [manifest["splits"][s].get("label_counts", {}).get(label, 0)
-                                  for s in splits]))
-    lines.append(line("total", [manifest["splits"][s]["num_examples"] for s in splits]))
-    return lines
 
 
 def print_up_to_date(root, version, why="fingerprint unchanged"):
@@ -121,26 +104,6 @@ def split_map_lines(manifest):
     since = f" since {entry['from']}" if entry.get("from") else ""
     return ([f"split map: {entry['contents']} published contents ({entry['added']} new"
              f"{since})"] + [f"note: {note}" for note in entry.get("notes", [])])
-
-
-def near_duplicates_line(manifest):
-    """One line on near-duplicates (None when the version was built without them)."""
-    near = manifest.get("near_duplicates")
-    if not near:
-        return None
-    if "pairs" not in near:  # a version from before pairs were confirmed
-        return (f"near-duplicates (pHash within {near['radius']} bits, unconfirmed): "
-                f"{near['groups']} group(s); rebuild to confirm them")
-    line = (f"near-duplicates (pHash within {near['radius']} bits, confirmed by the "
-            f"descriptor): {near['pairs']} pair(s) of {near['candidates']} candidates, "
-            f"{near['pairs_across_splits']} across splits, {near['leaks']} evaluation "
-            f"image(s) paired with a train image")
-    line += f", {near['excluded']} left out" if near["excluded"] else ""
-    exact = near.get("exact_radius", near["radius"])
-    if exact < near["radius"]:  # a multi-probe search (many images): say what it may miss
-        line += (f"; exact within {exact} bits, pairs {near['radius']} bits apart found "
-                 f"~{near['found_at_radius']:.0%} of the time")
-    return line
 
 
 def big_image_hint(manifest):

@@ -10,10 +10,11 @@ import os
 
 from apache_beam.io.filesystems import FileSystems
 
+from beam_pipeline import defaults
 from beam_pipeline.store import files, lock_base, shared, versions
 from dataset_format import layout
 
-KEEP_SUPERSEDED_HOURS = 48.0  # --keep_superseded_hours: covers a nightly schedule twice
+KEEP_SUPERSEDED_HOURS = defaults.KEEP_SUPERSEDED_HOURS
 
 
 def delete_version(root, version, keep=frozenset()):

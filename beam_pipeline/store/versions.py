@@ -16,7 +16,7 @@ import uuid
 from apache_beam.io.filesystems import FileSystems
 
 from beam_pipeline.errors import UserError
-from beam_pipeline.store import files, gcs, lock_base, shared
+from beam_pipeline.store import files, gcs
 from dataset_format import layout
 
 def new_version_id(now=None):

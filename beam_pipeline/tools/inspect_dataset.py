@@ -16,7 +16,7 @@ shards without a full read, drawing.py draws the PNGs.
 import argparse
 import sys
 
-from beam_pipeline.launcher.report import class_table, near_duplicates_line
+from beam_pipeline.manifest_text import class_table, near_duplicates_line
 from beam_pipeline.tools.drawing import class_counts_chart, contact_sheet, near_duplicate_sheet
 from beam_pipeline.tools.samples import cross_split_pairs, ordered_splits, sample
 from dataset_format import dataset_info, layout
