@@ -11,6 +11,7 @@ import posixpath
 from typing import Dict, Optional, Tuple
 
 from dataset_format import layout, storage
+from dataset_format.manifest import Manifest
 from dataset_format.layout import (FORMAT_VERSION, LATEST, MANIFEST, READABLE_FORMAT_VERSIONS,
                                    VERSIONS, join, version_dir)
 
@@ -47,7 +48,7 @@ class DatasetInfo:
     labels: Tuple[str, ...]
     label_offset: int
     splits: Dict[str, SplitInfo]
-    manifest: dict = dataclasses.field(repr=False, compare=False)
+    manifest: Manifest = dataclasses.field(repr=False, compare=False)
     # True when the version came from ROOT/LATEST (what `info(root)` without `version=` does):
     # fine on one host; several hosts each following LATEST may land on different versions.
     followed_latest: bool = False
@@ -62,13 +63,13 @@ class DatasetInfo:
     def has_catalog(self):
         """Whether the version has a catalog (a --sink beam build writes none): the splits
         its images keep for life, and the records a next build may reuse."""
-        return "catalog" in self.manifest
+        return self.manifest.catalog is not None
 
     @property
     def has_split_map(self):
         """Whether the manifest names its own split_map.parquet (versions before it had
         none: their catalog is their split map)."""
-        return "split_map" in self.manifest
+        return self.manifest.has_split_map
 
     @property
     def num_classes(self):
@@ -83,8 +84,8 @@ class DatasetInfo:
     def catalog(self):
         """Path of catalog.parquet (one row per example: key, uri, label, split, shard,
         position, sha256, …), or None for versions written before it existed."""
-        entry = self.manifest.get("catalog")
-        return layout.join(self.version_dir, entry["path"]) if entry else None
+        entry = self.manifest.catalog
+        return layout.join(self.version_dir, entry.path) if entry else None
 
     def split(self, name):
         """The SplitInfo for `name`, with an error that lists what exists."""
@@ -96,27 +97,27 @@ class DatasetInfo:
 
 
 def from_manifest(vdir, manifest, followed_latest=False):
+    """The version at `vdir` from its Manifest (or the manifest's JSON object)."""
+    if not isinstance(manifest, Manifest):
+        manifest = Manifest.from_dict(manifest)
     splits = {}
-    for name, s in manifest.get("splits", {}).items():
-        shards = tuple(ShardInfo(path=layout.shard_file(vdir, sh["path"]),
-                                 num_examples=int(sh["num_examples"]),
-                                 num_bytes=sh.get("num_bytes"), sha256=sh.get("sha256"),
-                                 crc32c=sh.get("crc32c"), name=sh["path"],
-                                 origin=sh.get("origin"))
-                       for sh in s.get("shards", []))
-        splits[name] = SplitInfo(name=name, num_examples=int(s["num_examples"]),
-                                 num_bytes=s.get("num_bytes"),
-                                 label_counts=dict(s.get("label_counts", {})), shards=shards)
-    return DatasetInfo(name=manifest.get("name", ""),
-                       version=manifest.get("version") or posixpath.basename(vdir),
-                       version_dir=vdir,
-                       labels=tuple(manifest.get("labels", ())),
-                       label_offset=int(manifest.get("label_offset", 0)),
-                       splits=splits, manifest=manifest, followed_latest=followed_latest,
-                       input_fingerprint=manifest.get("input_fingerprint"),
-                       config=manifest.get("config") or {}, generator=manifest.get("generator"),
-                       key_scheme=manifest.get("key_scheme"),
-                       catalog_rows=(manifest.get("catalog") or {}).get("rows"))
+    for name, s in manifest.splits.items():
+        shards = tuple(ShardInfo(path=layout.shard_file(vdir, sh.path),
+                                 num_examples=int(sh.num_examples), num_bytes=sh.num_bytes,
+                                 sha256=sh.sha256, crc32c=sh.crc32c, name=sh.path,
+                                 origin=sh.origin)
+                       for sh in s.shards)
+        splits[name] = SplitInfo(name=name, num_examples=int(s.num_examples),
+                                 num_bytes=s.num_bytes, label_counts=dict(s.label_counts or {}),
+                                 shards=shards)
+    return DatasetInfo(name=manifest.name or "",
+                       version=manifest.version or posixpath.basename(vdir),
+                       version_dir=vdir, labels=manifest.labels,
+                       label_offset=int(manifest.label_offset or 0), splits=splits, manifest=manifest,
+                       followed_latest=followed_latest,
+                       input_fingerprint=manifest.input_fingerprint, config=manifest.config or {},
+                       generator=manifest.generator, key_scheme=manifest.key_scheme,
+                       catalog_rows=manifest.catalog.rows if manifest.catalog else None)
 
 
 def info(path, version=None):
@@ -157,10 +158,10 @@ def resolve(path, version=None):
 
 
 def load_manifest(path, version=None):
-    """(version_dir, manifest dict) for a dataset root or version directory."""
+    """(version_dir, Manifest) for a dataset root or version directory."""
     vdir = resolve(path, version)
-    manifest = json.loads(storage.read_text(join(vdir, MANIFEST)))
-    if manifest.get("format_version") not in READABLE_FORMAT_VERSIONS:
-        raise ValueError(f"{vdir}/{MANIFEST}: format_version {manifest.get('format_version')!r} "
+    manifest = Manifest.from_json(storage.read_text(join(vdir, MANIFEST)))
+    if manifest.format_version not in READABLE_FORMAT_VERSIONS:
+        raise ValueError(f"{vdir}/{MANIFEST}: format_version {manifest.format_version!r} "
                          f"is newer than this reader knows ({FORMAT_VERSION}); upgrade it")
     return vdir, manifest

@@ -178,15 +178,15 @@ def test_commit_retried_after_failed_manifest_write_keeps_listing_errors(
         listed=2, duplicates=0, listing_errors_path=listing_errors, input_fingerprint="sha256:x",
         config={}, generator={}, max_error_rate=1.0, keep_versions=0, write_index=False)
 
-    real_write_json, calls = files.write_json, []
+    real_write_whole, calls = files.write_whole, []
 
-    def flaky_write_json(path, obj):
+    def flaky_manifest_write(path, data):
         calls.append(path)
-        if len(calls) == 1:
+        if path.endswith("/manifest.json") and calls.count(path) == 1:
             raise OSError("transient GCS error")
-        return real_write_json(path, obj)
+        return real_write_whole(path, data)
 
-    monkeypatch.setattr(files, "write_json", flaky_write_json)
+    monkeypatch.setattr(files, "write_whole", flaky_manifest_write)
     with pytest.raises(OSError):
         commit.commit(stats, spec)
     manifest = commit.commit(stats, spec)  # the runner's retry of the same bundle

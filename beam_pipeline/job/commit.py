@@ -24,6 +24,7 @@ from beam_pipeline.job.label_counts import SumLabelCounts, minus_dropped, sum_la
 from beam_pipeline.job.manifest import Finalized, build_manifest
 from beam_pipeline.store import catalog, files, lock, retention, split_map, versions
 from dataset_format import frames, layout
+from dataset_format.manifest import Manifest
 
 
 class PublishRefused(RuntimeError):
@@ -39,11 +40,11 @@ DETERMINISTIC = (ErrorRateExceeded, PublishRefused)  # a retry would fail the sa
 
 def commit(results, spec, extra_files=(), manifest_parts=(), label_counts=None,
            error_files=()):
-    """All ShardResults -> the published manifest (a dict). Raises to fail the job.
+    """All ShardResults -> the published Manifest. Raises to fail the job.
 
     `extra_files` are callables (version_dir, manifest) that write files beside the
-    manifest and may add keys to it; `manifest_parts` are dicts produced by other branches
-    of the job (e.g. the transform analysis) merged into the manifest.
+    manifest and return its section for them ({name: value}) or None; `manifest_parts` are
+    sections produced by other branches of the job (e.g. the transform analysis).
 
     In the job, `results` are slim (ShardResult.slim): `label_counts` ({split: {class: n}})
     and `error_files` (JSONL of the shards' error records) carry what they left out.
@@ -53,13 +54,12 @@ def commit(results, spec, extra_files=(), manifest_parts=(), label_counts=None,
     lock.keep_alive(spec.root, spec.version)  # the job's lock stays alive while this runs
     done_path = layout.join(spec.vdir, layout.MANIFEST)
     if files.exists(done_path):  # run again after it wrote the manifest (a runner's retry):
-        return _publish(spec, files.read_json(done_path))  # publish only, rewrite nothing
+        return _publish(spec, Manifest.from_json(files.read_bytes(done_path).decode()))  # publish only
     lock.check_token(spec.root, spec.lock_token)  # a lost build completes nothing either
     done = finalize(results, spec, label_counts, error_files)
     manifest = build_manifest(spec, done, datetime.datetime.now(datetime.timezone.utc),
                               manifest_parts)
-    _write_manifest(spec, manifest, extra_files)
-    return _publish(spec, manifest)
+    return _publish(spec, _write_manifest(spec, manifest, extra_files))
 
 
 def finalize(results, spec, label_counts=None, error_files=()):
@@ -107,10 +107,13 @@ def _commit_shards(spec, by_shard):
 
 
 def _write_manifest(spec, manifest, extra_files):
-    """Files beside the manifest, then the manifest: its presence marks a complete version."""
+    """Files beside the manifest, then the manifest: its presence marks a complete version.
+    -> the Manifest as written."""
     for extra in extra_files:  # hooks that add files next to the manifest (TFDS, TFT, …)
-        extra(spec.vdir, manifest)
-    files.write_json(layout.join(spec.vdir, layout.MANIFEST), manifest)  # now it is complete
+        part = extra(spec.vdir, manifest)
+        manifest = manifest.with_sections(part) if part else manifest
+    files.write_whole(layout.join(spec.vdir, layout.MANIFEST), manifest.to_json().encode())
+    return manifest
     # .tmp/ stays until published (_publish): a retried commit (say the manifest write
     # failed) must still find the listing errors there, or errors.jsonl would lose them.
 

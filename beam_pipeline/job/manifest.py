@@ -4,9 +4,11 @@ typed values alone and a retried commit that finds the same files writes the sam
 import dataclasses
 from typing import Optional
 
-from beam_pipeline.job.contracts import Kind
+from beam_pipeline.kinds import Kind
 from beam_pipeline.store import catalog
 from dataset_format import layout, schema
+from dataset_format.manifest import (Accounting, BuildEntry, CatalogEntry, ErrorsEntry,
+                                     Increment, Manifest, ShardEntry, SplitEntry)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,72 +47,63 @@ class Finalized:
 
 
 def build_manifest(spec, done, created_at, parts=()):
-    """CommitSpec + Finalized -> manifest.json's dict; `created_at` a UTC datetime."""
-    manifest = {
-        "format_version": layout.FORMAT_VERSION,
-        "name": spec.name,
-        "version": spec.version,
-        "created_at": created_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "generator": spec.generator,
-        "input_fingerprint": spec.input_fingerprint,
-        "config": spec.config,
-        "labels": list(spec.labels),
-        "label_offset": 0,
-        "features": dict(schema.FEATURES),
-        "key_scheme": layout.KEY_SCHEME,
-        "splits": split_summaries(spec, done),
-        "accounting": accounting(spec, done),
-        "errors": {"path": layout.ERRORS, "count": sum(done.reasons().values()),
-                   "by_reason": done.reasons()},
-    }
-    if done.catalog_rows is not None:
-        manifest["catalog"] = {"path": layout.CATALOG, "rows": done.catalog_rows}
+    """CommitSpec + Finalized -> the Manifest; `created_at` a UTC datetime. `parts` are
+    other branches' sections (e.g. the transform analysis), written after the build's."""
+    reasons = done.reasons()
+    sections = {}
     if done.split_map is not None:
-        manifest["split_map"] = done.split_map
+        sections["split_map"] = done.split_map
     if done.longer_sides:
-        manifest["stored_images"] = {"median_longer_side": catalog.median(done.longer_sides),
+        sections["stored_images"] = {"median_longer_side": catalog.median(done.longer_sides),
                                      "max_longer_side": max(done.longer_sides)}
     if done.content_duplicates is not None:
-        manifest["content_duplicates"] = dict(done.content_duplicates, dropped=done.dropped)
+        sections["content_duplicates"] = dict(done.content_duplicates, dropped=done.dropped)
     if done.near_duplicates is not None:
-        manifest["near_duplicates"] = done.near_duplicates
-    if spec.increment:
-        manifest["incremental"] = increment_summary(spec.increment, done.results)
-    # Distinct processes that ran the shard writer (0 with --sink beam, which does not say).
-    # Images decoded and converted, and stored records re-framed under a new key or label;
-    # shards taken finished from a failed run (job/attempts.py).
-    manifest["build"] = {"writer_processes": len({r.writer for r in done.results if r.writer}),
-                         "converted": sum(r.converted for r in done.results),
-                         "reframed": sum(r.reframed for r in done.results),
-                         "resumed_shards": sum(r.resumed for r in done.results),
-                         "repaired": sum(r.repaired for r in done.results)}
-    for part in parts:
-        manifest.update(part)
-    return manifest
+        sections["near_duplicates"] = done.near_duplicates
+    manifest = Manifest(
+        format_version=layout.FORMAT_VERSION, name=spec.name, version=spec.version,
+        created_at=created_at.strftime("%Y-%m-%dT%H:%M:%SZ"), generator=spec.generator,
+        input_fingerprint=spec.input_fingerprint, config=spec.config, labels=tuple(spec.labels),
+        label_offset=0, features=dict(schema.FEATURES), key_scheme=layout.KEY_SCHEME,
+        splits=split_summaries(spec, done), accounting=accounting(spec, done),
+        errors=ErrorsEntry(path=layout.ERRORS, count=sum(reasons.values()), by_reason=reasons),
+        catalog=(CatalogEntry(path=layout.CATALOG, rows=done.catalog_rows)
+                 if done.catalog_rows is not None else None),
+        incremental=increment_summary(spec.increment, done.results) if spec.increment else None,
+        # Distinct processes that ran the shard writer (0 with --sink beam, which does not
+        # say). Images decoded and converted, and stored records re-framed under a new key
+        # or label; shards taken finished from a failed run (job/attempts.py).
+        build=BuildEntry(writer_processes=len({r.writer for r in done.results if r.writer}),
+                         converted=sum(r.converted for r in done.results),
+                         reframed=sum(r.reframed for r in done.results),
+                         resumed_shards=sum(r.resumed for r in done.results),
+                         repaired=sum(r.repaired for r in done.results)),
+        sections=sections)
+    return manifest.with_sections(*parts)
 
 
 def split_summaries(spec, done):
-    """{split: examples, bytes, label counts (every class, in label order), shard entries}."""
+    """{split: SplitEntry}: examples, bytes, label counts (every class, in label order),
+    shard entries."""
     splits = {}
     for split, shards in done.shards.items():
         counts = done.counts_of(split)
-        splits[split] = {
-            "num_examples": sum(s["num_examples"] for s in shards),
-            "num_bytes": sum(s["num_bytes"] for s in shards),
-            "label_counts": {label: counts.get(label, 0) for label in spec.labels},
-            "shards": shards,
-        }
+        splits[split] = SplitEntry(
+            num_examples=sum(s["num_examples"] for s in shards),
+            num_bytes=sum(s["num_bytes"] for s in shards),
+            label_counts={label: counts.get(label, 0) for label in spec.labels},
+            shards=tuple(ShardEntry.from_dict(s) for s in shards))
     return splits
 
 
 def accounting(spec, done):
     """Every listed input: written, a duplicate (by path, or by content when dropped), failed,
     or a leak (an evaluation image near a train image, when dropped)."""
-    return {"listed": spec.listed, "duplicates": spec.duplicates + done.dropped,
-            "failed": sum(done.reasons().values()),
-            "written": sum(r.num_examples for r in done.results),
-            "leaks": done.leaks,
-            "passed_through": sum(r.passed_through for r in done.results)}
+    return Accounting(listed=spec.listed, duplicates=spec.duplicates + done.dropped,
+                      failed=sum(done.reasons().values()),
+                      written=sum(r.num_examples for r in done.results),
+                      leaks=done.leaks,
+                      passed_through=sum(r.passed_through for r in done.results))
 
 
 def by_reason(errors):
@@ -122,13 +115,13 @@ def by_reason(errors):
 
 def increment_summary(increment, results):
     """What an incremental version reused, rewrote and added, and from which version."""
-    summary = dict(increment)
-    for kind, name in ((Kind.REUSE, "reused"), (Kind.COPY, "rewritten"),
-                       (Kind.IMAGES, "added_shards")):
-        done = [r for r in results if r.kind == kind]
-        summary[name] = {"shards": len(done),
-                         "examples": sum(r.num_examples for r in done),
-                         "bytes": sum(r.num_bytes for r in done)}
+    done = {}
+    for kind in (Kind.REUSE, Kind.COPY, Kind.IMAGES):
+        of_kind = [r for r in results if r.kind == kind]
+        done[kind] = {"shards": len(of_kind), "examples": sum(r.num_examples for r in of_kind),
+                      "bytes": sum(r.num_bytes for r in of_kind)}
     total = sum(r.num_bytes for r in results) or 1
-    summary["bytes_reused_share"] = round(summary["reused"]["bytes"] / total, 4)
-    return summary
+    return Increment(reused=done[Kind.REUSE], rewritten=done[Kind.COPY],
+                     added_shards=done[Kind.IMAGES],
+                     bytes_reused_share=round(done[Kind.REUSE]["bytes"] / total, 4),
+                     extra=dict(increment))

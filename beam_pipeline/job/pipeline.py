@@ -5,6 +5,7 @@ import apache_beam as beam
 
 from beam_pipeline.job.commit import Commit
 from beam_pipeline.job.contracts import ShardResult, ShardTask
+from beam_pipeline.job import tfds_metadata
 from beam_pipeline.job.heartbeat import KeepLockAlive
 from beam_pipeline.refs import ImageRef
 from beam_pipeline.job.shards import WriteShardFn
@@ -19,11 +20,11 @@ class ImagesToTFRecords(beam.PTransform):
     """
 
     def __init__(self, shards_index, spec, encode_options, sink="shards", progress_dir=None,
-                 extra_files=(), transform_image_size=0, writers_per_process=None):
+                 transform_image_size=0, writers_per_process=None):
         super().__init__()
         self.shards_index, self.spec = shards_index, spec  # a ShardTask per line
         self.encode_options, self.sink = encode_options, sink
-        self.progress_dir, self.extra_files = progress_dir, extra_files
+        self.progress_dir = progress_dir
         self.transform_image_size = transform_image_size  # 0: no tf.Transform analysis
         self.writers_per_process = writers_per_process  # --number_of_worker_harness_threads
 
@@ -67,7 +68,8 @@ class ImagesToTFRecords(beam.PTransform):
 
             parts = (results | "AnalyzeTrain" >> AnalyzeTrain(spec, self.transform_image_size),)
             # -> [{"transform": {...}}] once VDIR/transform_fn/ is written
-        return results | "Commit" >> Commit(spec, self.extra_files, parts)  # -> manifest
+        # commit writes the TFDS files beside the manifest (tfds_metadata.write)
+        return results | "Commit" >> Commit(spec, (tfds_metadata.write,), parts)  # -> Manifest
 
 
 def read_shard_index(path):

@@ -104,13 +104,14 @@ def dataset_info_json(manifest):
 
 
 def write(version_dir, manifest):
-    """Commit hook: write the TFDS files into `version_dir` and list them in the manifest."""
+    """Commit hook: write the TFDS files into `version_dir` -> the manifest's "tfds" section
+    (None when no TFDS metadata can be written)."""
     from beam_pipeline.store import files
 
     if int(manifest.get("label_offset", 0)) != 0:
         logging.warning("label_offset %s: TFDS ClassLabel ids start at 0; no TFDS metadata "
                         "written", manifest["label_offset"])
-        return
+        return None
     info = dataset_info_json(manifest)
     # ClassLabel.save_metadata names the file after the feature path, '/' -> '-'.
     labels_file = schema.LABEL.replace("/", "-") + layout.TFDS_LABELS_SUFFIX
@@ -126,5 +127,5 @@ def write(version_dir, manifest):
     empty = sorted(s for s, v in manifest["splits"].items() if not v["num_examples"])
     shared = sum(sh["path"].startswith(layout.SHARED_PREFIX)
                  for s in manifest["splits"].values() for sh in s["shards"])
-    manifest["tfds"] = {"version": info["version"], "files": sorted(contents),
-                        "omitted_splits": empty, "shared_shards": shared}
+    return {"tfds": {"version": info["version"], "files": sorted(contents),
+                     "omitted_splits": empty, "shared_shards": shared}}

@@ -25,7 +25,7 @@ class Published:
     """A waited-for build: the version is published (LATEST names it)."""
 
     version: str
-    manifest: dict
+    manifest: object  # dataset_format.manifest.Manifest
     version_dir: str
     seconds: float
     status: str = dataclasses.field(default="published", init=False)
@@ -100,11 +100,11 @@ def launch(pipeline_options, build, planned, runner, waits):
     import apache_beam as beam
     from apache_beam.options.pipeline_options import SetupOptions
 
-    from beam_pipeline.job import tfds_metadata
     from beam_pipeline.job.pipeline import ImagesToTFRecords
     from beam_pipeline.launcher.report import ProgressPrinter
     from beam_pipeline.store import files
     from dataset_format import layout
+    from dataset_format.manifest import Manifest
 
     spec = planned.spec
     pipeline_options.view_as(SetupOptions).save_main_session = False
@@ -115,7 +115,6 @@ def launch(pipeline_options, build, planned, runner, waits):
     _ = p | "ImagesToTFRecords" >> ImagesToTFRecords(
         planned.shards_index, spec, build.encode_options(), sink=build.sink,
         progress_dir=progress_dir,
-        extra_files=(tfds_metadata.write,),  # TFDS dataset_info.json etc. beside the manifest
         transform_image_size=build.transform_image_size if build.transform else 0,
         writers_per_process=pipeline_options.get_all_options().get(
             "number_of_worker_harness_threads"))
@@ -126,8 +125,9 @@ def launch(pipeline_options, build, planned, runner, waits):
         p.run().wait_until_finish()
     seconds = time.monotonic() - start
     vdir = layout.version_dir(spec.root, spec.version)
-    return Published(spec.version, files.read_json(layout.join(vdir, layout.MANIFEST)), vdir,
-                     seconds)
+    # The job's commit ran on a worker: what it published comes back through its file.
+    manifest = Manifest.from_json(files.read_bytes(layout.join(vdir, layout.MANIFEST)).decode())
+    return Published(spec.version, manifest, vdir, seconds)
 
 
 def _submit(p, pipeline_options, spec, runner):

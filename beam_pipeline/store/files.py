@@ -101,8 +101,13 @@ def copy_local_file(local_path, path):
 
 
 def write_json(path, obj):
-    """Write a JSON file whole or not at all (a manifest present means a complete version)."""
-    data = (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode()
+    """Write a JSON file whole or not at all (two-space indent, keys in order)."""
+    write_whole(path, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode())
+
+
+def write_whole(path, data):
+    """`data` at `path` whole or not at all, local or gs:// (a manifest present means a
+    complete version)."""
     if "://" in path:
         write_bytes(path, data)  # an object appears only once its upload completes
     else:
