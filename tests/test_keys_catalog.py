@@ -9,7 +9,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from beam_pipeline.launcher import listing, plan, rules
-from beam_pipeline.store import versions
 from beam_pipeline.refs import ImageRef
 from beam_pipeline.algorithms.spill import SortedSpill
 from dataset_format import layout, schema
@@ -35,7 +34,7 @@ def test_sorted_spill_merges_chunks_in_order(tmp_path):
 
 def _plan(items, tmp_path, chunk=None):
     errors = []
-    p = listing.plan_listing(iter(items), versions.Fingerprint({"a": 1}, "0"), None,
+    p = listing.plan_listing(iter(items), listing.Fingerprint({"a": 1}, "0"), None,
                              str(tmp_path), errors.append)
     return p, errors
 

@@ -22,14 +22,13 @@ import collections
 import dataclasses
 import itertools
 import json
-import math
 from typing import Optional
 
 from beam_pipeline.algorithms.spill import SortedSpill
 from beam_pipeline.job.contracts import Kind, Origin, PlannedShard, ShardPlan
 from beam_pipeline.launcher import identity
 from beam_pipeline.launcher.plan import iter_shards
-from beam_pipeline.launcher.rules import shard_sort_key
+from beam_pipeline.launcher.rules import auto_num_shards, shard_sort_key
 from dataset_format.catalog_schema import CatalogRow
 from dataset_format.dataset_info import ShardInfo
 
@@ -130,7 +129,7 @@ def plan_increment(resolved, previous_vdir, previous, spill_dir, target_shard_mb
                 kind = Kind.REUSE if n == s.num_examples else Kind.COPY
                 tasks.append(Task(split, index, kind, Origin(s.origin or Origin.HASH), s))
                 index += 1
-        deltas = min(count, max(1, math.ceil(size / (target_shard_mb * 2**20)))) if count else 0
+        deltas = min(count, auto_num_shards(size, target_shard_mb)) if count else 0
         fresh_shards[split] = (index, deltas)
         tasks += [Task(split, index + i, Kind.IMAGES, Origin.DELTA) for i in range(deltas)]
         if index + deltas:

@@ -13,6 +13,7 @@ input's name (the root's last path component; a manifest's file stem).
 """
 
 import dataclasses
+import hashlib
 import json
 import os
 import posixpath
@@ -25,7 +26,6 @@ from beam_pipeline.errors import UserError, error_record
 from beam_pipeline.launcher.folders import GLOB_CHARS, glob_root, list_directory, list_glob
 from beam_pipeline.launcher.manifests import list_manifest
 from beam_pipeline.refs import ImageRef, Listed
-from beam_pipeline.store.versions import Fingerprint
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +37,26 @@ class ListingConfig:
     fingerprint_config: dict = dataclasses.field(default_factory=dict)  # options fingerprinted
     label_file: Optional[tuple] = None  # --label_file's classes, in order
 
+
+
+class Fingerprint:
+    """sha256 over the build options and the listing (key, uri, size, stamp, label, split), fed
+    one ref at a time in key order, so the launcher never holds the listing.
+
+    The stamp is the one change detection uses (mtime and ctime in ns; a gs:// object's
+    generation), so "up to date" trusts nothing that change detection would not."""
+
+    def __init__(self, config, package_version):
+        self.h = hashlib.sha256()
+        self.h.update(json.dumps({"config": config, "package": package_version},
+                                 sort_keys=True).encode())
+
+    def add(self, r):
+        self.h.update(json.dumps([r.key, r.uri, r.size, r.stamp, r.label, r.split]).encode())
+        self.h.update(b"\n")
+
+    def hexdigest(self):
+        return "sha256:" + self.h.hexdigest()
 
 def list_inputs(config, spill_dir, errors_path):
     """The listing stage: every input listed, deduplicated and fingerprinted in one streaming

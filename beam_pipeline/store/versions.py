@@ -5,7 +5,6 @@ Writer-side twin of dataset_format.layout, on Beam FileSystems so gs:// works th
 """
 
 import datetime
-import hashlib
 import json
 import logging
 import os
@@ -151,26 +150,6 @@ def _list_local_versions(prefix):
         except FileNotFoundError:
             found[entry.name] = False
     return found
-
-
-class Fingerprint:
-    """sha256 over the build options and the listing (key, uri, size, stamp, label, split), fed
-    one ref at a time in key order, so the launcher never holds the listing.
-
-    The stamp is the one change detection uses (mtime and ctime in ns; a gs:// object's
-    generation), so "up to date" trusts nothing that change detection would not."""
-
-    def __init__(self, config, package_version):
-        self.h = hashlib.sha256()
-        self.h.update(json.dumps({"config": config, "package": package_version},
-                                 sort_keys=True).encode())
-
-    def add(self, r):
-        self.h.update(json.dumps([r.key, r.uri, r.size, r.stamp, r.label, r.split]).encode())
-        self.h.update(b"\n")
-
-    def hexdigest(self):
-        return "sha256:" + self.h.hexdigest()
 
 
 def publish(root, version):
