@@ -117,7 +117,7 @@ def test_planted_cross_split_pair_is_reported_everywhere(reported):
     rejected = m["near_duplicates"]["rejected"]
     assert m["near_duplicates"] == {
         "path": "near_duplicates.jsonl", "rejected_path": "near_duplicates_rejected.jsonl",
-        "hash": "phash64x6", "confirm": "luma16-chroma/1", "radius": 8,
+        "hash": "phash64x6", "confirm": "luma16-chroma/2", "radius": 8,
         "exact_radius": 8, "found_at_radius": 1.0,
         "max_structure": descriptor.MAX_STRUCTURE, "max_chroma": descriptor.MAX_CHROMA,
         "candidates": 1 + rejected, "pairs": 1, "rejected": rejected, "unconfirmable": 0,
