@@ -368,14 +368,16 @@ def positive_classes(kind, i, j, label):
 
 
 def scores(keep, cand, label, pclass, i, j, universe):
-    """{recall per class (and "fresh": the five pooled), direct and implied precision} of the
+    """{recall per class ("fresh": the five fresh ones pooled, "existing": single and combo
+    pooled), direct and implied precision, false pairs} of the
     confirmed candidates `cand[keep]`, the recall's totals counted over `universe` (pairs)."""
     c = cand[keep]
     lab = label[c]
     tp, fp = int((lab == 1).sum()), int(((lab == 0) | (lab == -1)).sum())
     out = {}
-    for cl in RECALL + ("fresh",):
-        want = np.char.startswith(pclass, "fresh ") if cl == "fresh" else pclass == cl
+    for cl in RECALL + ("fresh", "existing"):
+        want = (np.char.startswith(pclass, "fresh ") if cl == "fresh" else
+                np.isin(pclass, ("single", "combo")) if cl == "existing" else pclass == cl)
         total = int((want & universe).sum())
         out[cl] = (int(want[c].sum()) / total) if total else float("nan")
     out["direct"] = tp / max(1, tp + fp)
@@ -522,21 +524,24 @@ def main(argv=None):
     pclass = positive_classes(kind, i, j, label)
     everything = label != 9
     choose, report = halves(group, i, j, label)
-    classes = {c: int((cls == c).sum()) for c in dict.fromkeys(cls)}
+    classes = {str(c): int((cls == c).sum()) for c in dict.fromkeys(cls)}
+    fresh_hard = int(((label == 0) & (cls[i] == "fresh") & (cls[j] == "fresh")).sum())
     totals = {c: int((pclass == c).sum()) for c in RECALL}
     print(f"{len(datas)} images ({classes}); positives {int((label == 1).sum())} in all, "
-          f"{totals}; hard negative pairs {int((label == 0).sum())}, distinct "
-          f"{int((label == -1).sum())} ({time.time() - t0:.0f} s to make and hash); the "
+          f"{totals}; hard negative pairs {int((label == 0).sum())} ({fresh_hard} of them "
+          f"fresh crops overlapping < {FRESH_HARD:.0%}), distinct {int((label == -1).sum())} "
+          f"({time.time() - t0:.0f} s to make and hash); the "
           f"fresh set and its truth: {args.fresh_dir}")
     r = near_duplicates.DEFAULT_RADIUS
     cand = np.nonzero((dist <= r) & everything)[0]
     s, c = measured(i[cand].tolist(), j[cand].tolist(), smalls)
     ms, mc, got, of, wrong = choose_limits(s, c, cand, label, pclass, i, j, choose)
     built = (descriptor.MAX_STRUCTURE, descriptor.MAX_CHROMA)
-    print(f"\nlimits chosen on half A ({int(choose.sum())} pairs, {int((label[choose] == 1).sum())}"
-          f" positives) at radius {r}: structure <= {ms:g}, chroma <= {mc:g} ({got} of its "
-          f"{of} candidate positives, {wrong} false pairs); built: structure <= {built[0]:g}, chroma <= "
-          f"{built[1]:g}{'' if (ms, mc) == built else '  (DIFFERENT: update descriptor.py)'}")
+    print(f"\nlimits chosen on half A ({int(choose.sum())} pairs, "
+          f"{int((label[choose] == 1).sum())} positives) at radius {r}: structure <= {ms:g}, "
+          f"chroma <= {mc:g} ({got} of its {of} candidate positives, {wrong} false pairs); "
+          f"built: structure <= {built[0]:g}, chroma <= {built[1]:g}"
+          f"{'' if (ms, mc) == built else '  (DIFFERENT: update descriptor.py)'}")
     figures = {"chosen": {"structure": ms, "chroma": mc, "confirmed": got, "candidates": of,
                           "false": wrong}, "built": list(built), "radii": {},
                "alternatives": {}}
@@ -565,9 +570,9 @@ def main(argv=None):
     keep = built_descriptor(i[cand].tolist(), j[cand].tolist(), smalls)[0]
     per = {part: scores(keep[u[cand]], cand[u[cand]], label, pclass, i, j, u)
            for part, u in (("all", everything), ("A", choose), ("B", report))}
-    for cl in RECALL:
+    for cl in RECALL + ("existing", "fresh"):
         print(f"  {cl:<22} " + "  ".join(f"{per[p][cl]:6.1%}" for p in per)
-              + f"   ({totals[cl]} pairs)")
+              + f"   ({totals.get(cl, 'pooled')} pairs)")
     figures["per_class"] = per
     rejected = cand[~keep & (label[cand] == 1) & (pclass[cand] != "")]
     print("  positives the confirmation rejects (class, photo group, structure, chroma): "
