@@ -1,7 +1,10 @@
-"""Near-duplicate precision on hard negatives: the hash alone against the hash confirmed by
-the built descriptor (dedup/descriptor.py) and the alternatives it was chosen over.
+"""Near-duplicate precision on hard negatives and recall on fresh copies: the hash alone
+against the hash confirmed by the built descriptor (dedup/descriptor.py), the confirmation
+before, and the alternatives it was chosen over; the confirmation's limits chosen on one
+half of the benchmark and reported on the other.
 
-    python benchmarks/bench_near_duplicate_precision.py [--radii 6,8,10,12] [--record PATH]
+    python benchmarks/bench_near_duplicate_precision.py [--radii 6,8,10] [--fresh_dir DIR]
+                                                        [--record PATH]
 
 The positives are bench_near_duplicates.py's: ~22 photos that scikit-image, scikit-learn and
 matplotlib ship, each a scene and 5 crops, each stored as an original and 6 variants (crop
@@ -9,6 +12,12 @@ matplotlib ship, each a scene and 5 crops, each stored as an original and 6 vari
 "single": an original and one single-transform variant; "combo": an original and the
 all-at-once variant. Every pair of one scene is a positive; crops of one photo overlapping
 less than half are hard negatives.
+
+Fresh positives (`fresh_set`), from the one shipped photograph nothing else here turns into
+scenes (motorcycle_right: elsewhere only the stereo negative): 48 crops, each an original
+and one copy of each kind (crop <= 8% then downscale to 45-85%, brightness +/-8%, PNG
+re-save, JPEG q45-90 re-encode, all at once); crops overlapping < 40% are hard negatives.
+They are written with truth.jsonl beside them (--fresh_dir).
 
 Added hard negatives, each image its own subject (all seeded; JPEG q90 or PNG, alternating):
   gradient    linear two-colour gradients, and quarter discs on black (the smooth shapes a
@@ -24,9 +33,15 @@ Added hard negatives, each image its own subject (all seeded; JPEG q90 or PNG, a
   face        100 different people's faces (scikit-image's LFW subset, 25x25, upscaled)
 A hard crop of a corpus photo is not compared with that photo's scenes (they may overlap).
 
-Printed: at each radius, recall (single, combo) and precision on direct pairs and on the
-pairs the reported components imply, hash only and confirmed; per class, the false pairs
-each scheme reports; the alternatives' figures at the built radius. Needs the "bench" extra.
+Halves (`halves`): groups (a photo, a fresh crop, a source of hard crops) and the pairs
+across groups are dealt to A and B (seeded); `choose_limits` picks the descriptor's limits
+on A; every table prints all, A and B.
+
+Printed: the limits chosen on A against the built ones; at each radius, recall (single,
+combo, fresh) and precision on direct pairs and on the pairs the reported components imply,
+hash only, confirmed as before and as built, per half; recall per class; the search plan's
+recall as catalogs grow; the alternatives' figures at the built radius. Needs the "bench"
+extra.
 """
 
 import argparse
