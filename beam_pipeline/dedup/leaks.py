@@ -18,9 +18,8 @@ Incremental: rows of reused and copied shards are old; only pairs with a new row
 searched, and the previous version's measured pairs between rows still unchanged are
 carried over, so the files always describe the whole version: only when that version was
 confirmed as this one confirms (the same `CONFIRM` and limits), else every pair is measured
-again. A row without a descriptor
-(a catalog written before it) can't be confirmed: its candidates are listed as rejected
-with that reason, and a --full_rebuild describes them.
+again. A row without a descriptor (a catalog written before it) can't be confirmed: its
+candidates are listed as rejected with that reason, and a --full_rebuild describes them.
 
 A leak is an evaluation image with a confirmed pair with a train image: a pair, never a
 chain of pairs. With --drop_near_duplicate_leaks leaks leave their shards (frames copied,
@@ -71,8 +70,9 @@ def report(results, spec):
     groups = grouping.components(confirmed)
     entry = {"path": layout.NEAR_DUPLICATES, "rejected_path": layout.NEAR_DUPLICATES_REJECTED,
              "hash": HASH,
-             **confirm_spec(), "radius": radius, "exact_radius": exact,
+             "confirm": CONFIRM, "radius": radius, "exact_radius": exact,
              "found_at_radius": found,
+             "max_structure": descriptor.MAX_STRUCTURE, "max_chroma": descriptor.MAX_CHROMA,
              "candidates": len(pairs), "pairs": len(confirmed),
              "rejected": len(pairs) - len(confirmed),
              "unconfirmable": sum(p.structure is None for p in pairs),
@@ -126,8 +126,8 @@ def _previous_pairs(spec):
 
 
 def confirm_spec():
-    """What decides a verdict, as the manifest records it: a previous version's verdicts are
-    this build's only when these are equal."""
+    """What decides a verdict, as `report` writes it to the manifest: a previous version's
+    verdicts are this build's only when these are equal."""
     return {"confirm": CONFIRM, "max_structure": descriptor.MAX_STRUCTURE,
             "max_chroma": descriptor.MAX_CHROMA}
 

@@ -23,10 +23,9 @@ def closest(gfile, vdir, manifest, n):
              f"{near.get('rejected', '?')} rejected in {rel}; limits: structure "
              f"{limits[0]}, chroma {limits[1]}):"]
     for p in pairs:
-        measured = ("no descriptor" if p.structure is None else
+        measured = ("hash only" if p.structure is None else
                     f"structure {p.structure:g}, chroma {p.chroma:g}, "
                     f"{p.excess(*limits):.2f}x the limit")
         lines.append(f"  {p.keys[0]} ({p.splits[0]}) ~ {p.keys[1]} ({p.splits[1]}): "
                      f"{p.hash_distance} bits, {measured}: {p.reason(*limits)}")
     return lines
-
