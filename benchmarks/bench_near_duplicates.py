@@ -2,7 +2,8 @@
 scales.
 
     python benchmarks/bench_near_duplicates.py accuracy   # hashes compared, ROC per threshold
-    python benchmarks/bench_near_duplicates.py cost       # per-image cost beside the decode
+    python benchmarks/bench_near_duplicates.py cost       # per-image cost beside the decode;
+                                                          # confirmation per pair, before/after
     python benchmarks/bench_near_duplicates.py build      # 5k and 20k builds, with and without
     python benchmarks/bench_near_duplicates.py grouping [RADIUS [BANDS]]  # time, RSS, 50k-400k
     python benchmarks/bench_near_duplicates.py grouping2 [RADIUS]  # 1 vs 2 hashes an image
