@@ -1,7 +1,10 @@
-"""Near-duplicate precision on hard negatives: the hash alone against the hash confirmed by
-the built descriptor (dedup/descriptor.py) and the alternatives it was chosen over.
+"""Near-duplicate precision on hard negatives and recall on fresh copies: the hash alone
+against the hash confirmed by the built descriptor (dedup/descriptor.py), the confirmation
+before, and the alternatives it was chosen over; the confirmation's limits chosen on one
+half of the benchmark and reported on the other.
 
-    python benchmarks/bench_near_duplicate_precision.py [--radii 6,8,10,12] [--record PATH]
+    python benchmarks/bench_near_duplicate_precision.py [--radii 6,8,10] [--fresh_dir DIR]
+                                                        [--record PATH]
 
 The positives are bench_near_duplicates.py's: ~22 photos that scikit-image, scikit-learn and
 matplotlib ship, each a scene and 5 crops, each stored as an original and 6 variants (crop
@@ -9,6 +12,12 @@ matplotlib ship, each a scene and 5 crops, each stored as an original and 6 vari
 "single": an original and one single-transform variant; "combo": an original and the
 all-at-once variant. Every pair of one scene is a positive; crops of one photo overlapping
 less than half are hard negatives.
+
+Fresh positives (`fresh_set`), from the one shipped photograph nothing else here turns into
+scenes (motorcycle_right: elsewhere only the stereo negative): 48 crops, each an original
+and one copy of each kind (crop <= 8% then downscale to 45-85%, brightness +/-8%, PNG
+re-save, JPEG q45-90 re-encode, all at once); crops overlapping < 40% are hard negatives.
+They are written with truth.jsonl beside them (--fresh_dir).
 
 Added hard negatives, each image its own subject (all seeded; JPEG q90 or PNG, alternating):
   gradient    linear two-colour gradients, and quarter discs on black (the smooth shapes a
@@ -24,25 +33,32 @@ Added hard negatives, each image its own subject (all seeded; JPEG q90 or PNG, a
   face        100 different people's faces (scikit-image's LFW subset, 25x25, upscaled)
 A hard crop of a corpus photo is not compared with that photo's scenes (they may overlap).
 
-Printed: at each radius, recall (single, combo) and precision on direct pairs and on the
-pairs the reported components imply, hash only and confirmed; per class, the false pairs
-each scheme reports; the alternatives' figures at the built radius. Needs the "bench" extra.
+Halves (`halves`): groups (a photo, a fresh crop, a source of hard crops) and the pairs
+across groups are dealt to A and B (seeded); `choose_limits` picks the descriptor's limits
+on A; every table prints all, A and B.
+
+Printed: the limits chosen on A against the built ones; at each radius, recall (single,
+combo, fresh) and precision on direct pairs and on the pairs the reported components imply,
+hash only, confirmed as before and as built, per half; recall per class; the search plan's
+recall as catalogs grow; the alternatives' figures at the built radius. Needs the "bench"
+extra.
 """
 
 import argparse
 import io
+import json
 import os
 import random
 import sys
 import time
 
 import numpy as np
-from PIL import Image, ImageFilter
+from PIL import Image, ImageEnhance, ImageFilter
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import bench_near_duplicates as corpus_lib  # noqa: E402
-from common import Record, add_record_argument  # noqa: E402
+from common import DATA, Record, add_record_argument  # noqa: E402
 from beam_pipeline.dedup import descriptor, perceptual  # noqa: E402
 from beam_pipeline.dedup import near_duplicates  # noqa: E402
 
@@ -120,29 +136,138 @@ def hard_negatives():
     return out
 
 
+# --- fresh positives: crops of a photograph no other part of the benchmark turns into scenes ---
+
+FRESH_SOURCE = "motorcycle_right.png"  # skimage's; elsewhere only the stereo "subject" negative
+FRESH_SEED = 44
+FRESH_CROPS = 48
+FRESH_KINDS = ("crop+downscale", "brightness", "png", "quality", "all")
+FRESH_HARD = 0.4  # two crops overlapping less than this (of the smaller) are a hard negative
+
+
+def fresh_variant(img, original, rng, kind):
+    """One copy of a crop (`img`; `original`: its stored JPEG) as phones and web exports make
+    them: crop <= 8% of each side in all then downscale to 45-85%; brightness +/-8%; the
+    original's pixels re-saved as PNG; the original re-encoded at JPEG q45-90; or all of
+    these at once (PNG 30% of the time). -> (bytes, what was done)."""
+    done = {}
+    if kind in ("crop+downscale", "all"):
+        w, h = img.size
+        cw, ch = rng.uniform(0, 0.08) * w, rng.uniform(0, 0.08) * h
+        left, top = rng.uniform(0, cw), rng.uniform(0, ch)
+        box = (round(left), round(top), round(w - (cw - left)), round(h - (ch - top)))
+        s = rng.uniform(0.45, 0.85)
+        img = img.crop(box).resize((max(1, round((box[2] - box[0]) * s)),
+                                    max(1, round((box[3] - box[1]) * s))),
+                                   Image.Resampling.LANCZOS)
+        done.update(crop=box, scale=round(s, 3))
+    if kind in ("png", "quality"):
+        img = Image.open(io.BytesIO(original)).convert("RGB")
+    if kind in ("brightness", "all"):
+        b = rng.uniform(0.92, 1.08)
+        img = ImageEnhance.Brightness(img).enhance(b)
+        done["brightness"] = round(b, 3)
+    fmt, quality = "JPEG", 90
+    if kind == "png" or (kind == "all" and rng.random() < 0.3):
+        fmt = "PNG"
+    elif kind in ("quality", "all"):
+        quality = rng.randint(45, 90)
+    done.update(format=fmt, **({"quality": quality} if fmt == "JPEG" else {}))
+    return corpus_lib.encode(img, fmt, quality), done
+
+
+def fresh_set():
+    """[(data, crop number, crop box (fractions of the photo), kind, what was done)]: each of
+    FRESH_CROPS crops of 20-45% of each side an original (JPEG q75-95) and one copy of each
+    FRESH_KINDS, seeded. Every pair of one crop is a positive; crops overlapping less than
+    FRESH_HARD are hard negatives (the rest are left out: they share content)."""
+    import skimage.data
+
+    rng = random.Random(FRESH_SEED)
+    photo = Image.open(os.path.join(os.path.dirname(skimage.data.__file__), FRESH_SOURCE))
+    photo = photo.convert("RGB")
+    w, h = photo.size
+    out = []
+    for c in range(FRESH_CROPS):
+        fw, fh = rng.uniform(0.2, 0.45), rng.uniform(0.2, 0.45)
+        x, y = rng.uniform(0, 1 - fw), rng.uniform(0, 1 - fh)
+        box = (x, y, x + fw, y + fh)
+        crop = photo.crop(tuple(round(v * s) for v, s in zip(box, (w, h, w, h))))
+        q = rng.randint(75, 95)
+        original = corpus_lib.encode(crop, "JPEG", q)
+        out.append((original, c, box, "original", {"format": "JPEG", "quality": q}))
+        for kind in FRESH_KINDS:
+            data, done = fresh_variant(crop, original, rng, kind)
+            out.append((data, c, box, kind, done))
+    return out
+
+
 def dataset():
-    """(datas, class per image, kind per image, i, j, label): label 1 positive, 0 hard
-    negative, -1 distinct, 9 left out; upper-triangle pairs."""
+    """(datas, class per image, kind per image, group per image, fresh truth, i, j, label):
+    label 1 positive, 0 hard negative, -1 distinct, 9 left out; upper-triangle pairs. A
+    group is what a positive can't leave (a photo, a fresh crop, a source of hard crops):
+    the halves split groups."""
     items = corpus_lib.corpus(random.Random(corpus_lib.SEED))
     hard = hard_negatives()
-    base = len(items)
-    datas = [d for d, *_ in items] + [corpus_lib.encode(img, "JPEG" if k % 2 else "PNG")
-                                      for k, (img, _, _) in enumerate(hard)]
-    cls = np.array(["photo"] * base + [c for _, c, _ in hard])
-    kind = np.array([k for *_, k in items] + ["hard"] * len(hard))
-    i, j, corpus_label = corpus_lib.pair_labels(items)
-    n = len(datas)
-    i, j = np.triu_indices(n, 1)
-    label = np.full(i.shape, 0, np.int8)
-    inside = j < base
-    label[inside] = corpus_label
+    fresh = fresh_set()
+    base, nh = len(items), len(hard)
+    datas = ([d for d, *_ in items] + [corpus_lib.encode(img, "JPEG" if k % 2 else "PNG")
+                                        for k, (img, _, _) in enumerate(hard)]
+             + [d for d, *_ in fresh])
+    cls = np.array(["photo"] * base + [c for _, c, _ in hard] + ["fresh"] * len(fresh))
+    kind = np.array([k for *_, k in items] + ["hard"] * nh
+                    + [f"fresh {k}" for _, _, _, k, _ in fresh])
     names = [name for name, _ in corpus_lib.photos()]
-    photo = np.array([p for _, p, _, _ in items])
+    group = ([f"photo {p}" for _, p, _, _ in items]
+             + [f"hard {src or q}" for q, (_, _, src) in enumerate(hard)]
+             + [f"fresh {c}" for _, c, _, _, _ in fresh])
+    n = len(datas)
+    _, _, corpus_label = corpus_lib.pair_labels(items)
+    i, j = np.triu_indices(n, 1)
+    label = np.full(i.shape, 0, np.int8)  # a hard negative is one against everything
+    label[j < base] = corpus_label
+    photo = np.array([p for _, p, _, _ in items] + [-1] * (n - base))
     for q, (_, _, src) in enumerate(hard):
         if src in names:  # a crop of a corpus photo vs that photo's scenes: may overlap
-            label[(j == base + q) & (i < base) & (photo[np.minimum(i, base - 1)]
-                                                  == names.index(src))] = 9
-    return datas, cls, kind, i, j, label
+            label[(j == base + q) & (photo[i] == names.index(src))] = 9
+    f0 = base + nh
+    stereo = names.index("motorcycle_left.png")
+    subject = base + next(q for q, (_, c, _) in enumerate(hard) if c == "subject")
+    fi, fj = i - f0, j - f0
+    in_fresh = fj >= 0
+    label[in_fresh & (i < base)] = -1
+    label[in_fresh & ((photo[i] == stereo) | (i == subject))] = 9  # the same scene, 5 cm off
+    both = in_fresh & (fi >= 0)
+    crop = np.array([c for _, c, _, _, _ in fresh])
+    boxes = [b for _, _, b, _, _ in fresh]
+    for q in np.flatnonzero(both):
+        a, b = fi[q], fj[q]
+        label[q] = (1 if crop[a] == crop[b] else
+                    0 if corpus_lib.overlap(boxes[a], boxes[b]) < FRESH_HARD else 9)
+    truth = [{"image": f"fresh/{c:02d}-{k.replace('+', '-')}.{'png' if d[:4] == PNG else 'jpg'}",
+              "crop": c, "box": [round(v, 4) for v in box], "kind": k, "done": done}
+             for d, c, box, k, done in fresh]
+    return datas, cls, kind, np.array(group), truth, i, j, label
+
+
+PNG = b"\x89PNG"
+
+
+def write_fresh(directory, datas, truth):
+    """The fresh set as files and truth.jsonl beside them (one line an image: its crop, the
+    crop's box in fractions of the photo, the copy's kind and what was done to it): a set
+    a user can build with --near_duplicates and score by the same truth."""
+    first = len(datas) - len(truth)
+    os.makedirs(os.path.join(directory, "fresh"), exist_ok=True)
+    for k, t in enumerate(truth):
+        with open(os.path.join(directory, t["image"]), "wb") as f:
+            f.write(datas[first + k])
+    with open(os.path.join(directory, "truth.jsonl"), "w") as f:
+        f.write(json.dumps({"source": FRESH_SOURCE, "seed": FRESH_SEED,
+                            "positive": "two images of one crop",
+                            "hard_negative": f"crops overlapping < {FRESH_HARD:.0%}"}) + "\n")
+        for t in truth:
+            f.write(json.dumps(t) + "\n")
 
 
 small_rgb = corpus_lib.small_rgb  # what the writer decodes
@@ -194,10 +319,22 @@ def block_means_distance(x, y):
     return min(float(1 - (p * q).mean()) for p in x for q in y)
 
 
-def built_descriptor(pairs_i, pairs_j, smalls, positive=None):
+def built_descriptor(pairs_i, pairs_j, smalls, positive=None, limits=None):
+    """The built confirmation at `limits` (structure, chroma; default the descriptor's)."""
+    s, c = measured(pairs_i, pairs_j, smalls)
+    ms, mc = limits or (descriptor.MAX_STRUCTURE, descriptor.MAX_CHROMA)
+    return (s <= ms) & (c <= mc), f"<= {ms:g}, {mc:g}"
+
+
+def measured(pairs_i, pairs_j, smalls, distances=descriptor.distances):
     desc = {k: descriptor.describe(smalls[k]) for k in set(pairs_i) | set(pairs_j)}
-    s, c = descriptor.distances([desc[k] for k in pairs_i], [desc[k] for k in pairs_j])
-    return descriptor.confirmed(s, c), "its own limits"
+    return distances([desc[k] for k in pairs_i], [desc[k] for k in pairs_j])
+
+
+def before_descriptor(pairs_i, pairs_j, smalls, positive=None):
+    """The confirmation before: 19 windows (both sides cut alike), <= 0.25 and <= 3."""
+    s, c = measured(pairs_i, pairs_j, smalls, corpus_lib.before_distances)
+    return (s <= 0.25) & (c <= 3.0), "<= 0.25, 3"
 
 
 def alternative(describe, distance):
@@ -216,41 +353,73 @@ ALTERNATIVES = {
                                                                    colour_layout_distance),
     "gradient hash (dHash 9x8, bits)": alternative(gradient_hash, gradient_hash_distance),
     "block means 8x8 (1 - correlation)": alternative(block_means, block_means_distance),
-    "BUILT: luma 16x16 aligned (<= 0.25) + chroma (<= 3)": built_descriptor,
+    "BEFORE: luma 16x16, 19 windows (<= 0.25) + chroma (<= 3)": before_descriptor,
+    "BUILT: luma 16x16, 49 windows + chroma, its limits": built_descriptor,
 }
 
 
 # --- scoring ------------------------------------------------------------------------------
 
-def scores(keep, cand, label, kind, i, j, totals):
-    """(single recall, combo recall, direct precision, implied precision, false by class)."""
+RECALL = ("single", "combo") + tuple(f"fresh {k}" for k in FRESH_KINDS)
+
+
+def positive_classes(kind, i, j, label):
+    """Per pair, the recall it counts in: "single" (a corpus original and one single-transform
+    variant), "combo" (and its all-at-once variant), "fresh KIND" (a fresh original and its
+    copy of that kind); "" for other positives (two variants) and for negatives."""
+    ki, kj = kind[i], kind[j]
+    out = np.full(len(i), "", object)
+    pos = label == 1
+    for prefix in ("", "fresh "):
+        orig = pos & ((ki == prefix + "original") | (kj == prefix + "original"))
+        other = np.where(ki == prefix + "original", kj, ki)
+        if prefix:
+            for k in FRESH_KINDS:
+                out[orig & (other == prefix + k)] = prefix + k
+        else:  # (a positive never pairs a corpus image with a fresh one)
+            out[orig & (other == "all")] = "combo"
+            out[orig & ~np.isin(other, ("all", "original"))] = "single"
+    return out.astype(str)
+
+
+def scores(keep, cand, label, pclass, i, j, universe):
+    """{recall per class ("fresh": the five fresh ones pooled, "existing": single and combo
+    pooled), direct and implied precision, false pairs} of the
+    confirmed candidates `cand[keep]`, the recall's totals counted over `universe` (pairs)."""
     c = cand[keep]
     lab = label[c]
     tp, fp = int((lab == 1).sum()), int(((lab == 0) | (lab == -1)).sum())
-    ki, kj = kind[i[c]], kind[j[c]]
-    other = np.where(ki == "original", kj, ki)
-    orig = (ki == "original") | (kj == "original")
-    single = int(((lab == 1) & orig & (other != "all") & (other != "original")).sum())
-    combo = int(((lab == 1) & orig & (other == "all")).sum())
-    implied = _implied_precision(c, label, i, j)
-    return (single / totals[0], combo / totals[1], tp / max(1, tp + fp), implied)
+    out = {}
+    for cl in RECALL + ("fresh", "existing"):
+        want = (np.char.startswith(pclass, "fresh ") if cl == "fresh" else
+                np.isin(pclass, ("single", "combo")) if cl == "existing" else pclass == cl)
+        total = int((want & universe).sum())
+        out[cl] = (int(want[c].sum()) / total) if total else float("nan")
+    out["direct"] = tp / max(1, tp + fp)
+    out["implied"] = _implied_precision(c, label, i, j)
+    out["false"] = fp
+    return out
 
 
 def _implied_precision(c, label, i, j):
-    """Precision over every pair inside a component of the reported pairs."""
-    pairs = [near_duplicates.NearPair((int(a), int(b)), ("", ""), 0, 0.0, 0.0, True)
-             for a, b in zip(i[c], j[c])]
+    """Precision over every pair inside a connected set of the reported pairs."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
     n = int(max(i.max(), j.max())) + 1
-    index = {}
+    if not len(c):
+        return 1.0
+    graph = coo_matrix((np.ones(len(c)), (i[c], j[c])), shape=(n, n))
+    _, comp = connected_components(graph, directed=False)
+    sizes = np.bincount(comp)
     good = bad = 0
-    for comp in near_duplicates.components(pairs):
-        comp = sorted(comp)
-        for x in range(len(comp)):
-            for y in range(x + 1, len(comp)):
-                a, b = comp[x], comp[y]
-                q = index.setdefault((a, b), a * n - a * (a + 1) // 2 + (b - a - 1))
-                good += label[q] == 1
-                bad += label[q] in (0, -1)
+    for root in np.flatnonzero(sizes > 1):
+        members = np.flatnonzero(comp == root)
+        a, b = np.triu_indices(len(members), 1)
+        a, b = members[a], members[b]
+        q = label[a * n - a * (a + 1) // 2 + (b - a - 1)]
+        good += int((q == 1).sum())
+        bad += int(((q == 0) | (q == -1)).sum())
     return good / max(1, good + bad)
 
 
@@ -263,7 +432,59 @@ def false_by_class(keep, cand, label, cls, i, j):
     return out
 
 
-def plan_recall(hashes, i, j, label, kind, totals, smalls, radius):
+def halves(group, i, j, label):
+    """(choose, report): boolean masks over pairs. Groups (a photo, a fresh crop, a source of
+    hard crops, a hard image) are dealt to two halves at random, and so are pairs across
+    groups (all negatives), each on its own (seeded): every positive and every negative
+    inside a group follows its group, so half A's photos never report on half B."""
+    names = sorted(set(group.tolist()))
+    rng = np.random.default_rng(SEED)
+    order = rng.permutation(len(names))
+    half = {names[k]: int(r % 2) for r, k in enumerate(order)}
+    gi = np.array([half[g] for g in group])[i]
+    of = np.where(group[i] == group[j], gi, rng.integers(0, 2, len(i)))
+    kept = label != 9
+    return kept & (of == 0), kept & (of == 1)
+
+
+STRUCTURE_GRID = np.round(np.arange(0.10, 0.501, 0.01), 2)
+CHROMA_GRID = np.round(np.arange(1.0, 10.01, 0.1), 1)
+
+
+def choose_limits(s, c, cand, label, pclass, i, j, universe):
+    """The limits chosen on one half: of the grid's (structure, chroma) limits with direct
+    precision >= 99.5% and implied >= 99% on that half, those confirming the most of its
+    positives, and of those the ones with the fewest false pairs; of those, the one farthest
+    (in grid steps) from any other limit: the middle of the gap between the positives and
+    the negatives. -> (structure, chroma, positives confirmed, of, false pairs)."""
+    from scipy.ndimage import distance_transform_edt
+
+    inside = universe[cand]
+    cand, s, c = cand[inside], s[inside], c[inside]
+    lab = label[cand]
+    pos = lab == 1
+    tp = np.zeros((len(STRUCTURE_GRID), len(CHROMA_GRID)), int)
+    fp = np.zeros(tp.shape, int)
+    ok = np.zeros(tp.shape, bool)
+    for a, ms in enumerate(STRUCTURE_GRID):
+        for b, mc in enumerate(CHROMA_GRID):
+            keep = (s <= ms) & (c <= mc)
+            tp[a, b], fp[a, b] = int((keep & pos).sum()), int((keep & ~pos).sum())
+            if tp[a, b] / max(1, tp[a, b] + fp[a, b]) >= 0.995:
+                ok[a, b] = _implied_precision(cand[keep], label, i, j) >= 0.99
+    if not ok.any():
+        raise SystemExit("no limits on the grid meet direct precision >= 99.5% and implied "
+                         ">= 99% on half A")
+    most = tp[ok].max()
+    fewest = fp[ok & (tp == most)].min()  # the precision target is a floor, not a budget
+    plateau = ok & (tp == most) & (fp == fewest)
+    depth = distance_transform_edt(np.pad(plateau, 1))[1:-1, 1:-1]
+    a, b = np.unravel_index(np.argmax(depth), depth.shape)
+    return (float(STRUCTURE_GRID[a]), float(CHROMA_GRID[b]), int(most), int(pos.sum()),
+            int(fewest))
+
+
+def plan_recall(hashes, i, j, label, pclass, smalls, radius, universe):
     """The pairs the build's search finds as catalogs grow: past band_plan.BUDGET the plan
     is multi-probe (exact to a smaller radius), so the far pairs are found only in part."""
     from beam_pipeline.dedup import band_plan
@@ -280,27 +501,33 @@ def plan_recall(hashes, i, j, label, kind, totals, smalls, radius):
         for a in range(hashes.shape[1]):
             for b in range(hashes.shape[1]):
                 found |= band_plan.found_by(plan, hashes[i, a] ^ hashes[j, b])
-        cand = np.nonzero(found & (label != 9))[0]
+        cand = np.nonzero(found & universe)[0]
         keep, _ = built_descriptor(i[cand].tolist(), j[cand].tolist(), smalls)
-        sc = scores(keep, cand, label, kind, i, j, totals)
+        sc = scores(keep, cand, label, pclass, i, j, universe)
         out[str(n)] = dict(plan=list(plan.widths), sub_radius=plan.sub_radius,
-                           exact_radius=plan.exact_radius, single=sc[0], combo=sc[1],
-                           direct=sc[2], implied=sc[3])
+                           exact_radius=plan.exact_radius, **sc)
         print(f"  {n:>10,} images: bands {'x'.join(map(str, plan.widths))} within "
-              f"{plan.sub_radius}, exact to {plan.exact_radius}: single {sc[0]:.1%} combo "
-              f"{sc[1]:.1%} direct {sc[2]:.2%} implied {sc[3]:.2%}")
+              f"{plan.sub_radius}, exact to {plan.exact_radius}: {_line(sc)}")
     return out
+
+
+def _line(sc):
+    return (f"single {sc['single']:.1%} combo {sc['combo']:.1%} fresh {sc['fresh']:.1%} "
+            f"direct {sc['direct']:.2%} implied {sc['implied']:.2%}")
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser()
     parser.add_argument("--radii", default="6,8,10")
+    parser.add_argument("--fresh_dir", default=os.path.join(DATA, "near-fresh"),
+                        help="where the fresh positives and truth.jsonl are written")
     add_record_argument(parser)
     args = parser.parse_args(argv)
     record = Record("bench_near_duplicate_precision", args)
     radii = [int(r) for r in args.radii.split(",")]
     t0 = time.time()
-    datas, cls, kind, i, j, label = dataset()
+    datas, cls, kind, group, truth, i, j, label = dataset()
+    write_fresh(args.fresh_dir, datas, truth)
     smalls = [small_rgb(d) for d in datas]
     pairs = np.array([perceptual.phash_pair(s) for s in smalls], np.uint64)
     hashes = np.array([perceptual.phash_pair(s) + descriptor.probes(descriptor.describe(s))
@@ -309,47 +536,75 @@ def main(argv=None):
                               for a in range(6) for b in range(6)])
     dist2 = np.minimum.reduce([perceptual.hamming_many(pairs[i, a], pairs[j, b])
                                for a in (0, 1) for b in (0, 1)])
-    ki, kj = kind[i], kind[j]
-    orig = (ki == "original") | (kj == "original")
-    other = np.where(ki == "original", kj, ki)
-    totals = (int(((label == 1) & orig & (other != "all") & (other != "original")).sum()),
-              int(((label == 1) & orig & (other == "all")).sum()))
-    classes = {c: int((cls == c).sum()) for c in dict.fromkeys(cls)}
-    print(f"{len(datas)} images ({classes}); positives: {totals[0]} single, {totals[1]} combo, "
-          f"{int((label == 1).sum())} in all; hard negative pairs {int((label == 0).sum())}, "
-          f"distinct {int((label == -1).sum())} ({time.time() - t0:.0f} s to make and hash)")
-    figures = {"radii": {}, "alternatives": {}}
-    print("\n'2 hashes': whole and central 90% (before); '6 hashes': and the four 95% corner "
-          "crops (built); '+ conf': confirmed by the built descriptor")
-    print(f"\n{'radius':>6} {'scheme':<17} {'single':>7} {'combo':>7} {'direct':>8} "
-          f"{'implied':>8}  false pairs by class")
-    for r in radii:
-        for hashed, d in (("2 hashes", dist2), ("6 hashes", dist)):
-            cand = np.nonzero((d <= r) & (label != 9))[0]
-            everything = np.ones(len(cand), bool)
-            confirmed, _ = built_descriptor(i[cand].tolist(), j[cand].tolist(), smalls)
-            for scheme, keep in ((f"{hashed}", everything), (f"{hashed} + conf", confirmed)):
-                s = scores(keep, cand, label, kind, i, j, totals)
-                fp = false_by_class(keep, cand, label, cls, i, j)
-                figures["radii"].setdefault(str(r), {})[scheme] = dict(
-                    single=s[0], combo=s[1], direct=s[2], implied=s[3], false=fp)
-                print(f"{r:>6} {scheme:<17} {s[0]:>7.1%} {s[1]:>7.1%} {s[2]:>8.2%} "
-                      f"{s[3]:>8.2%}  {fp}")
+    pclass = positive_classes(kind, i, j, label)
+    everything = label != 9
+    choose, report = halves(group, i, j, label)
+    classes = {str(c): int((cls == c).sum()) for c in dict.fromkeys(cls)}
+    fresh_hard = int(((label == 0) & (cls[i] == "fresh") & (cls[j] == "fresh")).sum())
+    totals = {c: int((pclass == c).sum()) for c in RECALL}
+    print(f"{len(datas)} images ({classes}); positives {int((label == 1).sum())} in all, "
+          f"{totals}; hard negative pairs {int((label == 0).sum())} ({fresh_hard} of them "
+          f"fresh crops overlapping < {FRESH_HARD:.0%}), distinct {int((label == -1).sum())} "
+          f"({time.time() - t0:.0f} s to make and hash); the "
+          f"fresh set and its truth: {args.fresh_dir}")
     r = near_duplicates.DEFAULT_RADIUS
-    figures["plans"] = plan_recall(hashes, i, j, label, kind, totals, smalls, r)
-    cand = np.nonzero((dist <= r) & (label != 9))[0]
+    cand = np.nonzero((dist <= r) & everything)[0]
+    s, c = measured(i[cand].tolist(), j[cand].tolist(), smalls)
+    ms, mc, got, of, wrong = choose_limits(s, c, cand, label, pclass, i, j, choose)
+    built = (descriptor.MAX_STRUCTURE, descriptor.MAX_CHROMA)
+    print(f"\nlimits chosen on half A ({int(choose.sum())} pairs, "
+          f"{int((label[choose] == 1).sum())} positives) at radius {r}: structure <= {ms:g}, "
+          f"chroma <= {mc:g} ({got} of its {of} candidate positives, {wrong} false pairs); "
+          f"built: structure <= {built[0]:g}, chroma <= {built[1]:g}"
+          f"{'' if (ms, mc) == built else '  (DIFFERENT: update descriptor.py)'}")
+    figures = {"chosen": {"structure": ms, "chroma": mc, "confirmed": got, "candidates": of,
+                          "false": wrong}, "built": list(built), "radii": {},
+               "alternatives": {}}
+    print("\n'2 hashes': whole and central 90%; '6 hashes': and the four 95% corner crops "
+          "(built); '+ before': confirmed as before (19 windows, <= 0.25, <= 3); '+ conf': "
+          "the built confirmation (49 windows, its limits). Half A chose the limits; half B "
+          "reports them.")
+    print(f"\n{'radius':>6} {'scheme':<17} {'pairs':<6} {'single':>7} {'combo':>7} "
+          f"{'fresh':>7} {'direct':>8} {'implied':>8}  false pairs by class")
+    for rad in radii:
+        for hashed, d in (("2 hashes", dist2), ("6 hashes", dist)):
+            for scheme, confirm in ((hashed, None), (f"{hashed} + before", before_descriptor),
+                                    (f"{hashed} + conf", built_descriptor)):
+                for part, universe in (("all", everything), ("A", choose), ("B", report)):
+                    cd = np.nonzero((d <= rad) & universe)[0]
+                    keep = (np.ones(len(cd), bool) if confirm is None else
+                            confirm(i[cd].tolist(), j[cd].tolist(), smalls)[0])
+                    sc = scores(keep, cd, label, pclass, i, j, universe)
+                    fp = false_by_class(keep, cd, label, cls, i, j)
+                    figures["radii"].setdefault(str(rad), {}).setdefault(scheme, {})[part] = \
+                        dict(sc, false=fp)
+                    print(f"{rad:>6} {scheme:<17} {part:<6} {sc['single']:>7.1%} "
+                          f"{sc['combo']:>7.1%} {sc['fresh']:>7.1%} {sc['direct']:>8.2%} "
+                          f"{sc['implied']:>8.2%}  {fp}")
+    print(f"\nrecall per class at radius {r}, built confirmation (all / half A / half B):")
+    keep = built_descriptor(i[cand].tolist(), j[cand].tolist(), smalls)[0]
+    per = {part: scores(keep[u[cand]], cand[u[cand]], label, pclass, i, j, u)
+           for part, u in (("all", everything), ("A", choose), ("B", report))}
+    for cl in RECALL + ("existing", "fresh"):
+        print(f"  {cl:<22} " + "  ".join(f"{per[p][cl]:6.1%}" for p in per)
+              + f"   ({totals.get(cl, 'pooled')} pairs)")
+    figures["per_class"] = per
+    rejected = cand[~keep & (label[cand] == 1) & (pclass[cand] != "")]
+    print("  positives the confirmation rejects (class, photo group, structure, chroma): "
+          + "; ".join(f"{pclass[q]} {group[i[q]]} {float(s[k]):.3f} {float(c[k]):.2f}"
+                      for k, q in enumerate(cand) if q in set(rejected.tolist())))
+    figures["plans"] = plan_recall(hashes, i, j, label, pclass, smalls, r, everything)
     print(f"\nalternatives at radius {r} (the hash's candidates, each confirmed by one "
           "descriptor):")
     for name, confirm in ALTERNATIVES.items():
         t = time.perf_counter()
         keep, limit = confirm(i[cand].tolist(), j[cand].tolist(), smalls, label[cand] == 1)
         took = (time.perf_counter() - t) / max(1, len(cand)) * 1e6
-        s = scores(keep, cand, label, kind, i, j, totals)
+        sc = scores(keep, cand, label, pclass, i, j, everything)
         fp = false_by_class(keep, cand, label, cls, i, j)
-        figures["alternatives"][name] = dict(single=s[0], combo=s[1], direct=s[2],
-                                             implied=s[3], false=fp, us_per_pair=took)
-        print(f"  {name:<52} {limit:<15} single {s[0]:.1%} combo {s[1]:.1%} direct "
-              f"{s[2]:.2%} implied {s[3]:.2%} ({took:.0f} us/pair incl. describing) false {fp}")
+        figures["alternatives"][name] = dict(sc, false=fp, us_per_pair=took)
+        print(f"  {name:<58} {limit:<15} {_line(sc)} ({took:.0f} us/pair incl. describing) "
+              f"false {fp}")
     record.save(figures)
 
 

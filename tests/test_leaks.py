@@ -117,7 +117,7 @@ def test_planted_cross_split_pair_is_reported_everywhere(reported):
     rejected = m["near_duplicates"]["rejected"]
     assert m["near_duplicates"] == {
         "path": "near_duplicates.jsonl", "rejected_path": "near_duplicates_rejected.jsonl",
-        "hash": "phash64x6", "confirm": "luma16-chroma/1", "radius": 8,
+        "hash": "phash64x6", "confirm": "luma16-chroma/2", "radius": 8,
         "exact_radius": 8, "found_at_radius": 1.0,
         "max_structure": descriptor.MAX_STRUCTURE, "max_chroma": descriptor.MAX_CHROMA,
         "candidates": 1 + rejected, "pairs": 1, "rejected": rejected, "unconfirmable": 0,
@@ -266,3 +266,98 @@ def test_inspect_draws_the_cross_split_pairs_side_by_side(reported, tmp_path):
         photos.append(half.crop(ImageOps.invert(half).getbbox()).resize((64, 48)))
     left, right = (np.asarray(p, np.float64) for p in photos)
     assert np.abs(left - right).mean() < 12 and left.std() > 30  # one photo twice, not blank
+
+
+# --- verdicts across versions, and the closest rejects --------------------------------------
+
+def test_previous_verdicts_count_only_when_confirmed_alike(tmp_path):
+    """A previous version's pairs are carried over only when its manifest names this build's
+    comparison and limits: verdicts under other limits are measured again."""
+    vdir = str(tmp_path)
+    assert not leaks._confirmed_alike(vdir)  # no manifest
+    for near, alike in ((None, False), (leaks.confirm_spec(), True),
+                        (dict(leaks.confirm_spec(), confirm="luma16-chroma/1"), False),
+                        (dict(leaks.confirm_spec(), max_chroma=3.0), False),
+                        (dict(leaks.confirm_spec(), max_structure=0.25), False)):
+        with open(os.path.join(vdir, layout.MANIFEST), "w") as f:
+            json.dump({"near_duplicates": near}, f)
+        assert leaks._confirmed_alike(vdir) is alike, near
+
+
+def test_closest_rejects_lines_name_the_measure_and_the_build_limits(tmp_path):
+    import tensorflow as tf
+
+    from beam_pipeline.tools import near_rejects
+
+    pairs = [grouping.NearPair(("a.jpg", "b.jpg"), ("train", "test"), 6, 0.3412, 0.8, False),
+             grouping.NearPair(("c.jpg", "d.jpg"), ("test", "train"), 4, 0.0004, 3.44, False),
+             grouping.NearPair(("e.jpg", "f.jpg"), ("train", "train"), 2, 0.26, 0.0, False)]
+    with open(tmp_path / layout.NEAR_DUPLICATES_REJECTED, "w") as f:
+        f.write("".join(p.to_json() + "\n" for p in pairs))
+    manifest = {"near_duplicates": {"rejected_path": layout.NEAR_DUPLICATES_REJECTED,
+                                    "rejected": 3, "max_structure": 0.25, "max_chroma": 3.0}}
+    lines = near_rejects.closest(tf.io.gfile, str(tmp_path), manifest, 5)
+    assert lines == [
+        "closest rejected cross-split near-duplicate pairs (2 shown, of 3 rejected in "
+        "near_duplicates_rejected.jsonl; limits: structure 0.25, chroma 3.0):",
+        "  c.jpg (test) ~ d.jpg (train): 4 bits, structure 0.0004, chroma 3.44, 1.15x the "
+        "limit: colour differs (3.44 > 3)",
+        "  a.jpg (train) ~ b.jpg (test): 6 bits, structure 0.3412, chroma 0.8, 1.36x the "
+        "limit: structure differs (0.3412 > 0.25)"]
+    assert near_rejects.closest(tf.io.gfile, str(tmp_path), {}, 5) == [
+        "no near-duplicate rejects: this version was built without --near_duplicates (or "
+        "before rejected candidates were kept)"]
+
+
+@pytest.mark.slow
+def test_verify_prints_the_closest_rejected_cross_split_pairs(reported, capsys):
+    from beam_pipeline.tools import verify
+
+    with open(os.path.join(reported["version_dir"], layout.NEAR_DUPLICATES_REJECTED)) as f:
+        across = [p for p in grouping.read_pairs(f) if p.spans_splits]
+    assert verify.main([reported["root"], "--near_duplicate_rejects", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    shown = min(2, len(across))
+    assert out[0].startswith(f"closest rejected cross-split near-duplicate pairs ({shown} "
+                             "shown, of ")
+    assert len(out) == 1 + shown + 1 and out[-1].startswith("OK ")
+    assert all(" bits, structure " in line and "differs (" in line for line in out[1:-1])
+    with pytest.raises(SystemExit):
+        verify.main([reported["root"], "--near_duplicate_rejects", "-1"])
+    assert "--near_duplicate_rejects -1: must be >= 0" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_an_incremental_build_measures_again_what_was_confirmed_otherwise(planted, tmp_path,
+                                                                          monkeypatch):
+    """The previous version's verdicts were made by another comparison: none is carried
+    over; every pair is measured again (the records are reused: the stored descriptor is
+    the same), and the planted pair is found again."""
+    import shutil
+
+    src = str(tmp_path / "src")
+    shutil.copytree(planted, src)
+    first = build(src, tmp_path / "ds", "--near_duplicates")
+    assert first["manifest"]["near_duplicates"]["confirm"] == leaks.CONFIRM
+    brighter = np.clip(np.asarray(photo_like(10), np.int16) * 11 // 10, 0, 255)
+    write(f"{src}/test/cat/brighter.jpg",
+          encoded(Image.fromarray(brighter.astype(np.uint8)), quality=80))
+    monkeypatch.setattr(leaks, "CONFIRM", leaks.CONFIRM + "-next")
+    seen = []
+    near_pairs = grouping.near_pairs
+
+    def noting(rows, *args, **kw):
+        def noted(rows):
+            for r in rows:
+                seen.append((r.key, r.old))
+                yield r
+        return near_pairs(noted(rows), *args, **kw)
+
+    monkeypatch.setattr(grouping, "near_pairs", noting)
+    second = build(src, tmp_path / "ds", "--near_duplicates")
+    assert second["manifest"]["incremental"]["from"] == first["version"]
+    near = second["manifest"]["near_duplicates"]
+    assert near["confirm"] == leaks.CONFIRM and near["incremental"] is False
+    assert len(seen) == 11 and not any(old for _, old in seen)  # every pair compared
+    assert {tuple(p["keys"]) for p in read_jsonl(second["version_dir"])} >= {
+        ("test/cat/copy.png", "train/cat/p0.jpg"), ("test/cat/brighter.jpg", "train/cat/p0.jpg")}

@@ -4,19 +4,22 @@ near_duplicates.jsonl (confirmed pairs) and near_duplicates_rejected.jsonl, and 
 evaluation images that leak a train image.
 
 Byte hashes (dedup/duplicates.py) miss the copies that inflate test scores most: the same
-photo resized, re-compressed, lightly cropped or re-exported. The writer stored two 64-bit
-pHashes per image in the catalog (--near_duplicates), of the whole image and of its central
-90% (a crop of up to 10% stays near one of them), and a descriptor (dedup/descriptor.py: a
-16x16 luma thumbnail and the mean colour). This step streams (key, split, phash,
-phash_center, near_descriptor) from the shards' catalog fragments into the multi-index join
-(dedup/near_duplicates.py), where a pair's hash distance is the least of its four hash
-pairs, then compares the candidates' descriptors; memory stays flat.
+photo resized, re-compressed, lightly cropped or re-exported. The writer stores six 64-bit
+pHashes per image (--near_duplicates): of the whole image and of its central 90% (catalog
+columns phash, phash_center) and of the four 95% corner crops (the first 32 bytes of
+near_descriptor), so a crop of up to 10% stays near one of them; near_descriptor also holds
+what confirms a candidate (dedup/descriptor.py: a 16x16 luma thumbnail and the mean colour).
+This step streams (key, split, phash, phash_center, near_descriptor) from the shards' catalog
+fragments into the multi-index join (dedup/near_duplicates.py), where a pair's hash distance
+is the least of its 36 hash pairs, then compares the candidates' descriptors; memory stays
+flat.
 
 Incremental: rows of reused and copied shards are old; only pairs with a new row are
 searched, and the previous version's measured pairs between rows still unchanged are
-carried over, so the files always describe the whole version. A row without a descriptor
-(a catalog written before it) can't be confirmed: its candidates are listed as rejected
-with that reason, and a --full_rebuild describes them.
+carried over, so the files always describe the whole version: only when that version was
+confirmed as this one confirms (the same `CONFIRM` and limits), else every pair is measured
+again. A row without a descriptor (a catalog written before it) can't be confirmed: its
+candidates are listed as rejected with that reason, and a --full_rebuild describes them.
 
 A leak is an evaluation image with a confirmed pair with a train image: a pair, never a
 chain of pairs. With --drop_near_duplicate_leaks leaks leave their shards (frames copied,
@@ -25,6 +28,7 @@ a train image never leaves, so with sticky splits no near-copy of a train image 
 evaluation later.
 """
 
+import json
 import tempfile
 
 from apache_beam.io.filesystems import FileSystems
@@ -37,7 +41,7 @@ from beam_pipeline.kinds import Kind
 from dataset_format import layout
 
 HASH = "phash64x6"  # 64-bit pHashes: whole, central 90% (perceptual.phash_pair), 4 corners (descriptor.probes)
-CONFIRM = "luma16-chroma/1"  # dedup/descriptor.py: structure and colour, as its limits say
+CONFIRM = "luma16-chroma/2"  # dedup/descriptor.py: structure (49 windows) and colour; /1: 19
 TRAIN = "train"
 OLD_KINDS = (Kind.REUSE, Kind.COPY)  # incremental shards whose rows the previous version grouped
 
@@ -106,7 +110,7 @@ def _previous_pairs(spec):
     """The previous version's measured pairs, confirmed and rejected (None when this build is
     not incremental, or the previous version has no pairs file of this form: then every row
     is compared with every other)."""
-    if not spec.increment:
+    if not spec.increment or not _confirmed_alike(spec.previous_vdir):
         return None
     found = []
     for name in (layout.NEAR_DUPLICATES, layout.NEAR_DUPLICATES_REJECTED):
@@ -119,6 +123,24 @@ def _previous_pairs(spec):
             return None  # groups from before pairs were confirmed: compare everything again
         found.extend(grouping.read_pairs(lines))
     return found
+
+
+def confirm_spec():
+    """What decides a verdict, as `report` writes it to the manifest: a previous version's
+    verdicts are this build's only when these are equal."""
+    return {"confirm": CONFIRM, "max_structure": descriptor.MAX_STRUCTURE,
+            "max_chroma": descriptor.MAX_CHROMA}
+
+
+def _confirmed_alike(vdir):
+    """Whether the version at `vdir` confirmed its pairs as this build does (its manifest's
+    near_duplicates entry names the same comparison and limits)."""
+    path = layout.join(vdir, layout.MANIFEST)
+    if not files.exists(path):
+        return False
+    with FileSystems.open(path) as f:
+        near = json.loads(f.read().decode()).get("near_duplicates") or {}
+    return all(near.get(k) == v for k, v in confirm_spec().items())
 
 
 def _positions(results, keys):

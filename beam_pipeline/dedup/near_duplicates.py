@@ -69,14 +69,28 @@ class NearPair:
 
     @property
     def why(self):
-        """Why a candidate was not confirmed ("" when it was)."""
-        if self.confirmed:
-            return ""
+        """Why a candidate was not confirmed ("" when it was): each measure past its limit,
+        with its value and the limit, e.g. "structure differs (0.3412 > 0.29)"."""
+        return "" if self.confirmed else self.reason()
+
+    def reason(self, max_structure=None, max_chroma=None):
+        """`why`, against the given limits (default: the descriptor's; a version records
+        the ones it was built with)."""
         if self.structure is None:
             return "no descriptor (a catalog row from before it)"
-        if self.structure > descriptor.MAX_STRUCTURE:
-            return "structure differs"
-        return "colour differs"
+        over = [f"{name} differs ({value:g} > {limit:g})" for name, value, limit in (
+            ("structure", self.structure, max_structure or descriptor.MAX_STRUCTURE),
+            ("colour", self.chroma, max_chroma or descriptor.MAX_CHROMA)) if value > limit]
+        return ", ".join(over) or "within the limits"
+
+    def excess(self, max_structure=None, max_chroma=None):
+        """How far the pair is past the limits (default: the descriptor's), as the larger of
+        its measures' ratios to their limits: <= 1 confirms, just over 1 is a borderline
+        rejection; None without a descriptor."""
+        if self.structure is None:
+            return None
+        return max(self.structure / (max_structure or descriptor.MAX_STRUCTURE),
+                   self.chroma / (max_chroma or descriptor.MAX_CHROMA))
 
     @property
     def spans_splits(self):
@@ -125,7 +139,7 @@ def _verdicts(candidates):
     return out
 
 
-CONFIRM_BATCH = 2048  # candidate pairs compared at once: ~45 MB of float32 windows
+CONFIRM_BATCH = 1024  # candidate pairs compared at once: <= 2,048 images' 49 windows, ~58 MB
 
 
 def near_pairs(rows, radius=DEFAULT_RADIUS, bands=None, directory=None, known=(), on_plan=None):
@@ -155,6 +169,16 @@ def near_pairs(rows, radius=DEFAULT_RADIUS, bands=None, directory=None, known=()
         if all(k in old_split for k in p.keys) and p.hash_distance <= radius:
             out.append(dataclasses.replace(p, splits=tuple(old_split[k] for k in p.keys)))
     return sorted(out, key=lambda p: p.keys)
+
+
+def closest_rejected(pairs, n, max_structure=None, max_chroma=None):
+    """The `n` rejected cross-split pairs nearest to being confirmed (least `excess` over the
+    given limits, the build's), for a user to judge a borderline case; pairs without a
+    descriptor last."""
+    rejected = [p for p in pairs if not p.confirmed and p.spans_splits]
+    return sorted(rejected, key=lambda p: (p.structure is None,
+                                           p.excess(max_structure, max_chroma) or 0.0,
+                                           p.hash_distance, p.keys))[:max(n, 0)]
 
 
 def components(pairs):

@@ -215,7 +215,12 @@ def main(argv=None):
     parser.add_argument("path", help="dataset root (follows LATEST) or versions/V directory")
     parser.add_argument("--verbose", action="store_true",
                         help="also show TensorFlow's start-up lines")
+    parser.add_argument("--near_duplicate_rejects", type=int, default=0, metavar="N",
+                        help="also print the N rejected cross-split near-duplicate pairs "
+                             "closest to the limits, with the measure that rejected each")
     args = parser.parse_args(argv)
+    if args.near_duplicate_rejects < 0:
+        parser.error(f"--near_duplicate_rejects {args.near_duplicate_rejects}: must be >= 0")
     tf_quiet.install(args.verbose)  # before TensorFlow loads
     try:
         result = check(args.path)
@@ -225,6 +230,8 @@ def main(argv=None):
     where = result["version_dir"]
     for warning in result["warnings"]:
         print(f"warning: {warning}", file=sys.stderr)
+    if args.near_duplicate_rejects > 0:
+        _print_near_duplicate_rejects(where, args.near_duplicate_rejects)
     if not result["problems"]:
         print(f"OK {where}: {result['shards']} shards, {result['records']} records; sizes, "
               f"checksums, CRCs, counts and indexes match manifest.json")
@@ -237,6 +244,15 @@ def main(argv=None):
           "when the input is gone), the catalog, index and metadata files are written anew. "
           "Or restore the listed files.", file=sys.stderr)
     return 1
+
+
+def _print_near_duplicate_rejects(vdir, n):
+    import tensorflow as tf
+
+    from beam_pipeline.tools import near_rejects
+
+    _, manifest = dataset_info.load_manifest(vdir)
+    print("\n".join(near_rejects.closest(tf.io.gfile, vdir, manifest, n)))
 
 
 if __name__ == "__main__":
