@@ -407,3 +407,88 @@ def test_a_version_reads_through_a_link_and_from_a_copy_once_materialized(
     capsys.readouterr()
     assert verify.main([str(shipped)]) == 1
     assert "is a partial copy (1 of its own shard(s) missing)" in capsys.readouterr().err
+
+
+# --- through real builds, and on gs:// -------------------------------------------------------
+
+@pytest.mark.slow  # five builds
+def test_a_reader_holding_a_version_reads_all_of_it_after_five_nightly_builds(tmp_path):
+    """A training job holds V (the loader's lease, renewed in the background) while five
+    nightly builds with --keep_versions 1 --keep_superseded_hours 0 each rewrite the data
+    and retire what they can: on the last night the job still reads every record of V."""
+    from loaders import SequentialRecords
+
+    make_images(tmp_path / "src", {"cat": 12, "dog": 12})
+    root = str(tmp_path / "root")
+    first = build([tmp_path / "src"], root, *ARGS)
+    want = _read_all(root)
+    job = SequentialRecords(root, "train", version=first["version"], decode=False, hold=30)
+    args = [*ARGS, "--keep_versions", "1", "--keep_superseded_hours", "0"]
+    for night in range(5):
+        make_images(tmp_path / "src", {"cat": {f"n{night}.jpg": image_bytes((night, 9, 9))}})
+        if night % 2:
+            victim = sorted(os.listdir(tmp_path / "src" / "dog"))[0]
+            os.remove(tmp_path / "src" / "dog" / victim)
+        latest = build([tmp_path / "src"], root, *args)
+    assert _complete(root) == [first["version"], latest["version"]]  # the rest retired
+    got = {ex.key: bytes(ex.image) for ex in job}
+    assert got == {k: data for k, (split, data) in want.items() if split == "train"}
+    del job
+    import gc
+
+    gc.collect()  # the job ends: its lease is deleted, the next night retires V
+    make_images(tmp_path / "src", {"owl": 2})
+    build([tmp_path / "src"], root, *args)
+    assert first["version"] not in _complete(root)
+
+
+@pytest.mark.slow  # the GCS emulator
+def test_tags_and_holds_on_gcs_cost_one_request_a_renewal(gcs, gcs_bucket, tmp_path,
+                                                          gcs_counter):
+    from beam_pipeline import cli
+    from beam_pipeline.store import protected, retention, tags, versions
+    from dataset_format import holds
+    from loaders import RecordSource
+
+    make_images(tmp_path / "in", {"cat": 4, "dog": 4})
+    base = f"gs://{gcs_bucket}"
+    gcs.upload_tree(tmp_path / "in", f"{base}/in")
+    root = f"{base}/ds"
+    opts = ["--name", "pets", "--num_shards", "2", "--no_transform", "--keep_versions", "1",
+            "--keep_superseded_hours", "0"]
+
+    def night(extra):
+        gcs.upload_bytes(f"{base}/in/cat/{extra}.jpg", image_bytes((len(extra), 200, 9)))
+        result = cli.run(["--input", f"{base}/in", "--output", root, *opts])
+        assert result.status == "published", result
+        return result.version
+
+    v1 = night("a")
+    tags.create(root, "paper", v1)
+    v2 = night("b")
+    assert gcs.read_json(f"{root}/tags/paper")["version"] == v1
+    source = RecordSource(root, "train", version=v2, hold=4)
+    hold = holds.held()[(root, v2)]
+    time.sleep(0.2)
+    gcs_counter.reset()
+    before = hold.renewals
+    time.sleep(2.2)  # two renewals, one a second
+    renewals = hold.renewals - before
+    assert renewals >= 2
+    totals = gcs_counter.totals()
+    assert (totals.get("upload"), totals["requests"]) == (renewals, renewals), totals  # O(1)
+    assert protected.read(root).held.keys() == {v2}
+    v3 = night("c")
+    v4 = night("d")
+    from tests.test_shared_shards import _read_all as read_gcs
+
+    assert sorted(v for v, done in versions.list_versions(root).items() if done) == [v1, v2, v4]
+    assert len(source) and read_gcs(root, v2) and read_gcs(root, "paper")
+    del source
+    import gc
+
+    gc.collect()
+    assert not gcs.list(f"{root}/holds/{v2}/")  # released
+    tags.delete(root, "paper")
+    assert retention.prune(root, v4, keep=1, keep_superseded_hours=0) == [v1, v2]
+    assert v3
