@@ -158,14 +158,19 @@ def resolve(path, version=None):
     under ROOT/versions/ or a tag) or a version directory itself."""
     path = str(path).rstrip("/")
     if version:
+        tag = None if refs.is_version_id(version) else version
+        try:
+            named = refs.version_of(path, version)
+        except FileNotFoundError:
+            named = None
+        vdir = version_dir(path, named or version)
+        if named and storage.exists(join(vdir, MANIFEST)):
+            return vdir
         if storage.exists(join(path, MANIFEST)) and posixpath.basename(path) == version:
             return path  # already that version's directory
-        tag = None if refs.is_version_id(version) else version
-        version = refs.version_of(path, version)
-        vdir = version_dir(path, version)
-        if storage.exists(join(vdir, MANIFEST)):
-            return vdir
-        raise _missing(path, version, tag)
+        if named is None:
+            refs.version_of(path, version)  # raises: no such tag
+        raise _missing(path, named, tag)
     if storage.exists(join(path, MANIFEST)):
         return path
     if layout.root_of(path) is not None and storage.exists(
@@ -189,8 +194,9 @@ def _missing(root, version, tag):
     except Exception:  # no LATEST, or unreadable: nothing more is known
         latest = None
     if latest and version < latest:
-        return removal.VersionRemoved(removal.message(root, version) if not tag else
-                                      f"{named} was removed: " + removal.message(root, version))
+        said = removal.message(root, version, certain=storage.exists(version_dir(root, version))
+                               if "://" not in root else True)
+        return removal.VersionRemoved(f"{named} was removed: {said}" if tag else said)
     return FileNotFoundError(
         f"{version_dir(root, version)}: no {MANIFEST}: {named} does not exist under {root} "
         f"(not published yet?); the versions are the directories in {join(root, VERSIONS)}/")

@@ -16,11 +16,15 @@ class VersionRemoved(FileNotFoundError):
     """The version read was removed by retention."""
 
 
-def message(root, version):
-    return (f"version {version} of {root} was removed by retention (--keep_versions); to "
-            f"keep a version a job reads, hold it while reading (readers.info(ROOT, "
-            f"version={version!r}, hold=True), or hold=True in make_dataset and the loaders) "
-            f"or tag it (python -m beam_pipeline.tools.tag ROOT create NAME VERSION)")
+def message(root, version, certain=True):
+    """The line; `certain` False when the version's directory is gone whole, so it may as
+    well never have been published."""
+    head = (f"version {version} of {root} was removed by retention (--keep_versions)"
+            if certain else f"version {version!r} does not exist under {root}: retention "
+            "removed it (--keep_versions), or it was never published")
+    return (f"{head}; to keep a version a job reads, hold it while reading (readers.info("
+            f"ROOT, version={version!r}, hold=True), or hold=True in make_dataset and the "
+            f"loaders) or tag it (python -m beam_pipeline.tools.tag ROOT create NAME VERSION)")
 
 
 def removed(vdir):

@@ -23,6 +23,9 @@ class Protected:
         return set(self.tags) | set(self.held)
 
 
+NONE = Protected({}, {}, ())  # nothing protected (retention had no version to drop)
+
+
 def storage_now(root):
     """Now by the clock of the storage ROOT is on, which stamps the leases: on gs:// the
     Date of a server answer (store/gcs.py, as the lock's age); locally the mtime of a probe

@@ -106,13 +106,15 @@ def prune(root, published, keep, keep_superseded_hours=KEEP_SUPERSEDED_HOURS, dr
         logging.warning("cleanup of %s skipped, nothing deleted: cannot list its versions "
                         "(%s)", root, _line(e))
         return []
-    try:
-        kept_by_user = protected.read(root)
-    except Exception as e:
-        logging.warning("cleanup of %s skipped, nothing deleted: cannot read its tags or "
-                        "holds (%s)", root, _line(e))
-        return []
     complete = sorted((v for v, done in found.items() if done), reverse=True)
+    kept_by_user = protected.NONE
+    if keep and len(complete) > keep:  # only then can a version be dropped: look (a listing
+        try:  # of tags and one of leases, one read each)
+            kept_by_user = protected.read(root)
+        except Exception as e:
+            logging.warning("cleanup of %s skipped, nothing deleted: cannot read its tags or "
+                            "holds (%s)", root, _line(e))
+            return []
     now = now or datetime.datetime.now(datetime.timezone.utc)
     drops = {}
     for v, done in sorted(found.items()):
