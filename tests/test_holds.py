@@ -529,3 +529,93 @@ def test_a_build_killed_at_random_points_leaves_every_version_with_a_manifest_wh
     assert done.returncode == 0, done.stderr
     for v in _complete(root):
         assert verify.check(layout.version_dir(root, v))["problems"] == [], v
+
+
+FOUR_READERS = """
+import sys
+import tf_quiet
+tf_quiet.install(False)
+import readers
+from beam_pipeline.store import retention
+root, v1, v3 = sys.argv[1:4]
+opened = []
+for i in range(4):  # two training, two evaluation readers, each one batch in
+    ds = readers.make_dataset(root, "train", version=v1, batch_size=4, image_size=16,
+                              training=i % 2 == 0, seed=1, shuffle_buffer=2)
+    it = iter(ds)
+    next(it)
+    opened.append(it)
+retention.prune(root, v3, keep=1, keep_superseded_hours=0)
+for it in opened:
+    try:
+        for _ in it:
+            pass
+        print("read to the end", flush=True)
+    except Exception as e:
+        print("failed:", " ".join(str(e).split()), flush=True)
+"""
+
+
+@pytest.mark.slow  # TensorFlow in a process
+def test_readers_whose_version_is_removed_mid_read_say_so_and_the_process_goes_on(nights):
+    """Four readers open on V1 when retention removes it: each reads on (an open file
+    outlives its deletion locally) or fails with the one line saying retention removed the
+    version; never "not a decodable image record", and the process ends normally."""
+    root, (v1, v2, v3), _ = nights
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-c", FOUR_READERS, root, v1, v3], cwd=repo,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert len(lines) == 4, done.stdout
+    failed = [line for line in lines if line.startswith("failed:")]
+    assert failed, lines  # the training readers had files to open after the prune
+    for line in failed:
+        assert f"version {v1} of {root} was removed by retention (--keep_versions)" in line
+    assert "not a decodable image record" not in done.stdout + done.stderr
+
+
+@pytest.mark.slow  # a build in a process
+def test_tagging_and_materialize_beside_a_build_with_retention(three_nights, nights, capsys):
+    """A build with --keep_versions 1 --keep_superseded_hours 0 runs (it will drop V1 and
+    V2); tagging V2 and materializing it with --wait wait for its lock, then find V2 gone and
+    say so (exit 2), or, had they come first, keep it whole: never a tag or a materialized
+    manifest naming a version whose files retention deleted."""
+    from beam_pipeline.tools import materialize, tag, verify
+
+    root, (v1, v2, v3), _ = nights
+    src = os.path.join(os.path.dirname(root), "src")
+    shutil.copytree(three_nights[0] / "src", src)
+    make_images(src, {"owl": {"late.jpg": image_bytes((5, 50, 50))}})
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.Popen([sys.executable, "-m", "beam_pipeline", "--input", src, "--output",
+                             root, *ARGS, "--keep_versions", "1", "--keep_superseded_hours",
+                             "0"], cwd=repo, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:  # the build holds the root
+            try:
+                with open(layout.lock_file(root)) as f:
+                    if json.load(f).get("pid") == proc.pid:
+                        break
+            except (FileNotFoundError, ValueError):
+                pass
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the build never took the lock")
+        capsys.readouterr()
+        tagged = tag.main([root, "create", "paper", v2, "--wait"])
+        placed = materialize.main([root, "--version", v2, "--wait"])
+        out = capsys.readouterr()
+    finally:
+        assert proc.wait(timeout=300) == 0
+    assert "waiting: " in out.err  # they waited for the build
+    assert (tagged, placed) == (2, 2), out
+    assert f"version {v2} is not a published version" in out.err
+    assert (f"version {v2} of {root} was removed by retention" in out.err
+            or f"version '{v2}' does not exist under {root}: retention removed it" in out.err)
+    assert not os.path.exists(layout.tag_file(root, "paper"))
+    assert _complete(root) and v2 not in _complete(root)
+    for v in _complete(root):
+        assert verify.check(layout.version_dir(root, v))["problems"] == [], v
