@@ -164,6 +164,13 @@ def test_tags_from_the_command_line_and_python(nights, capsys):
     assert readers.info(root, version="paper").version == v2
     with pytest.raises(ValueError, match=f"is version {v3}, not paper .tag paper names {v2}"):
         RecordSource(readers.info(root), "train", version="paper")
+    from beam_pipeline.tools import inspect_dataset, verify
+
+    assert inspect_dataset._tags(layout.version_dir(root, v2)) == (
+        f"paper (this version), release -> {v3}")
+    capsys.readouterr()
+    assert verify.main([layout.version_dir(root, v2)]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("; tagged paper")
     assert tags.delete(root, "paper").version == v2
     assert tag.main([root, "delete", "paper"]) == 2
     assert sorted(tags.list_tags(root)) == ["release"]
