@@ -27,7 +27,8 @@ def listing(root):
     lines = [f"{name}\t{tag.version}\t{tag.created_at or '?'}\t{tag.by or '?'}"
              for name, tag in sorted(found.items())]
     held = protected.read(root).held
-    lines += [f"(held)\t{v}\t{len(h)} live lease(s): {', '.join(h)}" for v, h in sorted(held.items())]
+    lines += [f"(held)\t{v}\t{len(h)} live lease(s): {', '.join(h)}"
+              for v, h in sorted(held.items())]
     return lines or [f"{root}: no tags, no holds"]
 
 
