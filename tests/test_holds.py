@@ -260,6 +260,9 @@ def test_a_lapsed_lease_no_longer_holds_and_is_deleted(nights):
 
     later = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(minutes=10)
     assert protected.read(root).held == {v1: ("host-1-dead",)}
+    from beam_pipeline.tools import tag
+
+    assert tag.listing(root) == [f"(held)\t{v1}\t1 live lease(s): host-1-dead"]
     assert retention.prune(root, v3, keep=1, keep_superseded_hours=0, now=later) == [v2]
     assert _complete(root) == [v1, v3]
     stamp = time.time() - 31  # its last renewal 31 s ago, by the storage's clock
