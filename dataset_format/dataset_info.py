@@ -10,7 +10,7 @@ import json
 import posixpath
 from typing import Dict, Optional, Tuple
 
-from dataset_format import layout, storage
+from dataset_format import layout, refs, removal, storage
 from dataset_format.manifest import Manifest
 from dataset_format.layout import (FORMAT_VERSION, LATEST, MANIFEST, READABLE_FORMAT_VERSIONS,
                                    VERSIONS, join, version_dir)
@@ -58,6 +58,7 @@ class DatasetInfo:
     generator: Optional[dict] = dataclasses.field(default=None, repr=False, compare=False)
     key_scheme: Optional[str] = None
     catalog_rows: Optional[int] = None  # the catalog's row count, when the manifest says
+    tag: Optional[str] = None  # the tag it was opened by (refs.py), if any
 
     @property
     def has_catalog(self):
@@ -120,34 +121,62 @@ def from_manifest(vdir, manifest, followed_latest=False):
                        catalog_rows=manifest.catalog.rows if manifest.catalog else None)
 
 
-def info(path, version=None):
+def info(path, version=None, hold=False):
     """Labels, splits (counts and shard files) and version of a dataset root or version dir.
 
     A root is resolved through LATEST once, here, unless `version` (an id under
-    ROOT/versions/, e.g. "20261201T101500Z") pins one. Pass the result to `make_dataset` so
-    later reads see this version while a new one is being published.
+    ROOT/versions/, e.g. "20261201T101500Z", or a tag's name) pins one. Pass the result to
+    `make_dataset` so later reads see this version while a new one is being published.
+    hold: True (or a lease length in seconds) keeps retention from removing the version
+    while the result, or a dataset or loader made from it, is alive (dataset_format/holds.py).
     """
     vdir, manifest = load_manifest(path, version)
     followed = version is None and vdir.rstrip("/") != str(path).rstrip("/")
-    return from_manifest(vdir, manifest, followed_latest=followed)
+    found = from_manifest(vdir, manifest, followed_latest=followed)
+    if version and not refs.is_version_id(version) and found.version != version:
+        found = dataclasses.replace(found, tag=version)
+    if hold:
+        from dataset_format import holds
+
+        holds.hold(found, hold)
+    return found
+
+
+def check_ref(ds_info, ref):
+    """ValueError unless `ref` (a version id or a tag of its root) names the version
+    `ds_info` holds: make_dataset and the loaders, given both."""
+    if not ref or ref in (ds_info.version, ds_info.tag):
+        return
+    root = layout.root_of(ds_info.version_dir)
+    named = refs.version_of(root, ref) if root and not refs.is_version_id(ref) else ref
+    if named != ds_info.version:
+        raise ValueError(f"{ds_info.version_dir}: is version {ds_info.version}, not {ref}"
+                         + (f" (tag {ref} names {named})" if named != ref else ""))
 
 
 def resolve(path, version=None):
     """The version directory for a dataset root (via LATEST, read once; or `version`, an id
-    under ROOT/versions/) or a version directory itself."""
+    under ROOT/versions/ or a tag) or a version directory itself."""
     path = str(path).rstrip("/")
     if version:
-        vdir = version_dir(path, version)
-        if storage.exists(join(vdir, MANIFEST)):
+        tag = None if refs.is_version_id(version) else version
+        try:
+            named = refs.version_of(path, version)
+        except FileNotFoundError:
+            named = None
+        vdir = version_dir(path, named or version)
+        if named and storage.exists(join(vdir, MANIFEST)):
             return vdir
         if storage.exists(join(path, MANIFEST)) and posixpath.basename(path) == version:
             return path  # already that version's directory
-        raise FileNotFoundError(
-            f"{vdir}: no {MANIFEST}: version {version!r} does not exist under {path} "
-            f"(pruned, or not published yet?); the versions are the directories in "
-            f"{join(path, VERSIONS)}/")
+        if named is None:
+            refs.version_of(path, version)  # raises: no such tag
+        raise _missing(path, named, tag)
     if storage.exists(join(path, MANIFEST)):
         return path
+    if layout.root_of(path) is not None and storage.exists(
+            join(layout.root_of(path), LATEST)):  # ROOT/versions/V without its manifest
+        raise _missing(layout.root_of(path), posixpath.basename(path), None)
     latest = join(path, LATEST)
     if storage.exists(latest):
         record = json.loads(storage.read_text(latest))
@@ -155,6 +184,23 @@ def resolve(path, version=None):
     raise FileNotFoundError(
         f"{path}: not a dataset (no {MANIFEST} and no {LATEST}); "
         "pass the --output root of a finished build or one of its versions/ directories")
+
+
+def _missing(root, version, tag):
+    """The error for a version of ROOT without a manifest: removed by retention when it is
+    older than LATEST's, else not published (yet)."""
+    named = f"tag {tag!r} names version {version}, which" if tag else f"version {version!r}"
+    try:
+        latest = json.loads(storage.read_text(join(root, LATEST)))["version"]
+    except Exception:  # no LATEST, or unreadable: nothing more is known
+        latest = None
+    if latest and version < latest:
+        said = removal.message(root, version, certain=storage.exists(version_dir(root, version))
+                               if "://" not in root else True)
+        return removal.VersionRemoved(f"{named} was removed: {said}" if tag else said)
+    return FileNotFoundError(
+        f"{version_dir(root, version)}: no {MANIFEST}: {named} does not exist under {root} "
+        f"(not published yet?); the versions are the directories in {join(root, VERSIONS)}/")
 
 
 def load_manifest(path, version=None):

@@ -1,9 +1,11 @@
 """Where things live in a dataset root (docs/format.md, "Layout"); the one module that owns file names.
 
-Names only, no I/O (dataset_info.py finds and reads a version's manifest). Every file or
-directory name the writer, the tools and the readers use is spelt here, once.
+Names only; the one I/O is the real path of a local version directory (dataset_info.py
+finds and reads a version's manifest). Every file or directory name the writer, the tools
+and the readers use is spelt here, once.
 """
 
+import os
 import posixpath
 import re
 
@@ -11,6 +13,9 @@ import re
 LATEST = "LATEST"
 VERSIONS = "versions"
 LOCK = ".lock"                         # present while a build holds the root
+TAGS = "tags"                          # ROOT/tags/NAME: a version a user named (refs.py)
+HOLDS = "holds"                        # ROOT/holds/VERSION/HOLDER: a reader's lease (holds.py)
+CLOCK_PROBE = ".clock-"                # a file retention writes to read the storage's clock
 
 # A version directory
 MANIFEST = "manifest.json"
@@ -90,11 +95,17 @@ def shard_file(vdir, rel):
     """Where the file a manifest (or catalog) path `rel` names is: `rel` in the version
     directory `vdir`, or, for `../VERSION/NAME` (format 3: a shard an earlier version wrote
     and this one shares), NAME in that sibling version's directory. The `..` is resolved
-    here, not left to the filesystem: object stores have no directories to climb."""
+    here, not left to the filesystem: object stores have no directories to climb. A local
+    `vdir` is taken at its real path first, so a symbolic link to a version directory
+    (`ln -s ROOT/versions/V current`) finds the siblings of the version it links to (the
+    only I/O here: one readlink per component, for shared paths alone)."""
     if not rel.startswith(SHARED_PREFIX):
         return join(vdir, rel)
     version, name = shared_parts(rel)
-    return join(posixpath.dirname(str(vdir).rstrip("/")), version, name)
+    vdir = str(vdir).rstrip("/")
+    if "://" not in vdir:
+        vdir = os.path.realpath(vdir)
+    return join(posixpath.dirname(vdir), version, name)
 
 
 def shared_parts(rel):
@@ -125,6 +136,29 @@ def tmp_dir(vdir):
 def listing_file(tmp, split, shard):
     """The listing of one shard task under a build's work directory."""
     return join(tmp, LISTING, f"{split}-{shard:05d}{JSONL}")
+
+
+def tag_file(root, name):
+    """ROOT/tags/NAME: the version the tag `name` names (dataset_format/refs.py)."""
+    return join(str(root).rstrip("/"), TAGS, name)
+
+
+def holds_dir(root, version=None):
+    """ROOT/holds/, or ROOT/holds/VERSION/: the leases readers hold (dataset_format/holds.py)."""
+    base = join(str(root).rstrip("/"), HOLDS)
+    return join(base, version) if version else base
+
+
+def root_of(vdir):
+    """The dataset root a version directory is in (ROOT for ROOT/versions/V, a local link
+    to one followed), or None for a directory elsewhere (a copy shipped on its own)."""
+    vdir = str(vdir).rstrip("/")
+    if "://" not in vdir:
+        vdir = os.path.realpath(vdir)
+    parent = posixpath.dirname(vdir)
+    if posixpath.basename(parent) != VERSIONS:
+        return None
+    return posixpath.dirname(parent)
 
 
 def lock_file(root):

@@ -63,6 +63,64 @@ def read_range(path, offset, length):
         raise FileNotFoundError(f"{path}: no such object") from None
 
 
+def write_bytes(path, data):
+    """Replace `path` with `data` atomically: one upload request on gs:// (an object is
+    replaced whole), a temp file renamed over it locally (its directory made if missing).
+    Small records only: tags and a reader's lease (refs.py, holds.py)."""
+    if not is_gcs(path):
+        import uuid
+
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+        return
+    bucket, name = _blob(path)
+    bucket.blob(name).upload_from_string(data, content_type="application/json",
+                                         retry=_retry())
+
+
+def delete(path):
+    """Delete one file or object; missing is fine."""
+    if not is_gcs(path):
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            pass
+        return
+    from google.api_core import exceptions
+
+    bucket, name = _blob(path)
+    try:
+        bucket.delete_blob(name, retry=_retry())
+    except exceptions.NotFound:
+        pass
+
+
+def stamped(prefix):
+    """[(path, when it was last written by the storage's clock, UTC datetime)] of every file
+    under the directory or gs:// prefix `prefix`, sorted; [] when there is none. One listing
+    on gs:// (1,000 names a page); locally a walk with one stat a file."""
+    import datetime
+
+    prefix = str(prefix).rstrip("/")
+    if is_gcs(prefix):
+        bucket, name = _blob(prefix + "/")
+        return sorted((f"gs://{bucket.name}/{b.name}", b.updated)
+                      for b in client().list_blobs(bucket.name, prefix=name, retry=_retry()))
+    found = []
+    for top, _, names in os.walk(prefix):
+        for n in names:
+            path = os.path.join(top, n)
+            try:
+                mtime = os.stat(path).st_mtime
+            except FileNotFoundError:  # deleted since the walk listed it
+                continue
+            found.append((path, datetime.datetime.fromtimestamp(mtime, datetime.timezone.utc)))
+    return sorted(found)
+
+
 class LocalFile:
     """An open local file read by offset (os.pread): one descriptor shared by threads."""
 

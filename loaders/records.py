@@ -11,7 +11,8 @@ import threading
 from typing import Any, NamedTuple
 
 from dataset_format import dataset_info as info_lib
-from dataset_format import examples, frames, layout, schema, slices, storage
+from dataset_format import (examples, frames, holds, layout, removal, schema, slices,
+                            storage)
 
 
 class Example(NamedTuple):
@@ -34,13 +35,24 @@ class Span:
     count: int
 
 
-def open_info(path, version=None):
-    """A dataset_info.DatasetInfo from a root, a version directory or one already read."""
-    if isinstance(path, info_lib.DatasetInfo):
-        if version and path.version != version:
-            raise ValueError(f"{path.version_dir}: is version {path.version}, not {version}")
-        return path
-    return info_lib.info(path, version)
+def open_info(path, version=None, hold=False):
+    """A dataset_info.DatasetInfo from a root, a version directory or one already read
+    (`version`: an id or a tag); `hold`: dataset_format/holds.py. Raises VersionRemoved for
+    a version retention removed, before any record is read."""
+    given = isinstance(path, info_lib.DatasetInfo)
+    if given:
+        info_lib.check_ref(path, version)
+    found = path if given else info_lib.info(path, version)
+    if hold:
+        holds.hold(found, hold)  # looks at the manifest again after writing the lease
+    elif given:  # read earlier: the version may have gone since
+        removal.check_present(found.version_dir)
+    return found
+
+
+def explained(ds_info, e):
+    """A read error, or the one line saying retention removed the version meanwhile."""
+    return removal.explain(ds_info.version_dir, e)
 
 
 def spans_of(ds_info, split):

@@ -17,7 +17,7 @@ READ_BYTES = 8 << 20  # per ranged read; whole frames only
 class SequentialRecords:
     """An iterable of Example over this (host, worker)'s part of `split`.
 
-    path, split, version, decode, transform, label_offset: as `RecordSource`.
+    path, split, version, decode, transform, label_offset, hold: as `RecordSource`.
     host_index, host_count: this host among the training hosts (JAX: jax.process_index(),
       jax.process_count(); torch.distributed: rank, world size).
     worker_index, worker_count: this worker among the host's loader workers
@@ -28,8 +28,8 @@ class SequentialRecords:
 
     def __init__(self, path, split="train", version=None, decode=True, transform=None,
                  label_offset=0, host_index=0, host_count=1, worker_index=0, worker_count=1,
-                 shuffle_buffer=0, seed=None, read_bytes=READ_BYTES):
-        self.info = records.open_info(path, version)
+                 shuffle_buffer=0, seed=None, read_bytes=READ_BYTES, hold=False):
+        self.info = records.open_info(path, version, hold)
         self.split = split
         self.spans = records.spans_of(self.info, split)
         if not 0 <= host_index < host_count:
@@ -80,6 +80,12 @@ class SequentialRecords:
 
     def _frames(self, spans):
         """(frame bytes, shard path, position, offset) of `spans`, in large reads."""
+        try:
+            yield from self._read(spans)
+        except FileNotFoundError as e:
+            raise records.explained(self.info, e) from None
+
+    def _read(self, spans):
         for span in spans:
             entries = self._offsets.of(span.path)[span.first:span.first + span.count]
             file = storage.open_ranged(span.path)

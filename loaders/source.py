@@ -26,11 +26,13 @@ class RecordSource:
     transform: applied to each Example in the process that reads it (a DataLoader worker),
       e.g. a crop and resize so that batches stack.
     label_offset: labels are 0-based ids + label_offset, whatever the manifest's own offset.
+    hold: True (or a lease length in seconds): retention keeps the version while this
+      source is alive (dataset_format/holds.py).
     """
 
     def __init__(self, path, split="train", version=None, decode=True, transform=None,
-                 label_offset=0):
-        self.info = records.open_info(path, version)
+                 label_offset=0, hold=False):
+        self.info = records.open_info(path, version, hold)
         self.split = split
         self.spans = records.spans_of(self.info, split)
         self._starts = [0]
@@ -57,8 +59,11 @@ class RecordSource:
         k = bisect.bisect_right(self._starts, i) - 1
         span = self.spans[k]
         position = span.first + i - self._starts[k]
-        offset, length = self._offsets.of(span.path)[position]
-        data = self._file(span.path).read_range(offset, length)
+        try:
+            offset, length = self._offsets.of(span.path)[position]
+            data = self._file(span.path).read_range(offset, length)
+        except FileNotFoundError as e:
+            raise records.explained(self.info, e) from None
         return self._decoder(data, span.path, position, offset)
 
     def _file(self, path):

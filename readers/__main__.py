@@ -11,7 +11,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m readers", description=__doc__,
                                      allow_abbrev=False)
     parser.add_argument("path", help="dataset root (uses LATEST) or a version directory")
-    parser.add_argument("--version", help="a version id under ROOT/versions/ (default: LATEST)")
+    parser.add_argument("--version",
+                        help="a version id under ROOT/versions/ or a tag (default: LATEST)")
     parser.add_argument("--split", default="train")
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--image_size", type=int, default=224)

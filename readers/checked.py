@@ -21,7 +21,7 @@ import sys
 import numpy as np
 import tensorflow as tf
 
-from dataset_format import layout
+from dataset_format import layout, removal
 from readers import shards
 
 TABLE = 1 << 16  # numbers remembered: far more than records between the map and the check
@@ -159,14 +159,17 @@ class Names:
     """Python side of the check: names records by id (this host's records in plan order)
     and failed pieces, then raises or warns."""
 
-    def __init__(self, pieces, skip_corrupt, sentinel):
+    def __init__(self, pieces, skip_corrupt, sentinel, version_dir=None):
         self.pieces, self.skip_corrupt, self.sentinel = pieces, skip_corrupt, sentinel
+        self.version_dir = version_dir  # said removed, not damaged, once its manifest is gone
         self._firsts = np.cumsum([0] + [p.count for p in pieces])
 
     def report(self, span_ids, rid):
         """The error naming what failed (b"" when nothing, or when skip_corrupt only warns):
         the records of the gap before this element (their ids `span_ids`), and this element
         when it is an in-band failure."""
+        if self.version_dir and removal.removed(self.version_dir):  # not damage: retention
+            return str(removal.error(self.version_dir)).encode()
         names = [self.record(int(r)) for r in span_ids if int(r) != END]
         fatal = False
         for rid in [int(rid)] if rid < 0 and rid != END else []:

@@ -14,7 +14,7 @@ import logging
 import tensorflow as tf
 
 from dataset_format import dataset_info as info_lib
-from dataset_format import slices
+from dataset_format import holds, removal, slices
 from readers import checked
 from readers import hosts as hosts_lib
 from readers import images
@@ -36,7 +36,7 @@ def make_dataset(path, split="train", batch_size=128, image_size=224, training=N
                  deterministic=None, cache=False, label_offset=0, skip_corrupt=False,
                  transform=False, crop_fraction=CROP_FRACTION, version=None,
                  read_buffer_bytes=None, start=None, with_keys=False,
-                 native_batching="ragged"):
+                 native_batching="ragged", hold=False):
     """A `tf.data.Dataset` of `(images [B, H, W, 3], labels [B] int32)` for `model.fit`.
 
     path: dataset root, version dir, or a `readers.info()` result (pins the version).
@@ -46,7 +46,9 @@ def make_dataset(path, split="train", batch_size=128, image_size=224, training=N
     image_size: an int, (height, width), or None: each image whole at its stored size (no
       crop or resize; a random flip in training), batched as `native_batching`: "ragged"
       (tf.RaggedTensor) or "padded" (zeros to the batch's largest image).
-    version: a version id under ROOT/versions/ to read instead of following LATEST.
+    version: a version id under ROOT/versions/, or a tag, to read instead of following LATEST.
+    hold: True (or a lease length in seconds): retention keeps the version while the dataset
+      is alive, and for the lease's length after the job stops (dataset_format/holds.py).
     training: random-resized crop + flip and shuffling; default `split == "train"`.
       Otherwise a center crop of `crop_fraction` and the manifest's order.
     seed: makes the training stream (file order, shuffle, crops, flips) the same on every
@@ -93,11 +95,15 @@ def make_dataset(path, split="train", batch_size=128, image_size=224, training=N
     `.steps_per_epoch` (this host's batches an epoch). Attributes do not survive `.map()`:
     take `readers.info(ROOT).class_names`, and `ds.cardinality()` for the steps.
     """
-    ds_info = path if isinstance(path, info_lib.DatasetInfo) else info_lib.info(path, version)
-    if version and ds_info.version != version:
-        raise ValueError(f"{ds_info.version_dir}: is version {ds_info.version}, not {version}")
+    given = isinstance(path, info_lib.DatasetInfo)
+    ds_info = path if given else info_lib.info(path, version)
+    info_lib.check_ref(ds_info, version)
     if version:  # pinned by the caller, whichever way the DatasetInfo found it
         ds_info = dataclasses.replace(ds_info, followed_latest=False)
+    if hold:  # looks at the manifest again after writing the lease
+        holds.hold(ds_info, hold)
+    elif given:  # read earlier: a version removed since fails here, before any reading
+        removal.check_present(ds_info.version_dir)
     window = _window(ds_info, split)
     split_info = ds_info.split(window.split)
     training = (window.split == "train") if training is None else bool(training)
@@ -142,7 +148,7 @@ def make_dataset(path, split="train", batch_size=128, image_size=224, training=N
     drop_remainder = training if drop_remainder is None else drop_remainder
     ds = _decode(ds, plan, pieces, training, host_seed, size, output,
                  label_offset - ds_info.label_offset, crop_fraction, skip_corrupt, batch_size,
-                 drop_remainder, native_batching, repeat)
+                 drop_remainder, native_batching, repeat, ds_info.version_dir)
     if not skip_corrupt:  # one image per record: the filter after the check hides that
         ds = ds.apply(tf.data.experimental.assert_cardinality(
             _batches(plan, training, repeat, batch_size, drop_remainder)))
@@ -172,7 +178,8 @@ def _window(ds_info, split):
 
 
 def _decode(ds, plan, pieces, training, seed, size, output, label_shift, crop_fraction,
-            skip_corrupt, batch_size, drop_remainder, native_batching, repeat):
+            skip_corrupt, batch_size, drop_remainder, native_batching, repeat,
+            version_dir=None):
     """(record, id) -> (image, label) elements or batches, naming any record that fails."""
     if size is None:
         fn = native.native_fn(training, output, label_shift)
@@ -187,7 +194,7 @@ def _decode(ds, plan, pieces, training, seed, size, output, label_shift, crop_fr
         seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(
             2, drop_remainder=True)
         ds = tf.data.Dataset.zip(ds, seeds)
-    names = checked.Names(pieces, skip_corrupt, shards.sentinel_record())
+    names = checked.Names(pieces, skip_corrupt, shards.sentinel_record(), version_dir)
     total = None if repeat is True else _batches(plan, training, repeat, None, False)
     if not training and size is not None and batch_size and not skip_corrupt:
         # evaluation: checked once a batch (~100 us of CPU a record less). Training keeps

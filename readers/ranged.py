@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from dataset_format import frames, layout
+from dataset_format import frames, layout, removal
 
 MAX_GAP = 1 << 20  # bytes read through rather than starting another range (one request)
 LOCAL_GAP = 64 << 10  # the same on local disk, where a range costs an open, not a round trip
@@ -30,6 +30,9 @@ def size_problem(path, size, expected):
     gives it (`expected`, None: unknown), else None. The one wording of both checks: every
     file when a dataset is made (readers/shards.py), and each chunk's files while reading."""
     if size is None:
+        owner = path.rsplit("/", 1)[0]  # a version removed by retention is said so
+        if removal.removed(owner):
+            return removal.error(owner)
         return FileNotFoundError(
             f"{path}: shard file missing (manifest.json lists it): the version was pruned "
             "or only partly copied; rebuild it or read another version")

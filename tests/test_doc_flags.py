@@ -26,6 +26,8 @@ TOOLS = {  # command-line spelling -> module whose main(["--help"]) lists its op
     "beam_pipeline.tools.inspect_dataset": "beam_pipeline.tools.inspect_dataset",
     "image-tfrecords-inspect": "beam_pipeline.tools.inspect_dataset",
     "beam_pipeline.tools.sample_data": "beam_pipeline.tools.sample_data",
+    "beam_pipeline.tools.tag": "beam_pipeline.tools.tag",
+    "beam_pipeline.tools.materialize": "beam_pipeline.tools.materialize",
     "readers": "readers.__main__",
 }
 BENCHMARK = re.compile(r"\b((?:bench_|baseline_|codec_)\w+\.py)")

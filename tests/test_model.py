@@ -25,7 +25,11 @@ a few nights), inputs added and removed; and builds: default, --full_rebuild, --
     training job has pinned a version) keeps the newest versions and every pinned one
     readable byte for byte, and leaves in a retired version directory exactly the shared
     shards (and indexes) a kept manifest names: no kept version loses a file, no storage
-    is left that nothing names.
+    is left that nothing names;
+  * tags and holds: steps tag LATEST's version (or move a tag there), delete a tag, hold
+    LATEST's version with a reader's lease, and let a lease lapse (its last renewal
+    backdated past its length); after every build each tagged or held version is complete
+    and reads byte for byte as when it was tagged or held, whatever --keep_versions says.
 
 Profiles: `fast` (derandomized, in the fast subset) and `long` (`slow`; MODEL_EXAMPLES
 sequences of MODEL_STEPS steps, from the environment; each build also compared with a real
@@ -60,10 +64,18 @@ SEEDS = st.integers(0, 40)  # few contents: the same bytes turn up under several
 CHANGES_PER_BUILD = 4  # then a build is the only rule left: every sequence builds often
 INDEX = st.integers(0, 10_000)
 PIN_BUILDS = 2  # builds a pinned version must survive (a training run's length)
+TAGS = ["release", "paper"]
+LEASE_SECONDS = 3600.0  # a lease lapses only when the model says so (lease_lapses)
 
 
 def changes(f):
     return precondition(lambda self: self.pending < CHANGES_PER_BUILD)(f)
+
+
+def ref_step(ready):
+    """A tag or hold step: one between builds (so drawn sequences still build often), when
+    `ready`."""
+    return precondition(lambda self: not self.ref_steps and ready(self))
 
 
 class Regeneration(RuleBasedStateMachine):
@@ -71,7 +83,8 @@ class Regeneration(RuleBasedStateMachine):
 
     real_full_build = False
     totals = {"steps": 0, "builds": 0, "published": 0, "up_to_date": 0, "refused": 0,
-              "sequences": 0, "returned": 0, "retired": 0, "shared": 0, "pins": 0}
+              "sequences": 0, "returned": 0, "retired": 0, "shared": 0, "pins": 0,
+              "tags": 0, "holds": 0, "lapsed": 0}
 
     def __init__(self):
         super().__init__()
@@ -87,6 +100,9 @@ class Regeneration(RuleBasedStateMachine):
         self.signature = None      # the listing LATEST was built from
         self.pending = 0           # changes since the last build
         self.pinned = {}           # version -> its examples when a training job pinned it
+        self.tags = {}             # tag -> (version, its examples when tagged)
+        self.leases = {}           # lease path -> (version, its examples when held)
+        self.ref_steps = 0         # tag and hold steps since the last build
         for i, label in enumerate(CLASSES):  # never empty: an input needs an image
             self.tree.write(f"in0/{label}/seed{i}.jpg", tiny_image(i, "jpg"))
         self.tree.write("in1/cat/seed9.png", tiny_image(9, "png"))
@@ -247,6 +263,66 @@ class Regeneration(RuleBasedStateMachine):
             self.pinned[version] = [stored_examples(vdir, json.load(f)), PIN_BUILDS]
         Regeneration.totals["pins"] += 1
 
+    # --- tags and holds --------------------------------------------------------------------
+
+    def latest_examples(self):
+        with open(os.path.join(self.root, layout.LATEST)) as f:
+            version = json.load(f)["version"]
+        vdir = layout.version_dir(self.root, version)
+        with open(os.path.join(vdir, layout.MANIFEST)) as f:
+            return version, stored_examples(vdir, json.load(f))
+
+    @rule(name=st.sampled_from(TAGS))
+    @ref_step(lambda self: self.previous is not None)
+    def tag_latest(self, name):
+        """A release: tag LATEST's version (a tag already there is moved)."""
+        from beam_pipeline.store import tags
+
+        self.step(change=False)
+        self.ref_steps += 1
+        version, examples = self.latest_examples()
+        tags.create(self.root, name, version, move=name in self.tags)
+        self.tags[name] = (version, examples)
+        Regeneration.totals["tags"] += 1
+
+    @rule(name=st.sampled_from(TAGS))
+    @ref_step(lambda self: self.tags)
+    def delete_tag(self, name):
+        from beam_pipeline.store import tags
+
+        self.step(change=False)
+        self.ref_steps += 1
+        if name in self.tags:
+            tags.delete(self.root, name)
+            del self.tags[name]
+
+    @rule()
+    @ref_step(lambda self: self.previous is not None)
+    def hold_latest(self):
+        """A training job on another host holds LATEST's version: its lease, as its reader
+        writes it (the renewals are the reader's; here the lease is renewed by hand)."""
+        from dataset_format import holds, storage
+
+        self.step(change=False)
+        self.ref_steps += 1
+        version, examples = self.latest_examples()
+        path = layout.join(layout.holds_dir(self.root, version), f"model-{len(self.leases)}")
+        storage.write_bytes(path, holds.body(version, "model", LEASE_SECONDS))
+        self.leases[path] = (version, examples)
+        Regeneration.totals["holds"] += 1
+
+    @rule(i=INDEX)
+    @ref_step(lambda self: self.leases)
+    def lease_lapses(self, i):
+        """The job is killed: its lease's last renewal is now longer ago than its length."""
+        self.step(change=False)
+        self.ref_steps += 1
+        path = sorted(self.leases)[i % len(self.leases)]
+        stamp = os.stat(path).st_mtime - LEASE_SECONDS - 1
+        os.utime(path, (stamp, stamp))
+        del self.leases[path]
+        Regeneration.totals["lapsed"] += 1
+
     # --- builds ----------------------------------------------------------------------------
 
     def key(self, rel):
@@ -261,6 +337,7 @@ class Regeneration(RuleBasedStateMachine):
           pin=st.booleans())
     def build(self, mode, keep=1, pin=False):  # the first of each: what shrinking tends to
         self.step(change=False)
+        self.ref_steps = 0
         if pin and self.previous is not None:
             self.pin_latest()
         Regeneration.totals["builds"] += 1
@@ -405,8 +482,14 @@ class Regeneration(RuleBasedStateMachine):
         complete = sorted((v for v, done in found.items() if done), reverse=True)
         for v in complete:
             assert verify.check(layout.version_dir(self.root, v))["problems"] == [], v
+        kept = {v for v, _ in self.tags.values()} | {v for v, _ in self.leases.values()}
         if keep and not self.pinned:  # the newest, and one superseded this very second
-            assert len(complete) <= keep + 1, complete
+            assert len([v for v in complete if v not in kept]) <= keep + 1, complete
+        for what, (v, examples) in [*self.tags.items(), *self.leases.items()]:
+            assert v in complete, f"version {v} ({what}) deleted"
+            vdir = layout.version_dir(self.root, v)
+            with open(os.path.join(vdir, layout.MANIFEST)) as f:
+                assert stored_examples(vdir, json.load(f)) == examples, f"{what}: {v} changed"
         for v, (examples, _) in self.pinned.items():
             assert v in complete, f"pinned version {v} deleted"
             vdir = layout.version_dir(self.root, v)
@@ -496,3 +579,40 @@ def test_regeneration_model_shares_shards_and_retires_versions(monkeypatch):
     ran = {k: v - before[k] for k, v in Regeneration.totals.items()}
     assert ran["published"] == 5 and ran["pins"] == 1
     assert ran["shared"] >= 3 and ran["retired"] >= 1, ran
+
+
+def test_regeneration_model_keeps_tagged_and_held_versions(monkeypatch):
+    """A scripted history of the tag and hold steps, so the fast subset always covers them:
+    a tagged and a held version survive --keep_versions 1 builds byte for byte, then
+    retire once the tag is deleted and the lease lapsed."""
+    monkeypatch.setenv("COLUMNS", "100")
+    before = dict(Regeneration.totals)
+    machine = Regeneration()
+    try:
+        machine.first_build()
+        machine.tag_latest("release")
+        tagged = machine.tags["release"][0]
+        machine.add_image("in0", "cat", 11, "jpg")
+        machine.build("default", keep=1)
+        machine.hold_latest()
+        held = next(iter(machine.leases.values()))[0]
+        for seed in (12, 13):
+            machine.add_image("in0", "dog", seed, "png")
+            machine.build("default", keep=1)        # both kept: checked after each build
+        assert {tagged, held} <= set(_complete(machine.root))
+        machine.lease_lapses(0)
+        machine.ref_steps = 0  # two steps between these builds: the script may
+        machine.delete_tag("release")
+        machine.add_image("in0", "owl", 14, "jpg")
+        machine.build("default", keep=1)            # now both retire
+        assert not {tagged, held} & set(_complete(machine.root))
+    finally:
+        machine.teardown()
+    ran = {k: v - before[k] for k, v in Regeneration.totals.items()}
+    assert ran["published"] == 5 and (ran["tags"], ran["holds"], ran["lapsed"]) == (1, 1, 1)
+
+
+def _complete(root):
+    from beam_pipeline.store import versions
+
+    return [v for v, done in versions.list_versions(root).items() if done]

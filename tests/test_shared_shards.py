@@ -159,7 +159,7 @@ def test_tfds_reads_a_sharing_version_once_materialized(nights):
     assert shared and m2["tfds"]["shared_shards"] == shared
     before = _files(v1["version_dir"])
     assert materialize.main([root]) == 0
-    assert materialize.materialize(root) == (vdir, 0, shared)  # a second run places nothing
+    assert materialize.materialize(root) == (vdir, 0, 0)  # its manifest names its own files now
     assert _files(v1["version_dir"]) == before
     builder = tfds.builder_from_directory(vdir)
     assert builder.info.version == "3.0.0"
@@ -174,6 +174,8 @@ def test_tfds_reads_a_sharing_version_once_materialized(nights):
         for i, sh in enumerate(s["shards"]):
             own = os.path.join(vdir, layout.shard_name("pets", split, i, len(s["shards"])))
             assert os.path.samefile(own, layout.shard_file(vdir, sh["path"]))
+    with open(os.path.join(vdir, layout.MANIFEST)) as f:
+        assert not _shared_of(json.load(f))
     _verified(root)
 
 

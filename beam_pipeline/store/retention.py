@@ -1,7 +1,8 @@
 """Retention: what killed runs left behind (`clean_leftovers`, before a build claims its
 version) and what no reader or live build can need any more (`prune`, after publishing).
 
-A deleted version keeps the shards that kept versions name (store/shared.py).
+A deleted version keeps the shards that kept versions name (store/shared.py); tagged and
+held versions are kept whatever --keep_versions says (store/protected.py).
 """
 
 import datetime
@@ -11,7 +12,7 @@ import os
 from apache_beam.io.filesystems import FileSystems
 
 from beam_pipeline import defaults
-from beam_pipeline.store import files, lock_base, shared, versions
+from beam_pipeline.store import files, lock_base, protected, shared, versions
 from dataset_format import layout
 
 KEEP_SUPERSEDED_HOURS = defaults.KEEP_SUPERSEDED_HOURS
@@ -82,28 +83,45 @@ def prune(root, published, keep, keep_superseded_hours=KEEP_SUPERSEDED_HOURS, dr
     * With `keep` > 0, complete versions beyond the newest `keep` (never `published`), but
       only once superseded (a newer complete version written) more than
       `keep_superseded_hours` ago: a training job may have pinned one just before.
+    * Never a tagged version, nor one a live lease holds (store/protected.py); lapsed
+      leases are deleted.
 
-    Deleting a version keeps the shards (and indexes) the versions that stay name
-    (store/shared.py): its manifest goes first, then every file none of them names; the
-    named ones go when the last version naming them does. Any listing error, or a kept
-    manifest that cannot be read, means delete nothing (logged). A delete that is refused (a bucket
-    retention policy, a missing permission) is logged and the next version tried: the
-    version that called this is published already, and the next build tries again.
-    Returns the deleted version ids (with `dry_run`, the ones it would delete, deleting
-    nothing: what a refused delete left behind, judged at `now`, by default the time).
+    Crash-safe with shared files, in two phases: first the manifests of every version
+    dropped (each read first), so from then on no reader or `verify` takes them for
+    versions; then the tags and leases are read again, and a dropped version that a lease
+    (or tag) written meanwhile protects gets its manifest back whole (a reader writes its
+    lease, then looks for the manifest: it saw it only if its lease came before the
+    deletion, so this second look sees that lease); only then the files of the dropped
+    versions, but every file a version that stays names (store/shared.py). Killed at any
+    point, every version that still has a manifest has all its files; what is left over the
+    next prune deletes. Any listing error, or a kept manifest, a tag or a lease that cannot
+    be read, means delete nothing (logged). A delete that is refused (a bucket retention
+    policy, a missing permission) is logged and that version kept: the version that called
+    this is published already, and the next build tries again. Returns the deleted version
+    ids (with `dry_run`, the ones it would delete, deleting nothing: what a refused delete
+    left behind, judged at `now`, by default the time).
     """
     try:
         found = versions.list_versions(root)
     except Exception as e:
         logging.warning("cleanup of %s skipped, nothing deleted: cannot list its versions "
-                        "(%s)", root, " ".join(str(e).split())[:300])
+                        "(%s)", root, _line(e))
         return []
     complete = sorted((v for v, done in found.items() if done), reverse=True)
+    kept_by_user = protected.NONE
+    if keep and len(complete) > keep:  # only then can a version be dropped: look (a listing
+        try:  # of tags and one of leases, one read each)
+            kept_by_user = protected.read(root)
+        except Exception as e:
+            logging.warning("cleanup of %s skipped, nothing deleted: cannot read its tags or "
+                            "holds (%s)", root, _line(e))
+            return []
     now = now or datetime.datetime.now(datetime.timezone.utc)
     drops = {}
     for v, done in sorted(found.items()):
         if done:
             drop = (keep and v != published and v not in complete[:keep]
+                    and v not in kept_by_user.versions
                     and _superseded_for(root, v, complete, now) > keep_superseded_hours * 3600)
         else:
             drop = v < published and ("://" not in root or _seconds_between(v, published)
@@ -114,17 +132,90 @@ def prune(root, published, keep, keep_superseded_hours=KEEP_SUPERSEDED_HOURS, dr
         held = shared.referenced(root, [v for v in complete if v not in drops]) if drops else {}
     except Exception as e:
         logging.warning("cleanup of %s skipped, nothing deleted: cannot read the manifest of "
-                        "a kept version (%s)", root, " ".join(str(e).split())[:300])
+                        "a kept version (%s)", root, _line(e))
         return []
+    if dry_run:
+        return [v for v, done in drops.items() if done or not held.get(v)]
+    if not drops:
+        protected.delete_expired(kept_by_user)
+        return []
+    saved, stays = _retire_manifests(root, drops)
+    try:
+        stays += _restore_protected(root, saved)
+    except Exception as e:  # a manifest not written back: delete no file of any version
+        logging.error("cleanup of %s stopped: a version held or tagged meanwhile could not "
+                      "get its manifest back (%s)", root, _line(e))
+        return []
+    for v in stays:
+        del drops[v]
+    if stays:  # versions that stay after all: what they name stays too
+        try:
+            for owner, names in shared.referenced(root, stays).items():
+                held.setdefault(owner, set()).update(names)
+        except Exception as e:  # their manifests are there: the files stay, a later prune
+            logging.warning("cleanup of %s stopped after retiring manifests: %s", root,
+                            _line(e))  # deletes what none names
+            return []
     deleted = []
     for v, done in drops.items():
         keep_files = held.get(v, frozenset())
-        if not dry_run and _refused(lambda v=v, k=keep_files: delete_version(root, v, k),
-                                    f"version {v} of {root}"):
+        if _refused(lambda v=v, k=keep_files: delete_version(root, v, k),
+                    f"version {v} of {root}"):
             continue
         if done or not keep_files:  # a retired directory holding shared files is not news
             deleted.append(v)
+    protected.delete_expired(kept_by_user)
     return deleted
+
+
+def _retire_manifests(root, drops):
+    """Phase one: delete the manifest of every complete version in `drops`, each read
+    first. -> ({version: its manifest's bytes}, [versions whose manifest stays: unreadable
+    or its delete refused])."""
+    saved, stays = {}, []
+    for v, done in sorted(drops.items()):
+        if not done:
+            continue
+        manifest = layout.join(layout.version_dir(root, v), layout.MANIFEST)
+        try:
+            data = files.read_bytes(manifest)
+        except Exception as e:
+            logging.warning("version %s of %s kept: cannot read its manifest (%s)", v, root,
+                            _line(e))
+            stays.append(v)
+            continue
+        if _refused(lambda m=manifest: files.delete(m), manifest):
+            stays.append(v)
+            continue
+        saved[v] = data
+    return saved, stays
+
+
+def _restore_protected(root, saved):
+    """The second look: a dropped version a tag or a live lease now protects (written while
+    phase one ran) gets its manifest back, byte for byte. Protections that cannot be read:
+    every manifest back (nothing is known to be unprotected). -> the versions restored."""
+    if not saved:
+        return []
+    try:
+        now_protected = protected.read(root).versions
+    except Exception as e:
+        logging.warning("cleanup of %s: cannot read its tags or holds again (%s); the "
+                        "versions it retired are restored", root, _line(e))
+        now_protected = set(saved)
+    restored = sorted(v for v in saved if v in now_protected)
+    for v in restored:
+        manifest = layout.join(layout.version_dir(root, v), layout.MANIFEST)
+        if "://" in root:
+            files.write_bytes(manifest, saved[v])
+        else:
+            files.replace_local(manifest, saved[v])
+        logging.info("version %s of %s kept: held or tagged while the cleanup ran", v, root)
+    return restored
+
+
+def _line(e):
+    return " ".join(str(e).split())[:300]
 
 
 def _id_time(version):

@@ -109,11 +109,28 @@ def main(argv=None):
               file=sys.stderr)
         return 2
     print(result["summary"])
+    tags = _tags(result["version_dir"])
+    if tags:
+        print(f"tags: {tags}")
     print(f"wrote {result['contact_sheet']}")
     print(f"wrote {result['class_counts']}")
     if "near_duplicates" in result:
         print(f"wrote {result['near_duplicates']}")
     return 0
+
+
+def _tags(vdir):
+    """The tags of the root naming the version inspected, and the root's other tags."""
+    from dataset_format import refs
+
+    root = layout.root_of(vdir)
+    try:
+        found = refs.list_tags(root) if root else {}
+    except Exception:  # a listing that fails costs the line
+        return ""
+    version = vdir.rstrip("/").rsplit("/", 1)[-1]
+    return ", ".join(f"{n}{' (this version)' if t.version == version else ' -> ' + t.version}"
+                     for n, t in sorted(found.items()))
 
 
 if __name__ == "__main__":

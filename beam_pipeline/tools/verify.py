@@ -23,6 +23,7 @@ import argparse
 import json
 import sys
 
+from beam_pipeline.tools import verify_copy
 from beam_pipeline.tools.verify_catalog import CatalogCheck
 from beam_pipeline.tools.verify_shards import check_shard
 from dataset_format import dataset_info, layout
@@ -196,6 +197,18 @@ def _warnings(manifest):
     return warnings
 
 
+def _tags_line(vdir, version):
+    """'; tagged a, b' for the tags of the root naming this version ('' for none)."""
+    from dataset_format import refs
+
+    root = layout.root_of(vdir)
+    try:
+        names = refs.tags_of(root, version) if root else []
+    except Exception:  # a listing that fails costs the line, not the check
+        names = []
+    return f"; tagged {', '.join(names)}" if names else ""
+
+
 def verify(path):
     """Verify a dataset root or version dir against its manifest; returns a list of problems.
 
@@ -232,17 +245,15 @@ def main(argv=None):
         print(f"warning: {warning}", file=sys.stderr)
     if args.near_duplicate_rejects > 0:
         _print_near_duplicate_rejects(where, args.near_duplicate_rejects)
+    tags = _tags_line(where, result["version"])
     if not result["problems"]:
         print(f"OK {where}: {result['shards']} shards, {result['records']} records; sizes, "
-              f"checksums, CRCs, counts and indexes match manifest.json")
+              f"checksums, CRCs, counts and indexes match manifest.json{tags}")
         return 0
     print(f"FAILED {where}: {len(result['problems'])} problem(s)", file=sys.stderr)
     for p in result["problems"]:
         print(f"  - {p}", file=sys.stderr)
-    print("To repair it, build again with --force (python -m beam_pipeline --input … --output "
-          "ROOT --force): a damaged record is converted again from its input (or rejected "
-          "when the input is gone), the catalog, index and metadata files are written anew. "
-          "Or restore the listed files.", file=sys.stderr)
+    print(verify_copy.advice(where, dataset_info.load_manifest(where)[1]), file=sys.stderr)
     return 1
 
 
