@@ -1,0 +1,444 @@
+"""Declared fields beyond the class label (docs/format.md, "Fields"): the schema, its file,
+the strict check of a manifest row's values, and what each value becomes in the Example
+and in the catalog. Pure Python, no TensorFlow: the launcher checks rows with it, the
+writer encodes them, the readers and loaders take the Example keys from it.
+
+A schema file (YAML or JSON) names each field and its type:
+
+    fields:
+      caption: {type: string}
+      score:   {type: float, required: true}
+      tags:    {type: classes, max_len: 8}              # multi-label; open vocabulary
+      objects: {type: boxes, max_len: 50, classes: [cat, dog]}   # closed vocabulary
+
+Values are checked as they come (a JSONL manifest's JSON types are kept: 3 is an int,
+"3" a string, and neither passes for the other); a CSV cell is text, read as the declared
+type (a list or boxes cell as a JSON array). Every failure is one FieldError line naming
+the column and the value.
+"""
+
+import dataclasses
+import difflib
+import json
+import math
+import re
+from typing import Optional
+
+SCALARS = ("int", "float", "string")
+LISTS = ("list[int]", "list[float]", "list[string]")
+CLASSES, BOXES = "classes", "boxes"
+TYPES = SCALARS + LISTS + (CLASSES, BOXES)
+RESERVED = frozenset({"uri", "label", "split", "image", "fields"})  # manifest / Example names
+# Catalog columns a field may not shadow (dataset_format/catalog_schema.py keeps them).
+NAME = re.compile(r"[a-z][a-z0-9_]*")
+BOX_SIDES = ("xmin", "ymin", "xmax", "ymax")
+BOX_KEYS = BOX_SIDES + ("label",)
+
+# The Object Detection API's keys (its create_*_tf_record tools): detection trainers read them
+# as they are. Box class ids start at 1 there (0 is the background in its label maps).
+BBOX = {side: f"image/object/bbox/{side}" for side in BOX_SIDES}
+BOX_LABEL, BOX_TEXT = "image/object/class/label", "image/object/class/text"
+BOX_ID_OFFSET = 1
+
+
+class FieldError(ValueError):
+    """A value that breaks its field's declaration: one line naming the column and value."""
+
+    def __init__(self, column, value, problem):
+        super().__init__(f"column {column!r}: {problem}: {_shown(value)}")
+        self.column, self.value, self.problem = column, value, problem
+
+
+def _shown(value, limit=120):
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    """One declared field. `classes`: the vocabulary of a classes/boxes field, in id order:
+    declared (closed: other names are rejected) or, for an open one, the ids the launcher
+    gave (earlier ids kept, new names appended: launcher/rules.label_ids)."""
+
+    name: str
+    type: str
+    max_len: int = 0                 # lists, classes, boxes: most values (0: no limit)
+    required: bool = False           # a row without it is rejected
+    classes: Optional[tuple] = None  # classes/boxes: the vocabulary in id order
+    closed: bool = False             # classes came from the schema file: nothing else passes
+
+    @property
+    def has_classes(self):
+        return self.type in (CLASSES, BOXES)
+
+    def keys(self):
+        """The Example keys this field's values go under, with their dtype."""
+        if self.type == BOXES:
+            return {**{key: "float" for key in BBOX.values()},
+                    BOX_LABEL: "int64", BOX_TEXT: "string"}
+        if self.type == CLASSES:
+            return {f"{self.name}/label": "int64", f"{self.name}/text": "string"}
+        return {self.name: _element(self.type)}
+
+    def to_json(self):
+        out = {"type": self.type}
+        if self.max_len:
+            out["max_len"] = self.max_len
+        if self.required:
+            out["required"] = True
+        if self.classes is not None:
+            out["classes"] = list(self.classes)
+            out["closed"] = self.closed
+        return out
+
+
+def _element(kind):
+    return {"int": "int64", "float": "float", "string": "string"}[kind.removeprefix(
+        "list[").removesuffix("]")]
+
+
+@dataclasses.dataclass(frozen=True)
+class Schema:
+    """The declared fields, in the file's order."""
+
+    fields: tuple = ()
+
+    def __bool__(self):
+        return bool(self.fields)
+
+    @property
+    def names(self):
+        return tuple(f.name for f in self.fields)
+
+    def field(self, name):
+        for f in self.fields:
+            if f.name == name:
+                return f
+        raise KeyError(f"no field {name!r} (fields: {', '.join(self.names) or 'none'})")
+
+    def keys(self):
+        """{Example key: dtype} over every field."""
+        out = {}
+        for f in self.fields:
+            out.update(f.keys())
+        return out
+
+    def to_json(self):
+        """The manifest's "fields" entry (and a schema file's content)."""
+        return {"fields": {f.name: f.to_json() for f in self.fields}}
+
+    def with_classes(self, vocabularies):
+        """{field name: class names in id order} -> the schema with those vocabularies."""
+        return Schema(tuple(dataclasses.replace(f, classes=tuple(vocabularies[f.name]))
+                            if f.name in vocabularies else f for f in self.fields))
+
+
+def from_json(obj, where="schema"):
+    """A schema file's parsed content (or a manifest's "fields" entry) -> Schema, checked."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("fields"), dict) or set(obj) - {"fields"}:
+        raise ValueError(f"{where}: expected a mapping with one key, fields: {{name: {{type: "
+                         f"...}}}}")
+    fields, box_fields = [], []
+    for name, spec in obj["fields"].items():
+        fields.append(_field(name, spec, f"{where}: field {name!r}"))
+        if fields[-1].type == BOXES:
+            box_fields.append(name)
+    if len(box_fields) > 1:
+        raise ValueError(f"{where}: fields {box_fields} are both boxes; one boxes field per "
+                         "dataset (its values go under the Object Detection API's fixed keys)")
+    return Schema(tuple(fields))
+
+
+def _field(name, spec, where):
+    if not isinstance(name, str) or not NAME.fullmatch(name) or name in RESERVED:
+        raise ValueError(f"{where}: a field name must match [a-z][a-z0-9_]* and not be one of "
+                         f"{sorted(RESERVED)}")
+    if isinstance(spec, str):
+        spec = {"type": spec}
+    if not isinstance(spec, dict):
+        raise ValueError(f"{where}: expected {{type: ...}}, not {_shown(spec)}")
+    unknown = set(spec) - {"type", "max_len", "required", "classes", "closed"}
+    if unknown:
+        raise ValueError(f"{where}: unknown key {sorted(unknown)[0]!r} (keys: type, max_len, "
+                         "required, classes)")
+    kind = spec.get("type")
+    if kind not in TYPES:
+        hint = difflib.get_close_matches(str(kind), TYPES, n=1)
+        raise ValueError(f"{where}: type {kind!r} is not one of {', '.join(TYPES)}"
+                         + (f" (did you mean {hint[0]!r}?)" if hint else ""))
+    max_len = spec.get("max_len", 0)
+    if type(max_len) is not int or max_len < 0 or (max_len and kind in SCALARS):
+        raise ValueError(f"{where}: max_len must be a whole number >= 0, for lists, classes "
+                         f"and boxes only; found {_shown(max_len)}")
+    required = spec.get("required", False)
+    if type(required) is not bool:
+        raise ValueError(f"{where}: required must be true or false, not {_shown(required)}")
+    classes = spec.get("classes")
+    if classes is not None:
+        if kind not in (CLASSES, BOXES):
+            raise ValueError(f"{where}: classes is for classes and boxes fields only")
+        if (not isinstance(classes, list) or not all(isinstance(c, str) and c for c in classes)
+                or len(set(classes)) != len(classes)):
+            raise ValueError(f"{where}: classes must be a list of distinct non-empty names")
+        classes = tuple(classes)
+    closed = spec.get("closed", classes is not None)
+    if type(closed) is not bool:
+        raise ValueError(f"{where}: closed must be true or false, not {_shown(closed)}")
+    return Field(name, kind, max_len, required, classes, closed and classes is not None)
+
+
+def load(path):
+    """A YAML or JSON schema file -> Schema (ValueError naming the file and the problem)."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            obj = yaml.safe_load(f)
+    except OSError as e:
+        raise ValueError(f"--schema {path}: cannot read it ({e.strerror})") from e
+    except yaml.YAMLError as e:
+        raise ValueError(f"--schema {path}: not valid YAML or JSON "
+                         f"({' '.join(str(e).split())})") from e
+    return from_json(obj, path)
+
+
+def dump(schema):
+    """A Schema as the YAML a user keeps (load reads it back to an equal Schema)."""
+    lines = ["fields:"]
+    for f in schema.fields:
+        lines.append(f"  {f.name}: {json.dumps(f.to_json(), ensure_ascii=False)}")
+    return "\n".join(lines) + "\n"
+
+
+# --- checking a row -------------------------------------------------------------------------
+
+def check_row(schema, row, text=False):
+    """A manifest row's field columns -> {name: checked value} (absent fields left out).
+
+    `row`: the row's dict (uri, label and split are not fields); `text`: the row is CSV, so
+    every cell is a string, read as its field's type (empty: absent). Raises FieldError for
+    the first bad value, or a column the schema does not declare."""
+    values = {}
+    for column in row:
+        if column not in ("uri", "label", "split") and column not in _names(schema):
+            hint = difflib.get_close_matches(str(column), schema.names, n=1)
+            raise FieldError(column, row[column], "not a field of the schema"
+                             + (f" (did you mean {hint[0]!r}?)" if hint else ""))
+    for f in schema.fields:
+        value = row.get(f.name)
+        if text and value is not None:
+            value = _from_text(f, value)
+        if value is None:
+            if f.required:
+                raise FieldError(f.name, None, "required, and missing")
+            continue
+        values[f.name] = check_value(f, value)
+    return values
+
+
+def _names(schema):
+    return schema.names
+
+
+def _from_text(f, cell):
+    """A CSV cell -> the value it spells for field f (None: empty)."""
+    if cell.strip() == "":
+        return None
+    if f.type == "string":
+        return cell
+    if f.type in ("int", "float"):
+        try:
+            return int(cell) if f.type == "int" else float(cell)
+        except ValueError:
+            raise FieldError(f.name, cell, f"not {'an int' if f.type == 'int' else 'a float'}"
+                             ) from None
+    try:
+        return json.loads(cell)
+    except json.JSONDecodeError:
+        raise FieldError(f.name, cell, "not a JSON array (a CSV cell of a list or boxes "
+                         "field holds JSON)") from None
+
+
+def check_value(f, value):
+    """One field's value -> its checked form (FieldError when it breaks the declaration)."""
+    if f.type in SCALARS:
+        return _scalar(f, f.type, value, value)
+    if not isinstance(value, list):
+        raise FieldError(f.name, value, f"expected a list ({f.type})")
+    if f.max_len and len(value) > f.max_len:
+        raise FieldError(f.name, value, f"{len(value)} values, more than max_len {f.max_len}")
+    if f.type in LISTS:
+        kind = f.type[len("list["):-1]
+        return [_scalar(f, kind, v, value) for v in value]
+    if f.type == CLASSES:
+        names = [_class(f, name, value) for name in value]
+        if len(set(names)) != len(names):
+            raise FieldError(f.name, value, "a class is listed twice")
+        return names
+    return [_box(f, box, value) for box in value]
+
+
+def _scalar(f, kind, v, whole):
+    if kind == "int":
+        if type(v) is not int:  # bool is an int subclass: refused too
+            raise FieldError(f.name, whole, f"expected int, found {_kind(v)}")
+        if not -2**63 <= v < 2**63:
+            raise FieldError(f.name, whole, "int outside the int64 range")
+        return v
+    if kind == "float":
+        if type(v) not in (int, float):
+            raise FieldError(f.name, whole, f"expected float, found {_kind(v)}")
+        if not math.isfinite(v):
+            raise FieldError(f.name, whole, "not a finite number")
+        return float(v)
+    if type(v) is not str:
+        raise FieldError(f.name, whole, f"expected string, found {_kind(v)}")
+    return v
+
+
+def _kind(v):
+    return {bool: "bool", int: "int", float: "float", str: "string", list: "list",
+            dict: "object", type(None): "null"}.get(type(v), type(v).__name__)
+
+
+def _class(f, name, whole):
+    if type(name) is not str or not name:
+        raise FieldError(f.name, whole, f"a class name must be a non-empty string, not "
+                         f"{_shown(name)}")
+    if f.closed and name not in f.classes:
+        raise FieldError(f.name, whole, f"class {name!r} is not in the schema's classes")
+    return name
+
+
+def _box(f, box, whole):
+    if not isinstance(box, dict) or set(box) != set(BOX_KEYS):
+        raise FieldError(f.name, whole, f"a box is {{xmin, ymin, xmax, ymax, label}}, not "
+                         f"{_shown(box, 60)}")
+    sides = {}
+    for side in BOX_SIDES:
+        v = box[side]
+        if type(v) not in (int, float) or not math.isfinite(v):
+            raise FieldError(f.name, whole, f"box {side} must be a number, not {_shown(v)}")
+        if not 0.0 <= v <= 1.0:
+            raise FieldError(f.name, whole, f"box {side} {v} is outside [0, 1] (coordinates "
+                             "are fractions of the image's width and height)")
+        sides[side] = float(v)
+    for low, high in (("xmin", "xmax"), ("ymin", "ymax")):
+        if sides[low] > sides[high]:
+            raise FieldError(f.name, whole, f"box is inverted: {low} {sides[low]} > {high} "
+                             f"{sides[high]}")
+    return {**sides, "label": _class(f, box["label"], whole)}
+
+
+def features(schema, values):
+    """Checked values ({name: value}, check_row's) -> their Example features ({key:
+    examples.ListFeature}). An absent field has no feature; box class ids start at
+    BOX_ID_OFFSET, a classes field's at 0 (as the class label's)."""
+    from dataset_format.examples import ListFeature
+
+    out = {}
+    for f in schema.fields:
+        value = values.get(f.name)
+        if value is None:
+            continue
+        if f.type == BOXES:
+            ids = _ids(f)
+            for side, key in BBOX.items():
+                out[key] = ListFeature("float", tuple(box[side] for box in value))
+            out[BOX_LABEL] = ListFeature("int64", tuple(ids[box["label"]] + BOX_ID_OFFSET
+                                                        for box in value))
+            out[BOX_TEXT] = ListFeature("bytes", tuple(box["label"].encode() for box in value))
+        elif f.type == CLASSES:
+            ids = _ids(f)
+            out[f"{f.name}/label"] = ListFeature("int64", tuple(ids[name] for name in value))
+            out[f"{f.name}/text"] = ListFeature("bytes", tuple(name.encode() for name in value))
+        else:
+            items = value if f.type in LISTS else [value]
+            kind = _element(f.type)
+            out[f.name] = ListFeature(
+                "bytes" if kind == "string" else kind,
+                tuple(v.encode() for v in items) if kind == "string" else tuple(items))
+    return out
+
+
+_ID_CACHE = {}
+
+
+def _ids(f):
+    """{class name: id} of a classes/boxes field (kept per vocabulary: the writer asks once
+    per value)."""
+    ids = _ID_CACHE.get(f.classes)
+    if ids is None:
+        if f.classes is None:
+            raise ValueError(f"field {f.name!r} has no vocabulary yet (the launcher gives it one)")
+        ids = _ID_CACHE[f.classes] = {name: i for i, name in enumerate(f.classes)}
+    return ids
+
+
+def class_names(f, value):
+    """The class names a checked value of a classes/boxes field uses."""
+    return value if f.type == CLASSES else [box["label"] for box in value]
+
+
+# --- inference ------------------------------------------------------------------------------
+
+def infer(rows, text=False):
+    """Manifest rows (dicts) -> the Schema their extra columns fit: ints, floats (ints and
+    floats mixed), strings, lists of those, lists of strings as classes (multi-label tags,
+    open vocabulary), lists of {xmin, ymin, xmax, ymax, label} as boxes. `text`: CSV cells
+    (numbers read from text). Raises ValueError naming a column no type fits."""
+    seen, order = {}, []
+    for row in rows:
+        for column, value in row.items():
+            if (column in ("uri", "label", "split") or value is None or value == []
+                    or (text and value == "")):
+                continue
+            if column not in seen:
+                order.append(column)
+                seen[column] = []
+            seen[column].append(_guess(column, _cell(value) if text else value))
+    fields = {}
+    for column in order:
+        kinds = {k for k, _ in seen[column]}
+        if kinds == {"int", "float"}:
+            kinds = {"float"}
+        elif kinds == {"list[int]", "list[float]"}:
+            kinds = {"list[float]"}
+        if len(kinds) != 1:
+            raise ValueError(f"column {column!r}: values of several types ({', '.join(sorted(kinds))}); "
+                             "write a schema for it")
+        kind = kinds.pop()
+        spec = {"type": kind}
+        if kind not in SCALARS:
+            spec["max_len"] = max(n for _, n in seen[column])
+        fields[column] = spec
+    return from_json({"fields": fields}, "inferred schema")
+
+
+def _cell(cell):
+    for parse in (int, float, json.loads):
+        try:
+            value = parse(cell)
+        except ValueError:
+            continue
+        if parse is not json.loads or isinstance(value, list):
+            return value
+    return cell
+
+
+def _guess(column, value):
+    """(type, length) of one value."""
+    if type(value) in (int, float, str):
+        return {int: "int", float: "float", str: "string"}[type(value)], 0
+    if isinstance(value, list):
+        kinds = {type(v) for v in value}
+        if value and all(isinstance(v, dict) and set(v) == set(BOX_KEYS) for v in value):
+            return BOXES, len(value)
+        if kinds <= {str}:
+            return CLASSES, len(value)
+        if kinds <= {int}:
+            return "list[int]", len(value)
+        if kinds <= {int, float}:
+            return "list[float]", len(value)
+    raise ValueError(f"column {column!r}: no field type fits {_shown(value)}; write a schema "
+                     "for it")
