@@ -24,12 +24,15 @@ import math
 import re
 from typing import Optional
 
+from dataset_format.catalog_schema import COLUMNS
+
 SCALARS = ("int", "float", "string")
 LISTS = ("list[int]", "list[float]", "list[string]")
 CLASSES, BOXES = "classes", "boxes"
 TYPES = SCALARS + LISTS + (CLASSES, BOXES)
-RESERVED = frozenset({"uri", "label", "split", "image", "fields"})  # manifest / Example names
-# Catalog columns a field may not shadow (dataset_format/catalog_schema.py keeps them).
+# Names a field may not take: the manifest's own columns, the Example's image/ tree, and
+# the catalog's columns (a field is a catalog column of its own name).
+RESERVED = frozenset({"uri", "label", "split", "image", "fields"}) | frozenset(COLUMNS)
 NAME = re.compile(r"[a-z][a-z0-9_]*")
 BOX_SIDES = ("xmin", "ymin", "xmax", "ymax")
 BOX_KEYS = BOX_SIDES + ("label",)
@@ -151,8 +154,8 @@ def from_json(obj, where="schema"):
 
 def _field(name, spec, where):
     if not isinstance(name, str) or not NAME.fullmatch(name) or name in RESERVED:
-        raise ValueError(f"{where}: a field name must match [a-z][a-z0-9_]* and not be one of "
-                         f"{sorted(RESERVED)}")
+        raise ValueError(f"{where}: a field name must match [a-z][a-z0-9_]* and not be a "
+                         "manifest or catalog column (uri, label, split, key, sha256, ...)")
     if isinstance(spec, str):
         spec = {"type": spec}
     if not isinstance(spec, dict):
@@ -191,11 +194,14 @@ def load(path):
     """A YAML or JSON schema file -> Schema (ValueError naming the file and the problem)."""
     import yaml
 
+    from dataset_format import storage
+
     try:
-        with open(path, encoding="utf-8") as f:
-            obj = yaml.safe_load(f)
+        obj = yaml.safe_load(storage.read_bytes(str(path)).decode("utf-8"))
     except OSError as e:
-        raise ValueError(f"--schema {path}: cannot read it ({e.strerror})") from e
+        raise ValueError(f"--schema {path}: cannot read it ({e.strerror or e})") from e
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--schema {path}: not UTF-8 text ({e.reason})") from e
     except yaml.YAMLError as e:
         raise ValueError(f"--schema {path}: not valid YAML or JSON "
                          f"({' '.join(str(e).split())})") from e
@@ -380,6 +386,32 @@ def class_names(f, value):
     return value if f.type == CLASSES else [box["label"] for box in value]
 
 
+# --- across versions ------------------------------------------------------------------------
+
+def keeps_records(before, after):
+    """Whether records stored under the fields `before` (a manifest's "fields" entry, or
+    None) stay right under `after` (Schema.to_json() or None) where an image's values are
+    unchanged: every earlier field still declared, with its type (its values' bytes). A
+    field added is fine: images with a value for it are re-framed (identity sees the change);
+    a field removed or retyped is in records it would have to leave, so nothing is reused."""
+    old = (before or {}).get("fields", {})
+    new = (after or {}).get("fields", {})
+    return all(name in new and new[name]["type"] == spec["type"] for name, spec in old.items())
+
+
+def ids_kept(before, schema):
+    """Whether every class id of the previous version's classes/boxes fields holds in
+    `schema` (a Schema with its vocabularies): else its records must all be re-framed."""
+    if not before:
+        return True
+    now = {f.name: f.classes or () for f in schema.fields} if schema else {}
+    for name, spec in before.get("fields", {}).items():
+        old = tuple(spec.get("classes") or ())
+        if old and tuple(now.get(name, ()))[:len(old)] != old:
+            return False
+    return True
+
+
 # --- inference ------------------------------------------------------------------------------
 
 def infer(rows, text=False):
@@ -387,19 +419,19 @@ def infer(rows, text=False):
     floats mixed), strings, lists of those, lists of strings as classes (multi-label tags,
     open vocabulary), lists of {xmin, ymin, xmax, ymax, label} as boxes. `text`: CSV cells
     (numbers read from text). Raises ValueError naming a column no type fits."""
-    seen, order = {}, []
+    seen = {}  # column -> [types seen, longest list], in first-seen order: memory per column
     for row in rows:
         for column, value in row.items():
             if (column in ("uri", "label", "split") or value is None or value == []
                     or (text and value == "")):
                 continue
-            if column not in seen:
-                order.append(column)
-                seen[column] = []
-            seen[column].append(_guess(column, _cell(value) if text else value))
+            kind, length = _guess(column, cell_value(value) if text else value)
+            found = seen.setdefault(column, [set(), 0])
+            found[0].add(kind)
+            found[1] = max(found[1], length)
     fields = {}
-    for column in order:
-        kinds = {k for k, _ in seen[column]}
+    for column, (kinds, longest) in seen.items():
+        kinds = set(kinds)
         if kinds == {"int", "float"}:
             kinds = {"float"}
         elif kinds == {"list[int]", "list[float]"}:
@@ -410,12 +442,13 @@ def infer(rows, text=False):
         kind = kinds.pop()
         spec = {"type": kind}
         if kind not in SCALARS:
-            spec["max_len"] = max(n for _, n in seen[column])
+            spec["max_len"] = longest
         fields[column] = spec
     return from_json({"fields": fields}, "inferred schema")
 
 
-def _cell(cell):
+def cell_value(cell):
+    """A CSV cell as the JSON value it spells: an int, a float, a JSON array, else the text."""
     for parse in (int, float, json.loads):
         try:
             value = parse(cell)

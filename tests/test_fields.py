@@ -170,3 +170,61 @@ def test_schema_flag_is_checked_before_any_work(tmp_path):
     bad.write_text("fields:\n  tags: {type: classes}\n")
     _, build = options.parse(argv + ["--schema", str(bad)])
     assert build.field_schema().names == ("tags",) and build.build_config()["schema"] == str(bad)
+
+
+def _manifest(tmp_path, name, text):
+    for image in ("a.jpg", "b.jpg", "c.jpg"):
+        (tmp_path / image).write_bytes(b"\xff\xd8\xff")
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_manifest_rows_carry_checked_fields_and_bad_rows_become_errors(tmp_path):
+    from beam_pipeline.launcher.manifests import list_manifest
+
+    schema = fields.from_json({"fields": {"n": "int", "tags": "classes"}})
+    path = _manifest(tmp_path, "m.jsonl", "".join(json.dumps(r) + "\n" for r in [
+        {"uri": "a.jpg", "label": "x", "n": 1, "tags": ["p"]},
+        {"uri": "b.jpg", "label": "x", "n": "1"},
+        {"uri": "c.jpg", "label": "x"}]))
+    items = list(list_manifest(path, schema))
+    refs = sorted((i.key, i.fields) for i in items if not isinstance(i, dict))
+    assert refs == [("a.jpg", {"n": 1, "tags": ["p"]}), ("c.jpg", {})]
+    errors = [i for i in items if isinstance(i, dict)]
+    assert errors == [{"uri": str(tmp_path / "b.jpg"), "stage": "read", "reason": "bad_field",
+                       "detail": f"{path}:2: column 'n': expected int, found string: \"1\""}]
+    # without a schema, further columns are ignored as before, and refs carry no fields
+    assert all(i.fields is None for i in list_manifest(path))
+
+
+def test_csv_header_names_only_declared_fields(tmp_path):
+    from beam_pipeline.errors import UserError
+    from beam_pipeline.launcher.manifests import list_manifest
+
+    schema = fields.from_json({"fields": {"n": "int"}})
+    path = _manifest(tmp_path, "m.csv", "uri,label,n,colour\na.jpg,x,1,red\n")
+    with pytest.raises(UserError, match=r"m.csv: column 'colour' is not a field of --schema "
+                                        r"\(fields: n\)"):
+        list(list_manifest(path, schema))
+    path = _manifest(tmp_path, "m2.csv", "uri,label,n\na.jpg,x,7\nb.jpg,x,\n")
+    got = {i.key: i.fields for i in list_manifest(path, schema) if not isinstance(i, dict)}
+    assert got == {"a.jpg": {"n": 7}, "b.jpg": {}}  # a CSV cell as its type; empty: absent
+
+
+def test_schema_infer_prints_what_it_builds_with(tmp_path, capsys):
+    from beam_pipeline.launcher import options, prepare
+
+    path = _manifest(tmp_path, "m.jsonl", "".join(json.dumps(r) + "\n" for r in [
+        {"uri": "a.jpg", "label": "x", "score": 0.5, "tags": ["p", "q"]},
+        {"uri": "b.jpg", "label": "x", "score": 1, "caption": "hi"}]))
+    _, build = options.parse(["--input", path, "--output", str(tmp_path / "o"),
+                              "--schema", "infer"])
+    schema = prepare.field_schema(build)
+    printed = capsys.readouterr().out
+    assert schema.to_json() == {"fields": {"score": {"type": "float"},
+                                           "tags": {"type": "classes", "max_len": 2},
+                                           "caption": {"type": "string"}}}
+    kept = tmp_path / "kept.yaml"
+    kept.write_text(printed)  # the printed text is a schema file as it is
+    assert fields.load(kept) == schema

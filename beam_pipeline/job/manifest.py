@@ -63,6 +63,8 @@ def build_manifest(spec, done, created_at, parts=()):
         "errors": {"path": layout.ERRORS, "count": sum(done.reasons().values()),
                    "by_reason": done.reasons()},
     }
+    if spec.fields:
+        manifest["fields"] = spec.fields
     if done.catalog_rows is not None:
         manifest["catalog"] = {"path": layout.CATALOG, "rows": done.catalog_rows}
     if done.split_map is not None:

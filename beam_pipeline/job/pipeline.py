@@ -8,6 +8,7 @@ from beam_pipeline.job.contracts import ShardResult, ShardTask
 from beam_pipeline.job.heartbeat import KeepLockAlive
 from beam_pipeline.refs import ImageRef
 from beam_pipeline.job.shards import WriteShardFn
+from dataset_format import fields as field_types
 
 
 class ImagesToTFRecords(beam.PTransform):
@@ -58,7 +59,8 @@ class ImagesToTFRecords(beam.PTransform):
                            direct=not (spec.drop_content_duplicates
                                        or spec.drop_near_duplicate_leaks),
                            resume_from=spec.resume_from,
-                           writers_per_process=self.writers_per_process))
+                           writers_per_process=self.writers_per_process,
+                           fields=spec.fields and field_types.from_json(spec.fields)))
                        .with_output_types(ShardResult))
             # -> ShardResult, one per shard (with --transform, + pixel_moments)
         parts = ()

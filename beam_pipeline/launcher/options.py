@@ -51,6 +51,8 @@ class BuildOptions(PipelineOptions):
              f"--near_duplicate_radius {self.near_duplicate_radius}: must be in 0..32"),
             (self.near_duplicates or not self.drop_near_duplicate_leaks,
              "--drop_near_duplicate_leaks needs --near_duplicates (the hashes it compares)"),
+            (not self.schema or self.sink == "shards",
+             "--schema needs --sink shards (the beam sink writes the image's features only)"),
         ]
         for ok, message in checks:
             if not ok:

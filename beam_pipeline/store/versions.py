@@ -167,6 +167,8 @@ class Fingerprint:
 
     def add(self, r):
         self.h.update(json.dumps([r.key, r.uri, r.size, r.stamp, r.label, r.split]).encode())
+        if getattr(r, "fields", None) is not None:  # declared fields' values: a changed caption
+            self.h.update(json.dumps(r.fields, sort_keys=True).encode())  # is a change
         self.h.update(b"\n")
 
     def hexdigest(self):
