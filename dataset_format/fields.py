@@ -381,6 +381,81 @@ def _ids(f):
     return ids
 
 
+def values_of(fields, features):
+    """A record's features (examples.parse_features) -> {name: value} for the declared
+    `fields` (Field): a scalar or None when absent; a list; a classes field's ids (from 0);
+    a boxes field as {"boxes": [[ymin, xmin, ymax, xmax], ...], "label": [ids from 1]}
+    (float32 values, as stored). What the TensorFlow-free loaders give."""
+    out = {}
+    for f in fields:
+        if f.type == BOXES:
+            sides = [features.get(BBOX[s]) for s in ("ymin", "xmin", "ymax", "xmax")]
+            labels = features.get(BOX_LABEL)
+            out[f.name] = {"boxes": [list(box) for box in zip(*(s.values if s else ()
+                                                                for s in sides))],
+                           "label": list(labels.values) if labels else []}
+        elif f.type == CLASSES:
+            ids = features.get(f"{f.name}/label")
+            out[f.name] = list(ids.values) if ids else []
+        else:
+            found = features.get(f.name)
+            values = [v.decode() for v in found.values] if found and found.kind == "bytes" else (
+                list(found.values) if found else [])
+            out[f.name] = (values[0] if values else None) if f.type in SCALARS else values
+    return out
+
+
+def record_problems(schema, features, image_keys):
+    """What is wrong with a stored record's field features (examples.parse_features) under
+    the version's `schema` (with its vocabularies): [] when nothing. `image_keys`: the
+    image's own Example keys. What verify checks per record."""
+    found = []
+    declared = schema.keys()
+    extra = sorted(k for k in features if k not in image_keys and k not in declared)
+    if extra:
+        found.append(f"feature {extra[0]!r} is not a declared field's key")
+    for f in schema.fields:
+        keys = list(f.keys())
+        present = [k for k in keys if k in features]
+        if not present:
+            if f.required:
+                found.append(f"field {f.name!r} is required and missing")
+            continue
+        if len(present) != len(keys):
+            found.append(f"field {f.name!r}: keys {sorted(set(keys) - set(present))} missing")
+            continue
+        lengths = {len(features[k].values) for k in keys}
+        if len(lengths) != 1:
+            found.append(f"field {f.name!r}: its keys hold {sorted(lengths)} values")
+            continue
+        n = lengths.pop()
+        if f.type in SCALARS and n > 1 or f.max_len and n > f.max_len:
+            found.append(f"field {f.name!r}: {n} values, more than {f.max_len or 1}")
+        if f.has_classes:
+            ids, names = (keys[-2], keys[-1])
+            offset = BOX_ID_OFFSET if f.type == BOXES else 0
+            for i, name in zip(features[ids].values, features[names].values):
+                if not 0 <= i - offset < len(f.classes or ()) or f.classes[i - offset] != name.decode():
+                    found.append(f"field {f.name!r}: class id {i} is not {name.decode()!r} in "
+                                 "the manifest's vocabulary")
+                    break
+        if f.type == BOXES:
+            box = {side: features[BBOX[side]].values for side in BOX_SIDES}
+            for j in range(n):
+                v = {side: box[side][j] for side in BOX_SIDES}
+                if (not all(0.0 <= x <= 1.0 for x in v.values())
+                        or v["xmin"] > v["xmax"] or v["ymin"] > v["ymax"]):
+                    found.append(f"field {f.name!r}: box {j} {v} is outside [0, 1] or inverted")
+                    break
+    return found
+
+
+def declared_fields(manifest, names):
+    """The Fields named `names` in a version's manifest (KeyError naming an unknown one)."""
+    schema = from_json(manifest["fields"]) if manifest.get("fields") else Schema()
+    return tuple(schema.field(name) for name in names)
+
+
 def class_names(f, value):
     """The class names a checked value of a classes/boxes field uses."""
     return value if f.type == CLASSES else [box["label"] for box in value]

@@ -26,10 +26,11 @@ class RecordSource:
     transform: applied to each Example in the process that reads it (a DataLoader worker),
       e.g. a crop and resize so that batches stack.
     label_offset: labels are 0-based ids + label_offset, whatever the manifest's own offset.
+    fields: declared fields to give too (names): records are then FieldsExamples.
     """
 
     def __init__(self, path, split="train", version=None, decode=True, transform=None,
-                 label_offset=0):
+                 label_offset=0, fields=None):
         self.info = records.open_info(path, version)
         self.split = split
         self.spans = records.spans_of(self.info, split)
@@ -38,7 +39,7 @@ class RecordSource:
             self._starts.append(self._starts[-1] + span.count)
         self._offsets = records.Offsets(records.file_records(self.info, self.spans))
         self._decoder = records.Decoder(decode, records.label_shift(self.info, label_offset),
-                                        transform)
+                                        transform, records.declared(self.info, fields))
         self._files, self._lock = collections.OrderedDict(), threading.Lock()
 
     @property

@@ -228,3 +228,22 @@ def test_schema_infer_prints_what_it_builds_with(tmp_path, capsys):
     kept = tmp_path / "kept.yaml"
     kept.write_text(printed)  # the printed text is a schema file as it is
     assert fields.load(kept) == schema
+
+
+def test_record_problems_name_what_a_stored_record_breaks():
+    schema = SCHEMA.with_classes({"tags": ["a", "b"]})
+    good = fields.check_row(schema, {"score": 1, "tags": ["b"], "objects": [
+        {"xmin": 0, "ymin": 0, "xmax": 1, "ymax": 1, "label": "dog"}]})
+    features = fields.features(schema, good)
+    image_keys = {"image/encoded"}
+    assert fields.record_problems(schema, features, image_keys) == []
+    bad = dict(features, **{"tags/label": ListFeature("int64", (0,))})
+    assert fields.record_problems(schema, bad, image_keys) == [
+        "field 'tags': class id 0 is not 'b' in the manifest's vocabulary"]
+    bad = dict(features, **{"image/object/bbox/xmax": ListFeature("float", (1.5,))})
+    assert fields.record_problems(schema, bad, image_keys)[0].startswith(
+        "field 'objects': box 0 {'xmin': 0.0, 'ymin': 0.0, 'xmax': 1.5, 'ymax': 1.0} is outside")
+    bad = {k: v for k, v in features.items() if k != "score"}
+    assert fields.record_problems(schema, dict(bad, colour=ListFeature("bytes", ())),
+                                  image_keys) == [
+        "feature 'colour' is not a declared field's key", "field 'score' is required and missing"]

@@ -279,3 +279,37 @@ def test_a_keras_model_trains_a_step_on_multi_label_tags(built):
     history = model.fit(ds, epochs=1, steps_per_epoch=1, verbose=0)
     assert np.isfinite(history.history["loss"][0])
     assert tf.reduce_all(tf.math.is_finite(model.predict(images, verbose=0)))
+
+
+# --- loaders, verify, inspect -------------------------------------------------------------------
+
+def test_loaders_give_the_fields_without_tensorflow(built):
+    from loaders import FieldsExample, RecordSource, SequentialRecords
+
+    source = RecordSource(built["root"], "train", fields=["tags", "objects", "caption", "score"])
+    by_key = {source[i].key: source[i] for i in range(len(source))}
+    o3 = by_key["o3.jpg"]
+    assert isinstance(o3, FieldsExample) and o3.image.shape == (24, 40, 3)
+    assert o3.fields == {"tags": [1, 0], "objects": {"boxes": [[0.5, 0.25, 0.875, 0.5]],
+                                                     "label": [2]},
+                         "caption": None, "score": 3.0}
+    assert by_key["o6.jpg"].fields["caption"] == "orientation 6"
+    stream = SequentialRecords(built["root"], "train", fields=["tags"])
+    assert sorted(tuple(e.fields["tags"]) for e in stream) == [(), (1, 0), (2,), (2,)]
+    with pytest.raises(ValueError, match="no field 'colour'"):
+        RecordSource(built["root"], "train", fields=["colour"])
+
+
+def test_verify_checks_the_fields(built):
+    from beam_pipeline.tools import verify
+
+    assert verify.main([built["version_dir"]]) == 0
+
+
+def test_inspect_draws_the_boxes(built):
+    from beam_pipeline.tools import drawing, samples
+
+    got = samples.sample(built["version_dir"], built["manifest"], 4)
+    for _, _, _, image in got:
+        pixels = np.asarray(image)
+        assert (pixels == drawing.BOX_COLOURS[0]).all(axis=-1).sum() >= 20  # the outline
