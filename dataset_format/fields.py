@@ -42,6 +42,9 @@ BOX_KEYS = BOX_SIDES + ("label",)
 BBOX = {side: f"image/object/bbox/{side}" for side in BOX_SIDES}
 BOX_LABEL, BOX_TEXT = "image/object/class/label", "image/object/class/text"
 BOX_ID_OFFSET = 1
+# A manifest row with fields may leave out its class label: image/class/label is then this,
+# image/class/text "" (and so are the catalog's label_id and label).
+NO_LABEL = -1
 
 
 class FieldError(ValueError):

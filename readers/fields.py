@@ -157,7 +157,9 @@ def example_fn(training, size, output, label_shift, crop_fraction, wanted):
         if flip_seed is not None:
             flip = tf.random.stateless_uniform([], flip_seed) < 0.5
             image = tf.cond(flip, lambda: tf.reverse(image, [1]), lambda: image)
-        out = {"label": tf.cast(ex[schema.LABEL] + label_shift, tf.int32)}
+        label = ex[schema.LABEL]  # NO_LABEL (-1): a record without a class stays -1
+        out = {"label": tf.cast(tf.where(label == field_types.NO_LABEL, label,
+                                         label + label_shift), tf.int32)}
         for f in fields:
             out[f.name] = _field_value(f, ex, fractions, flip)
         return output.apply(image), out

@@ -75,6 +75,7 @@ def built(tmp_path_factory):
                      "tags": ["indoor", "grey"] if orientation % 2 else ["outdoor"],
                      "objects": [dict(BOX, label="cat")]})
     rows[0]["tags"] = []
+    del rows[2]["label"]  # the class label is optional with fields: o6 has none
     del rows[1]["caption"]  # optional: left out of its Example, null in the catalog
     (data / "bad.jpg").write_bytes(_jpeg_with_orientation(1))
     rows.append({"uri": "bad.jpg", "label": "pet", "split": "train",
@@ -97,6 +98,19 @@ def test_a_bad_value_is_an_errors_row_naming_column_and_value(built):
         "0.6, \"ymin\": 0.1, \"xmax\": 0.2, \"ymax\": 0.3, \"label\": \"cat\"}]")
     assert built["manifest"]["accounting"]["failed"] == 1
     assert built["manifest"]["accounting"]["written"] == 4
+
+
+def test_the_class_label_is_optional(built):
+    import pandas as pd
+
+    records = _records(built["version_dir"], built["manifest"])
+    assert records["o6.jpg"]["image/class/label"].values == (-1,)
+    assert records["o6.jpg"]["image/class/text"].values == (b"",)
+    assert records["o3.jpg"]["image/class/label"].values == (0,)
+    assert built["manifest"]["labels"] == ["pet"]
+    assert built["manifest"]["splits"]["train"]["label_counts"] == {"pet": 3, "": 1}
+    cat = pd.read_parquet(os.path.join(built["version_dir"], layout.CATALOG)).set_index("key")
+    assert (cat.loc["o6.jpg", "label"], cat.loc["o6.jpg", "label_id"]) == ("", -1)
 
 
 def test_manifest_records_the_schema_with_its_vocabularies(built):
@@ -168,6 +182,7 @@ def test_tfds_reads_the_fields(built):
     assert list(by_key["o3.jpg"]["caption"]) == []
     assert by_key["o8.jpg"]["image"]["object"]["bbox"]["ymax"].tolist() == pytest.approx([0.875])
     assert by_key["o8.jpg"]["score"].tolist() == [8.0]
+    assert by_key["o6.jpg"]["image"]["class"]["label"] == -1
 
 
 # --- the reader ---------------------------------------------------------------------------------
@@ -205,6 +220,7 @@ def test_reader_gives_fields_as_dicts_with_boxes_on_their_pixels(built):
     assert batch["objects"]["boxes"].shape == (4, 4, 4)
     keys = [k.decode() for k in batch["caption"].numpy()]
     assert sorted(keys) == ["", "orientation 1", "orientation 6", "orientation 8"]
+    assert sorted(batch["label"].numpy().tolist()) == [-1, 0, 0, 0]  # o6 has no class
     counts = batch["objects"]["count"].numpy()
     assert counts.tolist() == [1, 1, 1, 1]
     assert batch["objects"]["label"].numpy()[:, 0].tolist() == [2, 2, 2, 2]

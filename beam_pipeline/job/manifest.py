@@ -96,10 +96,13 @@ def split_summaries(spec, done):
     splits = {}
     for split, shards in done.shards.items():
         counts = done.counts_of(split)
+        label_counts = {label: counts.get(label, 0) for label in spec.labels}
+        if counts.get(""):  # records without a class label (a manifest with fields)
+            label_counts[""] = counts[""]
         splits[split] = {
             "num_examples": sum(s["num_examples"] for s in shards),
             "num_bytes": sum(s["num_bytes"] for s in shards),
-            "label_counts": {label: counts.get(label, 0) for label in spec.labels},
+            "label_counts": label_counts,
             "shards": shards,
         }
     return splits

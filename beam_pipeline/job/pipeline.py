@@ -9,6 +9,7 @@ from beam_pipeline.job.heartbeat import KeepLockAlive
 from beam_pipeline.refs import ImageRef
 from beam_pipeline.job.shards import WriteShardFn
 from dataset_format import fields as field_types
+from dataset_format.fields import NO_LABEL
 
 
 class ImagesToTFRecords(beam.PTransform):
@@ -31,6 +32,8 @@ class ImagesToTFRecords(beam.PTransform):
     def expand(self, pbegin):
         spec = self.spec
         label_ids = {label: i for i, label in enumerate(spec.labels)}
+        if spec.fields:  # a manifest row with fields may have no class: id -1
+            label_ids[""] = NO_LABEL
         shards = (pbegin
                   | "ShardIndex" >> beam.Create([self.shards_index])
                   | "ReadShardIndex" >> beam.FlatMap(read_shard_index)      # -> ShardTask

@@ -216,7 +216,8 @@ def plan_listing(items, fingerprint, known_labels, spill_dir, write_error, schem
                 write_error(error_record(ref.uri, "read", "unknown_label",
                                          f"class {ref.label!r} is not in --label_file"))
                 continue
-            plan.labels_present.add(ref.label)
+            if ref.label:  # "": a manifest row with fields and no class
+                plan.labels_present.add(ref.label)
             for f in class_fields:
                 value = ref.fields and ref.fields.get(f.name)
                 if value:

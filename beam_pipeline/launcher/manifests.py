@@ -48,7 +48,8 @@ def _manifest_rows(path, schema=None):
                     yield n, row
             return
         reader = csv.DictReader(text)
-        if not reader.fieldnames or not {"uri", "label"} <= set(reader.fieldnames):
+        needed = {"uri"} if schema else {"uri", "label"}  # with fields, the label is optional
+        if not reader.fieldnames or not needed <= set(reader.fieldnames):
             raise UserError(f"{path}: a manifest needs a header with columns uri,label[,split]; "
                             f"found {reader.fieldnames}")
         if schema:
@@ -120,7 +121,7 @@ def list_manifest(path, schema=None):
             any_row = True
             uri, label = str(row.get("uri") or "").strip(), str(row.get("label") or "").strip()
             split = str(row.get("split") or "").strip() or None
-            if not uri or not label:
+            if not uri or not (label or schema):  # with fields, "": an image without a class
                 yield error_record(uri or f"{path}:{n}", "read", "bad_manifest_row",
                                    f"{path} row {n} needs both uri and label")
                 continue

@@ -128,7 +128,9 @@ def check_shard(gfile, vdir, shard, labels, label_offset, write_index, problems,
 def _record_problems(k, label, text, encoded, sha, labels, label_offset):
     """What is wrong with record `k`'s label (against the manifest's classes) and hash."""
     found = []
-    if not 0 <= label - label_offset < len(labels):
+    if label == fields.NO_LABEL and text == "":
+        pass  # no class label (a manifest row with fields)
+    elif not 0 <= label - label_offset < len(labels):
         found.append(f"record {k}: label id {label} is outside the {len(labels)} classes")
     elif labels[label - label_offset] != text:
         found.append(f"record {k}: label id {label} is {labels[label - label_offset]!r} in "
