@@ -82,3 +82,26 @@ def test_field_changes_reframe_never_decode(tmp_path):
     cat = pd.read_parquet(f"{third['version_dir']}/{layout.CATALOG}").set_index("key")
     assert cat.loc["c.jpg", "score"] == 0.5 and pd.isna(cat.loc["d.jpg", "score"])
     assert cat.loc["a.jpg", "caption"] == "a new caption"
+
+
+def test_dropped_content_duplicates_keep_the_fields_of_the_rows_kept(tmp_path):
+    """--drop_content_duplicates rewrites a shard from its catalog fragment: the field
+    columns and features go with the records kept."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("a", "b", "c"):
+        (data / f"{name}.jpg").write_bytes(image_bytes(COLOURS["a" if name != "c" else "c"]))
+    rows = [{"uri": f"{n}.jpg", "label": "x", "split": "train", "caption": f"about {n}",
+             "tags": [n]} for n in ("a", "b", "c")]
+    _write(data, rows, {"caption": "string", "tags": "classes"})
+    result = build(data / "m.jsonl", tmp_path / "ds", *FAST, "--schema", data / "s.json",
+                   "--drop_content_duplicates")
+    assert result["manifest"]["accounting"]["duplicates"] == 1
+    got = _records(result)
+    assert sorted(got) == ["a.jpg", "c.jpg"]  # b.jpg: a's bytes, the later key
+    assert got["c.jpg"][1]["caption"].values == (b"about c",)
+    import pandas as pd
+
+    cat = pd.read_parquet(f"{result['version_dir']}/{layout.CATALOG}").set_index("key")
+    assert sorted(cat.index) == ["a.jpg", "c.jpg"]
+    assert cat.loc["c.jpg", "caption"] == "about c" and list(cat.loc["a.jpg", "tags"]) == ["a"]
