@@ -205,16 +205,22 @@ def to_dicts(ds, wanted):
             value = out[f.name]
             if f.type == field_types.BOXES:
                 if lists == "ragged":
-                    out[f.name] = {k: tf.RaggedTensor.from_tensor(value[k], lengths=value["count"])
-                                   for k in ("boxes", "label")}
+                    out[f.name] = {k: _cut(value[k], value["count"]) for k in ("boxes", "label")}
                     out[f.name]["count"] = value["count"]
             elif f.type not in field_types.SCALARS:
-                out[f.name] = (tf.RaggedTensor.from_tensor(value["values"], lengths=value["count"])
-                               if lists == "ragged" else value["values"])
+                out[f.name] = (_cut(value["values"], value["count"]) if lists == "ragged"
+                               else value["values"])
         return out
 
     return ds.map(tf.autograph.experimental.do_not_convert(merge),
                   num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def _cut(padded, count):
+    """A padded list and its length -> the list: ragged in a batch (count [B]), else a slice."""
+    if count.shape.rank == 0:  # batch_size=None: one record
+        return padded[:count]
+    return tf.RaggedTensor.from_tensor(padded, lengths=count)
 
 
 def multi_hot(ids, num_classes):

@@ -258,6 +258,17 @@ def test_reader_lists_ragged_and_evaluation_center_crop(built):
                             batch["objects"]["count"].numpy()) >= 1
 
 
+def test_unbatched_ragged_lists_are_cut_to_their_length(built):
+    import readers
+
+    ds = readers.make_dataset(built["root"], "train", batch_size=None, image_size=32,
+                              training=False, fields=readers.Fields(("tags", "objects"),
+                                                                    lists="ragged"))
+    got = sorted(tuple(e["tags"].numpy().tolist()) for e in ds)
+    assert got == [(), (1, 0), (2,), (2,)]
+    assert {tuple(e["objects"]["boxes"].shape) for e in ds} <= {(0, 4), (1, 4)}
+
+
 def tf_ragged():
     import tensorflow as tf
 
