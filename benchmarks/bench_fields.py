@@ -12,6 +12,11 @@ Programs, each the default local command (configs/local.yaml) on the same files:
 It prints median wall and CPU seconds (user + system of the process tree) per program and
 size, CPU per image as the slope between the two sizes (the ~3 s of start-up cancels), and
 the ratios fields / manifest and folder / base. Inputs are seeded (benchmarks/photos.py).
+
+--focused N measures instead, in this process, what fields add to one image's work (CPU
+time, medians of alternating rounds over N photos): the row check, the listing line's
+JSON both ways, the converted image's Example with and without field features, and its
+catalog row into an Arrow table with and without field columns.
 """
 
 import argparse
@@ -25,7 +30,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
 from bench_pipeline import measure  # noqa: E402
-from common import Record, add_record_argument, build_command, files_of  # noqa: E402
+from common import REPO, Record, add_record_argument, build_command, files_of  # noqa: E402
 from photos import photo_tree  # noqa: E402
 
 TAGS = [f"tag{i:02d}" for i in range(20)]
@@ -68,8 +73,60 @@ def base_command(base, src, out):
     return ["sh", "-c", f"cd {shlex.quote(base)} && exec {shlex.join(build_command(src, out))}"]
 
 
+def focused(n, rounds):
+    """Per image CPU ms of the writer's work without and with three fields (see --focused)."""
+    import time
+
+    import pyarrow as pa
+
+    sys.path.insert(0, REPO)  # this checkout's package, whatever the environment installed
+    from beam_pipeline.job import images, records
+    from beam_pipeline.refs import ImageRef
+    from dataset_format import catalog_schema, fields
+    from dataset_format.catalog_schema import CatalogRow
+
+    root = photo_tree(n)
+    work = tempfile.mkdtemp(prefix="bench-fields-")
+    _, rich, _ = manifests(root, work)
+    rows = [json.loads(line) for line in open(rich)]
+    datas = [open(r["uri"], "rb").read() for r in rows]
+    schema = fields.from_json(SCHEMA).with_classes({"tags": TAGS})
+    plain_arrow, rich_arrow = catalog_schema.arrow_schema(), catalog_schema.arrow_schema(schema)
+
+    def one_pass(with_fields):
+        catalog_rows = []
+        start = time.process_time()
+        for row, data in zip(rows, datas):
+            values = fields.check_row(schema, row) if with_fields else None
+            ref = ImageRef(row["uri"], row["uri"], row["label"], "train", len(data), "s",
+                           fields=values)
+            ref = ImageRef.from_json(ref.to_json())
+            encoded = images.convert(data)
+            extra = fields.features(schema, ref.fields) if with_fields else None
+            parts, length = records.example_parts(encoded, 0, ref.label, ref.key, None, extra)
+            catalog_rows.append(CatalogRow(key=ref.key, label=ref.label, length=length,
+                                           fields=ref.fields).to_dict())
+        pa.Table.from_pylist(catalog_rows, schema=rich_arrow if with_fields else plain_arrow)
+        return 1000 * (time.process_time() - start) / len(rows)
+
+    got = {"plain": [], "fields": []}
+    for _ in range(rounds):
+        got["plain"].append(one_pass(False))
+        got["fields"].append(one_pass(True))
+    medians = {k: statistics.median(v) for k, v in got.items()}
+    print(f"{len(rows)} photos, {rounds} alternating rounds: CPU ms per image")
+    for k, v in medians.items():
+        print(f"{k:8} {v:7.3f}  (rounds: {', '.join(f'{x:.3f}' for x in got[k])})")
+    ratio = medians["fields"] / medians["plain"]
+    print(f"fields / plain: {ratio:.3f} (+{medians['fields'] - medians['plain']:.3f} ms)")
+    return {"cpu_ms_per_image": medians, "rounds": got, "ratio": ratio}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--focused", type=int, default=0, metavar="N",
+                        help="measure what fields add to one image's work on N photos")
+    parser.add_argument("--rounds", type=int, default=5, help="--focused: alternating rounds")
     parser.add_argument("--sizes", default="250,1000",
                         help="two photo counts: CPU per image is the slope between them")
     parser.add_argument("--repeat", type=int, default=3)
@@ -77,6 +134,9 @@ def main():
     add_record_argument(parser)
     args = parser.parse_args()
     record = Record("bench_fields", args)
+    if args.focused:
+        record.save({"focused": focused(args.focused, args.rounds)})
+        return
     sizes = [int(v) for v in args.sizes.split(",")]
     runs = {}
     for n in sizes:

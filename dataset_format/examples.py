@@ -92,20 +92,31 @@ def _small_entry(key, value):
 
 def _list_entry(key, feature):
     """A whole map entry for a ListFeature; a one-value list is what _small_entry writes
-    for that value (TensorFlow packs int64 and float lists)."""
-    values = feature.values
-    if feature.kind == "bytes":
-        inner = _field(1, b"".join(_field(1, v) for v in values))            # bytes_list
-    elif feature.kind == "int64":
-        packed = b"".join(_varint(v & _U64) for v in values)
-        inner = _field(3, _field(1, packed) if values else b"")             # int64_list
-    elif feature.kind == "float":
-        packed = struct.pack(f"<{len(values)}f", *values)
-        inner = _field(2, _field(1, packed) if values else b"")             # float_list
+    for that value (TensorFlow packs int64 and float lists). Tags and lengths spelt inline:
+    a record with three fields has ~9 of these (0.05 ms through _field's calls)."""
+    values, kind = feature.values, feature.kind
+    if kind == "bytes":
+        body = b"".join([b"\x0a" + _varint(len(v)) + v for v in values])     # BytesList.value
+        inner = b"\x0a" + _varint(len(body)) + body                          # bytes_list
+    elif kind == "int64" or kind == "float":
+        if not values:
+            body = b""
+        elif kind == "int64":
+            packed = b"".join([_varint(v & _U64) for v in values])
+            body = b"\x0a" + _varint(len(packed)) + packed                   # Int64List.value
+        else:
+            packed = _float_struct(len(values)).pack(*values)
+            body = b"\x0a" + _varint(len(packed)) + packed                   # FloatList.value
+        inner = (b"\x1a" if kind == "int64" else b"\x12") + _varint(len(body)) + body
     else:
-        raise ValueError(f"feature {key!r}: kind {feature.kind!r} is not bytes, int64 or float")
-    head = _key_field(key) + _field_header(2, len(inner))
-    return _field_header(1, len(head) + len(inner)) + head + inner
+        raise ValueError(f"feature {key!r}: kind {kind!r} is not bytes, int64 or float")
+    head = _key_field(key) + b"\x12" + _varint(len(inner))
+    return b"\x0a" + _varint(len(head) + len(inner)) + head + inner
+
+
+@functools.lru_cache(maxsize=256)
+def _float_struct(n):
+    return struct.Struct(f"<{n}f")
 
 
 _U64 = (1 << 64) - 1

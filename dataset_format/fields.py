@@ -353,35 +353,37 @@ def features(schema, values):
         if f.type == BOXES:
             ids = _ids(f)
             for side, key in BBOX.items():
-                out[key] = ListFeature("float", tuple(box[side] for box in value))
-            out[BOX_LABEL] = ListFeature("int64", tuple(ids[box["label"]] + BOX_ID_OFFSET
-                                                        for box in value))
-            out[BOX_TEXT] = ListFeature("bytes", tuple(box["label"].encode() for box in value))
+                out[key] = ListFeature("float", tuple([box[side] for box in value]))
+            out[BOX_LABEL] = ListFeature("int64", tuple([ids[box["label"]] + BOX_ID_OFFSET
+                                                         for box in value]))
+            out[BOX_TEXT] = ListFeature("bytes", tuple([box["label"].encode() for box in value]))
         elif f.type == CLASSES:
             ids = _ids(f)
-            out[f"{f.name}/label"] = ListFeature("int64", tuple(ids[name] for name in value))
-            out[f"{f.name}/text"] = ListFeature("bytes", tuple(name.encode() for name in value))
+            out[f"{f.name}/label"] = ListFeature("int64", tuple([ids[name] for name in value]))
+            out[f"{f.name}/text"] = ListFeature("bytes", tuple([name.encode() for name in value]))
         else:
-            items = value if f.type in LISTS else [value]
-            kind = _element(f.type)
-            out[f.name] = ListFeature(
-                "bytes" if kind == "string" else kind,
-                tuple(v.encode() for v in items) if kind == "string" else tuple(items))
+            kind = _FEATURE_KINDS[f.type]
+            items = value if f.type in LISTS else (value,)
+            out[f.name] = ListFeature(kind, tuple([v.encode() for v in items])
+                                      if kind == "bytes" else tuple(items))
     return out
 
 
-_ID_CACHE = {}
+_FEATURE_KINDS = {kind: {"string": "bytes"}.get(_element(kind), _element(kind))
+                  for kind in SCALARS + LISTS}
+_ID_CACHE = {}  # id(vocabulary tuple) -> (the tuple, {name: id})
 
 
 def _ids(f):
-    """{class name: id} of a classes/boxes field (kept per vocabulary: the writer asks once
-    per value)."""
-    ids = _ID_CACHE.get(f.classes)
-    if ids is None:
+    """{class name: id} of a classes/boxes field, kept per vocabulary (by identity: hashing
+    a tuple of names per image cost more than the lookup)."""
+    found = _ID_CACHE.get(id(f.classes))
+    if found is None or found[0] is not f.classes:
         if f.classes is None:
             raise ValueError(f"field {f.name!r} has no vocabulary yet (the launcher gives it one)")
-        ids = _ID_CACHE[f.classes] = {name: i for i, name in enumerate(f.classes)}
-    return ids
+        found = _ID_CACHE[id(f.classes)] = (f.classes,
+                                            {name: i for i, name in enumerate(f.classes)})
+    return found[1]
 
 
 def values_of(fields, features):
