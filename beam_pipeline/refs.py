@@ -13,10 +13,23 @@ SPLIT_NAMES = ("train", "validation", "test")  # split folders a directory input
 # A listing line is ImageRef.to_json(): a JSON list with the fields at these positions. The
 # planner's passes read a field from the parsed list without building an ImageRef.
 (LINE_KEY, LINE_URI, LINE_LABEL, LINE_SPLIT, LINE_SIZE, LINE_STAMP, LINE_SHA256, LINE_SOURCE,
- LINE_MD5) = range(9)
-# ... and as a named tuple of those fields, read without building an ImageRef (a frozen
-# dataclass: ~3 us): Listed._make(json.loads(line)).
-Listed = collections.namedtuple("Listed", "key uri label split size stamp sha256 source md5")
+ LINE_MD5, LINE_FIELDS) = range(10)
+# A line of an image without declared fields stops at LINE_MD5 (the line it was before
+# fields existed); with fields, LINE_FIELDS holds their checked values ({name: value}).
+
+
+class Listed(collections.namedtuple("Listed",
+                                    "key uri label split size stamp sha256 source md5 fields")):
+    """A listing line's fields as a named tuple, read without building an ImageRef (a frozen
+    dataclass: ~3 us): Listed._make(json.loads(line)). A line without fields reads with
+    fields None (and is dumped again with a trailing null, which ImageRef reads the same)."""
+
+    __slots__ = ()
+
+    @classmethod
+    def _make(cls, values):
+        values = tuple(values)
+        return tuple.__new__(cls, values if len(values) == 10 else values + (None,))
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -49,14 +62,19 @@ class ImageRef:
     source: Optional[StoredFrame] = None  # re-frame this stored record instead of converting
     md5: Optional[str] = None     # the gs:// listing's md5Hash (base64): identity without a
                                   # download (none locally, nor for composite objects)
+    fields: Optional[dict] = dataclasses.field(default=None, compare=False)
+    # ^ declared fields' checked values (dataset_format/fields.py), None without a schema
 
     def to_json(self):  # a list (LINE_* positions), not dataclasses.astuple: that deep-copies
                         # (10x slower)
         source = self.source and [self.source.path, self.source.offset, self.source.length,
                                   self.source.phash, self.source.phash_center,
                                   self.source.descriptor]
-        return json.dumps([self.key, self.uri, self.label, self.split, self.size, self.stamp,
-                           self.sha256, source, self.md5])
+        line = [self.key, self.uri, self.label, self.split, self.size, self.stamp,
+                self.sha256, source, self.md5]
+        if self.fields is not None:
+            line.append(self.fields)
+        return json.dumps(line)
 
     @classmethod
     def from_json(cls, line):

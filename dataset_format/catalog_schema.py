@@ -40,19 +40,57 @@ COLUMNS = {
 }
 
 DESCRIPTOR = "near_descriptor"
+FIELDS = "fields"  # a CatalogRow's declared fields ({name: value}): one column each on disk
+
+# A declared field's type (dataset_format/fields.py) -> its column's Arrow type, as text
+# arrow_schema() builds: numbers as int64 and float64 (the value as the manifest gave it;
+# the Example holds float32), classes by name, boxes as structs.
+FIELD_COLUMNS = {
+    "int": "int64", "float": "float64", "string": "string",
+    "list[int]": "list<int64>", "list[float]": "list<float64>", "list[string]": "list<string>",
+    "classes": "list<string>",
+    "boxes": "list<struct<xmin: float64, ymin: float64, xmax: float64, ymax: float64, "
+             "label: string>>",
+}
 
 _PYTHON_TYPES = {"string": str, "int32": int, "int64": int, "binary": bytes}
 
 
-def arrow_schema():
-    """The catalog's pyarrow schema, built from COLUMNS."""
+def arrow_schema(field_schema=None):
+    """The catalog's pyarrow schema, built from COLUMNS, then a column per declared field
+    (`field_schema`, a fields.Schema), in its order."""
     import pyarrow as pa
 
-    return pa.schema([(name, getattr(pa, kind)()) for name, kind in COLUMNS.items()])
+    columns = [(name, getattr(pa, kind)()) for name, kind in COLUMNS.items()]
+    for f in field_schema.fields if field_schema else ():
+        columns.append((f.name, _field_type(pa, f.type)))
+    return pa.schema(columns)
 
 
-_NAMES = frozenset(COLUMNS)
+def _field_type(pa, kind):
+    if kind == "boxes":
+        return pa.list_(pa.struct([(side, pa.float64()) for side in
+                                   ("xmin", "ymin", "xmax", "ymax")] + [("label", pa.string())]))
+    if kind.startswith("list[") or kind == "classes":
+        return pa.list_(_field_type(pa, "string" if kind == "classes" else kind[5:-1]))
+    return {"int": pa.int64(), "float": pa.float64(), "string": pa.string()}[kind]
+
+
+def nest_fields(row):
+    """A row as pyarrow gives it, field columns among the catalog's -> the row with them
+    under FIELDS ({name: value}, nulls left out); a row without any is returned as it is."""
+    extra = row.keys() - _COLUMN_NAMES
+    if not extra:
+        return row
+    values = {name: row.pop(name) for name in sorted(extra)}
+    row[FIELDS] = {name: v for name, v in values.items() if v is not None}
+    return row
+
+
+_COLUMN_NAMES = frozenset(COLUMNS)
+_NAMES = frozenset(COLUMNS) | {FIELDS}
 _NULLS = dict.fromkeys(COLUMNS)
+_NULLS[FIELDS] = None
 
 
 def _filled(cls, *values):
@@ -98,8 +136,13 @@ def _row_type():
 
     def to_dict(self):
         """{column: value} in file order (__init__ fills the dict in that order), for the
-        Parquet writer (dataclasses.asdict deep-copies every value: several times slower)."""
-        return self.__dict__.copy()
+        Parquet writer (dataclasses.asdict deep-copies every value: several times slower);
+        declared fields flattened into their own columns."""
+        row = self.__dict__.copy()
+        values = row.pop(FIELDS)
+        if values:
+            row.update(values)
+        return row
 
     def from_json(cls, value):
         """A row carried as JSON between processes (to_json's text, or the dict it parses
@@ -112,13 +155,15 @@ def _row_type():
     def to_json(self):
         """The row as one line of JSON text (near_descriptor as base64): the launcher's
         reuse/copy listings carry kept rows this way."""
-        row = to_dict(self)
+        row = self.__dict__.copy()
+        if row[FIELDS] is None:  # the line it was before fields existed
+            del row[FIELDS]
         if row[DESCRIPTOR] is not None:
             row[DESCRIPTOR] = base64.b64encode(row[DESCRIPTOR]).decode()
         return json.dumps(row)
 
     return dataclasses.make_dataclass(
-        "CatalogRow", fields, frozen=True, init=False,
+        "CatalogRow", fields, frozen=True, init=False,  # + row.fields, not a column: FIELDS
         namespace={"__module__": __name__,
                    "__doc__": "One catalog row, typed: a field per COLUMNS entry. Writers "
                               "build it and update it (row.replace(...), a new row); it "

@@ -7,6 +7,7 @@ it, and verify, the launcher and the readers read it (fields: docs/format.md).
                                       num_bytes, crc32c | sha256, origin
       accounting: Accounting          listed = written + duplicates + failed (+ leaks)
       errors: ErrorsEntry             errors.jsonl: path, count, by_reason
+      fields: dict | None             --schema's declared fields (dataset_format/fields.py)
       catalog: CatalogEntry | None    catalog.parquet: path, rows (None: --sink beam)
       incremental: Increment | None   what an incremental version built on and reused
       build: BuildEntry | None        writer processes, images converted, reframed, resumed
@@ -27,7 +28,7 @@ from typing import Mapping, Optional, Tuple
 # The top-level keys in the order a build writes them; `sections` fill the gaps in order.
 _ORDER = ("format_version", "name", "version", "created_at", "generator", "input_fingerprint",
           "config", "labels", "label_offset", "features", "key_scheme", "splits",
-          "accounting", "errors", "catalog")
+          "accounting", "errors", "fields", "catalog")
 _TAIL = ("incremental", "build")  # after the sections a build writes before them
 
 
@@ -172,6 +173,7 @@ class Manifest(collections.abc.Mapping):
     splits: Mapping            # split -> SplitEntry, in the manifest's order
     accounting: Optional[Accounting]
     errors: Optional[ErrorsEntry]
+    fields: Optional[Mapping] = None  # --schema's declared fields, with their class ids
     catalog: Optional[CatalogEntry] = None
     incremental: Optional[Increment] = None
     build: Optional[BuildEntry] = None
@@ -209,6 +211,7 @@ class Manifest(collections.abc.Mapping):
             key_scheme=d.get("key_scheme"),
             splits={n: SplitEntry.from_dict(s) for n, s in d.get("splits", {}).items()},
             accounting=entry(Accounting, "accounting"), errors=entry(ErrorsEntry, "errors"),
+            fields=d.get("fields"),
             catalog=entry(CatalogEntry, "catalog"), incremental=entry(Increment, "incremental"),
             build=entry(BuildEntry, "build"),
             sections={k: v for k, v in d.items() if k not in modelled},

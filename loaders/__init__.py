@@ -9,8 +9,8 @@ importing this loads neither TensorFlow nor PyTorch. `loaders.pytorch` has the P
 IterableDataset that splits a stream among DataLoader workers. See docs/reader.md.
 """
 
-from loaders.records import Example
+from loaders.records import Example, FieldsExample
 from loaders.sequential import SequentialRecords
 from loaders.source import RecordSource
 
-__all__ = ["Example", "RecordSource", "SequentialRecords"]
+__all__ = ["Example", "FieldsExample", "RecordSource", "SequentialRecords"]

@@ -11,8 +11,8 @@ import threading
 from typing import Any, NamedTuple
 
 from dataset_format import dataset_info as info_lib
-from dataset_format import (examples, frames, holds, layout, removal, schema, slices,
-                            storage)
+from dataset_format import (examples, fields, frames, holds, layout, removal, schema,
+                            slices, storage)
 
 
 class Example(NamedTuple):
@@ -25,6 +25,15 @@ class Example(NamedTuple):
     image: Any
     label: int
     key: str
+
+
+class FieldsExample(NamedTuple):
+    """One record with declared fields (RecordSource(..., fields=[...])): Example's three
+    and `fields`, {name: value} as dataset_format.fields.values_of gives them."""
+    image: Any
+    label: int
+    key: str
+    fields: dict
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,8 +141,9 @@ def scan(path):
 class Decoder:
     """Record bytes -> Example; errors name the shard, position and key."""
 
-    def __init__(self, decode, label_shift, transform=None):
+    def __init__(self, decode, label_shift, transform=None, fields=()):
         self.decode, self.label_shift, self.transform = decode, label_shift, transform
+        self.fields = tuple(fields)  # declared fields (dataset_format.fields.Field) to give
 
     def __call__(self, data, path, position, offset):
         try:
@@ -150,6 +160,9 @@ class Decoder:
         if self.decode:
             image = decode_jpeg(image, f"{path}: record {position} (key {key})")
         example = Example(image, int(features[schema.LABEL]) + self.label_shift, key)
+        if self.fields:
+            example = FieldsExample(*example, fields.values_of(
+                self.fields, examples.parse_features(found[0])))
         return self.transform(example) if self.transform else example
 
 
@@ -161,6 +174,14 @@ def decode_jpeg(data, where):
         return simplejpeg.decode_jpeg(data, colorspace="RGB")
     except ValueError as e:
         raise ValueError(f"{where}: the image does not decode ({e})") from None
+
+
+def declared(ds_info, names):
+    """The version's declared fields named in `names` (ValueError naming an unknown one)."""
+    try:
+        return fields.declared_fields(ds_info.manifest, names or ())
+    except KeyError as e:
+        raise ValueError(f"{ds_info.version_dir}: {e.args[0]}") from None
 
 
 def label_shift(ds_info, label_offset):

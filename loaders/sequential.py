@@ -17,7 +17,7 @@ READ_BYTES = 8 << 20  # per ranged read; whole frames only
 class SequentialRecords:
     """An iterable of Example over this (host, worker)'s part of `split`.
 
-    path, split, version, decode, transform, label_offset, hold: as `RecordSource`.
+    path, split, version, decode, transform, label_offset, hold, fields: as `RecordSource`.
     host_index, host_count: this host among the training hosts (JAX: jax.process_index(),
       jax.process_count(); torch.distributed: rank, world size).
     worker_index, worker_count: this worker among the host's loader workers
@@ -28,7 +28,7 @@ class SequentialRecords:
 
     def __init__(self, path, split="train", version=None, decode=True, transform=None,
                  label_offset=0, host_index=0, host_count=1, worker_index=0, worker_count=1,
-                 shuffle_buffer=0, seed=None, read_bytes=READ_BYTES, hold=False):
+                 shuffle_buffer=0, seed=None, read_bytes=READ_BYTES, hold=False, fields=None):
         self.info = records.open_info(path, version, hold)
         self.split = split
         self.spans = records.spans_of(self.info, split)
@@ -40,7 +40,7 @@ class SequentialRecords:
         self.read_bytes = read_bytes
         self._offsets = records.Offsets(records.file_records(self.info, self.spans))
         self._decoder = records.Decoder(decode, records.label_shift(self.info, label_offset),
-                                        transform)
+                                        transform, records.declared(self.info, fields))
 
     @property
     def class_names(self):

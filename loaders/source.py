@@ -28,10 +28,11 @@ class RecordSource:
     label_offset: labels are 0-based ids + label_offset, whatever the manifest's own offset.
     hold: True (or a lease length in seconds): retention keeps the version while this
       source is alive (dataset_format/holds.py).
+    fields: declared fields to give too (names): records are then FieldsExamples.
     """
 
     def __init__(self, path, split="train", version=None, decode=True, transform=None,
-                 label_offset=0, hold=False):
+                 label_offset=0, hold=False, fields=None):
         self.info = records.open_info(path, version, hold)
         self.split = split
         self.spans = records.spans_of(self.info, split)
@@ -40,7 +41,7 @@ class RecordSource:
             self._starts.append(self._starts[-1] + span.count)
         self._offsets = records.Offsets(records.file_records(self.info, self.spans))
         self._decoder = records.Decoder(decode, records.label_shift(self.info, label_offset),
-                                        transform)
+                                        transform, records.declared(self.info, fields))
         self._files, self._lock = collections.OrderedDict(), threading.Lock()
 
     @property

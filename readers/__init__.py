@@ -4,7 +4,7 @@ Needs TensorFlow, never Apache Beam. `import readers` loads neither: TensorFlow 
 when a function that needs it runs (the format itself, `dataset_format/`, is pure Python).
 """
 
-__all__ = ["Position", "info", "make_dataset"]
+__all__ = ["Fields", "Position", "info", "make_dataset"]
 
 
 def __getattr__(name):
@@ -14,6 +14,9 @@ def __getattr__(name):
     if name == "make_dataset":
         from readers.dataset import make_dataset
         return make_dataset
+    if name == "Fields":
+        from readers.fields import Fields
+        return Fields
     if name == "Position":
         from readers.order import Position
         return Position

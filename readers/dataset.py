@@ -16,6 +16,7 @@ import tensorflow as tf
 from dataset_format import dataset_info as info_lib
 from dataset_format import holds, removal, slices
 from readers import checked
+from readers import fields as fields_lib
 from readers import hosts as hosts_lib
 from readers import images
 from readers import order as order_lib
@@ -36,7 +37,7 @@ def make_dataset(path, split="train", batch_size=128, image_size=224, training=N
                  deterministic=None, cache=False, label_offset=0, skip_corrupt=False,
                  transform=False, crop_fraction=CROP_FRACTION, version=None,
                  read_buffer_bytes=None, start=None, with_keys=False,
-                 native_batching="ragged", hold=False):
+                 native_batching="ragged", hold=False, fields=None):
     """A `tf.data.Dataset` of `(images [B, H, W, 3], labels [B] int32)` for `model.fit`.
 
     path: dataset root, version dir, or a `readers.info()` result (pins the version).
@@ -89,6 +90,8 @@ def make_dataset(path, split="train", batch_size=128, image_size=224, training=N
       experimental_distribute_dataset on several hosts without an input_context).
     with_keys: (resumable order) yield (images, labels, keys), keys the records'
       `image/filename` (catalog.parquet's key).
+    fields: declared fields to read (names, or a `readers.Fields`): elements become dicts
+      {"image", "label", name: ...}, boxes moved with the crop and flip (readers/fields.py).
 
     The dataset carries `.dataset_info` (the version read: `.dataset_info.version`),
     `.plan` (readers.hosts.HostPlan: this host's share), `.class_names` and
@@ -104,6 +107,7 @@ def make_dataset(path, split="train", batch_size=128, image_size=224, training=N
         holds.hold(ds_info, hold)
     elif given:  # read earlier: a version removed since fails here, before any reading
         removal.check_present(ds_info.version_dir)
+    wanted = fields_lib.requested(fields, ds_info, start, with_keys, image_size)
     window = _window(ds_info, split)
     split_info = ds_info.split(window.split)
     training = (window.split == "train") if training is None else bool(training)
@@ -148,7 +152,9 @@ def make_dataset(path, split="train", batch_size=128, image_size=224, training=N
     drop_remainder = training if drop_remainder is None else drop_remainder
     ds = _decode(ds, plan, pieces, training, host_seed, size, output,
                  label_offset - ds_info.label_offset, crop_fraction, skip_corrupt, batch_size,
-                 drop_remainder, native_batching, repeat, ds_info.version_dir)
+                 drop_remainder, native_batching, repeat, ds_info.version_dir, wanted)
+    if wanted is not None:
+        ds = fields_lib.to_dicts(ds, wanted)
     if not skip_corrupt:  # one image per record: the filter after the check hides that
         ds = ds.apply(tf.data.experimental.assert_cardinality(
             _batches(plan, training, repeat, batch_size, drop_remainder)))
@@ -179,9 +185,14 @@ def _window(ds_info, split):
 
 def _decode(ds, plan, pieces, training, seed, size, output, label_shift, crop_fraction,
             skip_corrupt, batch_size, drop_remainder, native_batching, repeat,
-            version_dir=None):
-    """(record, id) -> (image, label) elements or batches, naming any record that fails."""
-    if size is None:
+            version_dir=None, wanted=None):
+    """(record, id) -> (image, label) elements or batches, naming any record that fails
+    (with `wanted` fields: (image, {"label", fields}), readers/fields.py)."""
+    if wanted is not None:
+        fn = fields_lib.example_fn(training, size, output, label_shift, crop_fraction, wanted)
+        batch = (lambda d: d.batch(batch_size, drop_remainder=drop_remainder)) if (
+            batch_size) else (lambda d: d)
+    elif size is None:
         fn = native.native_fn(training, output, label_shift)
         batch = native.batching(batch_size, drop_remainder, native_batching)
     else:
@@ -196,7 +207,7 @@ def _decode(ds, plan, pieces, training, seed, size, output, label_shift, crop_fr
         ds = tf.data.Dataset.zip(ds, seeds)
     names = checked.Names(pieces, skip_corrupt, shards.sentinel_record(), version_dir)
     total = None if repeat is True else _batches(plan, training, repeat, None, False)
-    if not training and size is not None and batch_size and not skip_corrupt:
+    if not training and size is not None and batch_size and not skip_corrupt and not wanted:
         # evaluation: checked once a batch (~100 us of CPU a record less). Training keeps
         # the per-record check: once a batch cost the same CPU there (checked.decoded)
         return checked.decoded_batches(ds, fn, names, training, batch_size, drop_remainder,

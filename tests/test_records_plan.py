@@ -273,10 +273,15 @@ def test_listing_line_positions_are_image_ref_fields():
 
     from beam_pipeline import refs
 
-    ref = ImageRef("k", "u", "l", "s", 7, "st", "sha", refs.StoredFrame("p", 1, 2), "md5")
+    ref = ImageRef("k", "u", "l", "s", 7, "st", "sha", refs.StoredFrame("p", 1, 2), "md5",
+                   {"caption": "c"})
     fields = json.loads(ref.to_json())
     names = [f.name for f in dataclasses.fields(ImageRef)]
-    assert len(fields) == len(names) == 9
+    assert len(fields) == len(names) == 10
+    # without declared fields the line is the nine fields it was before they existed
+    assert json.loads(dataclasses.replace(ref, fields=None).to_json()) == fields[:9]
+    assert refs.Listed._make(fields[:9]).fields is None
+    assert ImageRef.from_json(json.dumps(fields[:9])).fields is None
     for name in names:
         position = getattr(refs, "LINE_" + ("SOURCE" if name == "source" else name.upper()))
         want = getattr(ref, name)

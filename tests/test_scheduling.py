@@ -174,7 +174,7 @@ def test_dag_imports_with_airflow_when_installed():
     spec.loader.exec_module(module)
     task = module.dag.get_task("launch_image_tfrecords")
     launch = task.body["launchParameter"]
-    assert set(launch["parameters"]) == set(parameters()) - {"label_file"}
+    assert set(launch["parameters"]) == set(parameters()) - {"label_file", "schema"}
 
 
 def test_launcher_entry_point_defaults_to_dataflow_and_runs_the_cli(monkeypatch):

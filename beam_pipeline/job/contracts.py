@@ -94,6 +94,8 @@ class CommitSpec:
     resume_from: tuple = ()   # failed runs' version dirs whose finished shards are reused
     split_map_from: Optional[str] = None   # the split map this version was planned with
     notes: tuple = ()                      # what the launcher found and said (history.py)
+    fields: Optional[dict] = None          # declared fields, vocabularies given (fields.Schema
+                                           # .to_json()); None: a build without
 
     @property
     def previous_vdir(self):

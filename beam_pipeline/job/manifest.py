@@ -67,6 +67,7 @@ def build_manifest(spec, done, created_at, parts=()):
         label_offset=0, features=dict(schema.FEATURES), key_scheme=layout.KEY_SCHEME,
         splits=split_summaries(spec, done), accounting=accounting(spec, done),
         errors=ErrorsEntry(path=layout.ERRORS, count=sum(reasons.values()), by_reason=reasons),
+        fields=spec.fields or None,
         catalog=(CatalogEntry(path=layout.CATALOG, rows=done.catalog_rows)
                  if done.catalog_rows is not None else None),
         incremental=increment_summary(spec.increment, done.results) if spec.increment else None,
@@ -88,10 +89,13 @@ def split_summaries(spec, done):
     splits = {}
     for split, shards in done.shards.items():
         counts = done.counts_of(split)
+        label_counts = {label: counts.get(label, 0) for label in spec.labels}
+        if counts.get(""):  # records without a class label (a manifest with fields)
+            label_counts[""] = counts[""]
         splits[split] = SplitEntry(
             num_examples=sum(s["num_examples"] for s in shards),
             num_bytes=sum(s["num_bytes"] for s in shards),
-            label_counts={label: counts.get(label, 0) for label in spec.labels},
+            label_counts=label_counts,
             shards=tuple(ShardEntry.from_dict(s) for s in shards))
     return splits
 

@@ -9,6 +9,8 @@ from beam_pipeline.job import tfds_metadata
 from beam_pipeline.job.heartbeat import KeepLockAlive
 from beam_pipeline.refs import ImageRef
 from beam_pipeline.job.shards import WriteShardFn
+from dataset_format import fields as field_types
+from dataset_format.fields import NO_LABEL
 
 
 class ImagesToTFRecords(beam.PTransform):
@@ -31,6 +33,8 @@ class ImagesToTFRecords(beam.PTransform):
     def expand(self, pbegin):
         spec = self.spec
         label_ids = {label: i for i, label in enumerate(spec.labels)}
+        if spec.fields:  # a manifest row with fields may have no class: id -1
+            label_ids[""] = NO_LABEL
         shards = (pbegin
                   | "ShardIndex" >> beam.Create([self.shards_index])
                   | "ReadShardIndex" >> beam.FlatMap(read_shard_index)      # -> ShardTask
@@ -59,7 +63,8 @@ class ImagesToTFRecords(beam.PTransform):
                            direct=not (spec.drop_content_duplicates
                                        or spec.drop_near_duplicate_leaks),
                            resume_from=spec.resume_from,
-                           writers_per_process=self.writers_per_process))
+                           writers_per_process=self.writers_per_process,
+                           fields=spec.fields and field_types.from_json(spec.fields)))
                        .with_output_types(ShardResult))
             # -> ShardResult, one per shard (with --transform, + pixel_moments)
         parts = ()

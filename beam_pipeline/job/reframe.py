@@ -11,7 +11,7 @@ import io
 
 from beam_pipeline.store import ranges
 from dataset_format import frames, schema
-from dataset_format.examples import parse_example, serialize_example
+from dataset_format.examples import parse_example, parse_features, serialize_example
 
 
 def read_stored(source):
@@ -49,9 +49,18 @@ def record_of(source, frame):
     return found[0]
 
 
-def reframe(record, key, label_id, label):
-    """A stored Example's bytes -> (the Example for `key` and `label`, its features)."""
-    features = parse_example(record)
+def reframe(record, key, label_id, label, fields=None):
+    """A stored Example's bytes -> (the Example for `key` and `label`, its features).
+
+    `fields`: in a build declaring fields, the image's field features
+    (dataset_format/fields.features): they replace whatever fields the stored record had,
+    so a changed caption, tag or box costs a parse and a serialization, not a decode."""
+    if fields is None:
+        features = parse_example(record)
+    else:  # every value of every list: the image's own features back to scalars
+        features = {k: v.values[0] for k, v in parse_features(record).items()
+                    if k in schema.FEATURES}
+        features.update(fields)
     features.update({schema.FILENAME: key.encode(), schema.LABEL: label_id,
                      schema.TEXT: label.encode()})
     return serialize_example(features), features

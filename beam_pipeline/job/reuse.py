@@ -48,7 +48,8 @@ def link_or_copy(source, target):
     files.copy(source, target)  # on GCS a server-side copy, complete or absent
 
 
-def run(kind, result, listing, previous_vdir, write_index, redo=None, vdir=None):
+def run(kind, result, listing, previous_vdir, write_index, redo=None, vdir=None,
+        catalog_schema=None):
     """A reuse or copy task -> its ShardResult (`result`: split, shard, path and temp set).
 
     Nothing damaged is carried forward: a shard is reused only when its size and checksum
@@ -66,7 +67,8 @@ def run(kind, result, listing, previous_vdir, write_index, redo=None, vdir=None)
     damage = None if kind == Kind.COPY else unlike_manifest(source, header)
     if kind == Kind.COPY or damage:
         result, errors, redone = copy_frames(source, result, rows, write_index, redo,
-                                             deep=damage is not None)
+                                             deep=damage is not None,
+                                             catalog_schema=catalog_schema)
         if damage:
             logging.warning("%s: %s; its records copied one by one, CRCs checked", source,
                             damage)
@@ -83,13 +85,13 @@ def run(kind, result, listing, previous_vdir, write_index, redo=None, vdir=None)
         # Shared: the manifest and catalog name the file where it is; the index beside it
         # is the one readers use, so it must be the catalog's (a damaged one is not shared).
         result = dataclasses.replace(result, shared=shared, temp=source, index_temp=None)
-        return with_rows(result, _placed(rows, split, shard, shared), False)
+        return with_rows(result, _placed(rows, split, shard, shared), False, catalog_schema)
     # Its index missing or not the catalog's: a copy, with a new index.
     if vdir is not None:
         temp = layout.join(vdir, final)
     link_or_copy(source, temp)
     result = dataclasses.replace(result, temp=temp)
-    return with_rows(result, _placed(rows, split, shard, final), write_index)
+    return with_rows(result, _placed(rows, split, shard, final), write_index, catalog_schema)
 
 
 def _placed(rows, split, shard, file):

@@ -14,7 +14,7 @@ class Damaged(IOError):
     """A stored record that is missing, cut short or fails a CRC or its catalog row."""
 
 
-def copy_frames(source, result, rows, write_index, redo=None, deep=False):
+def copy_frames(source, result, rows, write_index, redo=None, deep=False, catalog_schema=None):
     """Copy the TFRecord frames of `rows` (catalog rows, in order) from `source` into a new
     shard at result.temp, with its catalog fragment and index (job/shard_file.py), each
     record's CRCs checked on the way, so damage is never copied.
@@ -30,7 +30,7 @@ def copy_frames(source, result, rows, write_index, redo=None, deep=False):
     records converted again).
     """
     errors, redone = [], 0
-    with _files_of(result, write_index) as out:
+    with _files_of(result, write_index, catalog_schema=catalog_schema) as out:
         for row, frame, why in _checked(source, rows, deep):
             if why is not None:
                 if redo is None:
@@ -82,21 +82,22 @@ def damage(frame, row, deep=False):
     return None
 
 
-def with_rows(result, rows, write_index):
+def with_rows(result, rows, write_index, catalog_schema=None):
     """`result` (a shard in place at result.temp) with the catalog fragment and index of its
     `rows` (CatalogRows) written, and counted."""
-    with _files_of(result, write_index, shard=False) as out:
+    with _files_of(result, write_index, shard=False, catalog_schema=catalog_schema) as out:
         for row in rows:
             out.add(row)
     return _written(result, out)
 
 
-def _files_of(result, write_index, shard=True):
+def _files_of(result, write_index, shard=True, catalog_schema=None):
     """The ShardFile of `result`: its temp shard (unless `shard` is in place already), its
-    fragment and, with `write_index`, its index."""
+    fragment (`catalog_schema`: the build's, catalog.schema_of) and, with `write_index`,
+    its index."""
     fragment = result.catalog_temp or result.temp + layout.FRAGMENT_SUFFIX
     index = layout.index_name(result.temp) if write_index else None
-    return ShardFile(result.temp if shard else None, fragment, index)
+    return ShardFile(result.temp if shard else None, fragment, index, catalog_schema)
 
 
 def _written(result, out, **fields):
@@ -118,4 +119,5 @@ def keep_rows(result, drop_positions, write_index):
     rewritten = dataclasses.replace(result, temp=base + layout.REWRITE_SUFFIX,
                                     catalog_temp=None,  # the original stays, for a retry
                                     shared=None)  # this version's own file now
-    return copy_frames(result.temp, rewritten, rows, write_index)[0]
+    return copy_frames(result.temp, rewritten, rows, write_index,
+                       catalog_schema=catalog.fragment_schema(result.catalog_temp))[0]

@@ -22,8 +22,9 @@ class ShardFile:
     `path` None: the shard file is in place already (linked); `index` None: no index.
     """
 
-    def __init__(self, path, fragment, index=None):
+    def __init__(self, path, fragment, index=None, catalog_schema=None):
         self.path, self.fragment_path, self.index_path = path, fragment, index
+        self.catalog_schema = catalog_schema  # the fragment's (catalog.schema_of): None, SCHEMA
         self.num_bytes, self.num_examples, self.label_counts = 0, 0, {}
 
     def __enter__(self):
@@ -32,7 +33,8 @@ class ShardFile:
             if self.path:
                 self._frames = stack.enter_context(
                     _FrameBuffer(stack.enter_context(files.create_final(self.path))))
-            self._fragment = stack.enter_context(catalog.FragmentWriter(self.fragment_path))
+            self._fragment = stack.enter_context(catalog.FragmentWriter(self.fragment_path,
+                                                                          self.catalog_schema))
             self._index = stack.enter_context(_IndexWriter(self.index_path))
             self._stack = stack.pop_all()
         return self

@@ -19,13 +19,14 @@ from typing import Optional
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from beam_pipeline.store import files, gcs
+from beam_pipeline.store import catalog, files, gcs
 from beam_pipeline.dedup import perceptual
 from beam_pipeline.job import attempts, images, inputs, records, reframe, reuse, workers
 from beam_pipeline.errors import error_record
 from beam_pipeline.job.contracts import Kind, PixelMoments, ShardResult
 from beam_pipeline.job.shard_file import ShardFile
 from beam_pipeline.refs import ImageRef
+from dataset_format import fields as field_types
 from dataset_format import frames, layout, schema
 from dataset_format.catalog_schema import CatalogRow
 
@@ -62,7 +63,7 @@ class WriteShardFn(beam.DoFn):
 
     def __init__(self, tmp_dir, name, num_shards, label_ids, encode_options, write_index,
                  progress_dir=None, moments=False, previous_vdir=None, phash=False,
-                 direct=True, resume_from=(), writers_per_process=None):
+                 direct=True, resume_from=(), writers_per_process=None, fields=None):
         self.tmp_dir, self.name, self.num_shards = tmp_dir, name, num_shards
         self.vdir, self.direct = tmp_dir.rstrip("/").rsplit("/", 1)[0], direct
         self.phash = phash  # --near_duplicates: a perceptual hash per stored image
@@ -73,6 +74,8 @@ class WriteShardFn(beam.DoFn):
         self.progress_dir = progress_dir
         self.resume_from = tuple(resume_from)  # failed runs' version dirs, newest first
         self.writers_per_process = writers_per_process  # --number_of_worker_harness_threads
+        self.fields = fields  # declared fields (fields.Schema, vocabularies given), or None
+        self.catalog_schema = catalog.schema_of(fields)  # the fragments' columns
         self.written = Metrics.counter("images", "written")
         self.failed = Metrics.counter("images", "failed")
         self.passed_through = Metrics.counter("images", "passed_through")
@@ -99,14 +102,16 @@ class WriteShardFn(beam.DoFn):
         if task.kind != Kind.IMAGES:  # incremental: a previous shard reused or its records copied
             done = reuse.run(task.kind, result, task.listing, self.previous_vdir,
                              self.write_index, redo=self._redo,
-                             vdir=self.vdir if self.direct else None)
+                             vdir=self.vdir if self.direct else None,
+                             catalog_schema=self.catalog_schema)
             # Copied records went to this attempt's temp name: they may differ from another
             # attempt's (an input one of them could not read), so the first to finish wins.
             yield attempts.place(done, self.vdir) if self.direct and done.temp == temp else done
             return
         shard_recipe = attempts.recipe(
             task.listing, name=final, labels=self.label_ids, encode=self.encode_options,
-            index=self.write_index, phash=self.phash, moments=self.moments)
+            index=self.write_index, phash=self.phash, moments=self.moments,
+            **({"fields": self.fields.to_json()} if self.fields else {}))
         found = attempts.find_finished(self.resume_from, final, shard_recipe)
         resumed = found and attempts.resume(found, result, self.vdir)
         if resumed:
@@ -124,7 +129,7 @@ class WriteShardFn(beam.DoFn):
         index_temp = layout.index_name(temp) if self.write_index else None
         errors, passed_through, converted, reframed, repaired = [], 0, 0, 0, 0
         moments = PixelMoments() if self.moments else None  # exact over the stored pixels
-        with ShardFile(temp, result.catalog_temp, index_temp) as out:
+        with ShardFile(temp, result.catalog_temp, index_temp, self.catalog_schema) as out:
             for ref, data, read_error in inputs.read_ahead(self.pool, refs,
                                                            self.encode_options.max_bytes,
                                                            self.budget.read_ahead_bytes):
@@ -145,7 +150,7 @@ class WriteShardFn(beam.DoFn):
                     height=made.height, width=made.width, input_size=ref.size,
                     input_stamp=ref.stamp, input_sha256=made.input_sha256,
                     input_md5=ref.md5, phash=made.phash, phash_center=made.phash_center,
-                    near_descriptor=made.descriptor))
+                    near_descriptor=made.descriptor, fields=ref.fields))
                 passed_through += made.passed_through
                 reframed += made.reframed
                 converted += not made.reframed
@@ -173,7 +178,8 @@ class WriteShardFn(beam.DoFn):
             try:
                 if read_error is not None:
                     raise read_error
-                record, f = reframe.reframe(data, ref.key, label_id, ref.label)
+                record, f = reframe.reframe(data, ref.key, label_id, ref.label,
+                                            self._features(ref))
                 return _Made((record,), len(record), f[schema.SHA256].decode(), f[schema.HEIGHT],
                              f[schema.WIDTH], ref.sha256, 0, None, ref.source.phash,
                              ref.source.phash_center, _descriptor(ref.source.descriptor),
@@ -197,7 +203,8 @@ class WriteShardFn(beam.DoFn):
     def _redo(self, row, why):
         """A reuse/copy task's damaged record (its CatalogRow) -> (its frame converted again
         from the input, the row with the new record's fields), or (None, error record)."""
-        ref = ImageRef(row.key, row.uri, row.label, row.split, row.input_size, row.input_stamp)
+        ref = ImageRef(row.key, row.uri, row.label, row.split, row.input_size, row.input_stamp,
+                       fields=row.fields)
         logging.warning("%s: converting %s again", why, ref.uri)
         data, read_error = inputs.fetch(ref.uri, self.encode_options.max_bytes, ref.stamp)
         try:
@@ -215,13 +222,20 @@ class WriteShardFn(beam.DoFn):
         label_id = self.label_ids[ref.label]
         encoded = self._convert(data, read_error)
         sha256 = hashlib.sha256(encoded.data).hexdigest()
-        parts, length = records.example_parts(encoded, label_id, ref.label, ref.key, sha256)
+        parts, length = records.example_parts(encoded, label_id, ref.label, ref.key, sha256,
+                                              self._features(ref))
         # Stored as it came: the input's hash is the stored image's (one pass, not two).
         input_sha256 = (sha256 if encoded.data is data or encoded.data == data
                         else hashlib.sha256(data).hexdigest())
         return _Made(parts, length, sha256, encoded.height, encoded.width, input_sha256,
                      encoded.passed_through, encoded.moments, _signed(encoded.phash),
                      _signed(encoded.phash_center), encoded.descriptor)
+
+    def _features(self, ref):
+        """The Example features of `ref`'s declared fields, or None (a build without)."""
+        if self.fields is None:
+            return None
+        return field_types.features(self.fields, ref.fields or {})
 
     def _convert(self, data, read_error):
         """Image bytes -> images.Encoded; ImageError for an unreadable or unusable input."""

@@ -23,7 +23,7 @@ a fixed cost of every build's commit stage (and most of a small incremental run'
 import json
 import logging
 
-from dataset_format import layout, schema
+from dataset_format import fields, layout, schema
 
 # TFDS versions are semantic (x.y.z); ours are build timestamps. The TFDS version follows the
 # manifest's format_version, and the build id goes into the description and metadata.json.
@@ -51,15 +51,31 @@ def _feature(key, dtype, labels):
     raise ValueError(f"feature {key!r}: dtype {dtype!r} has no TFDS equivalent")
 
 
-def features_json(labels, features=None):
-    """features.json: the FeaturesDict of our Example keys, nested on '/'."""
+def _field_feature(field, dtype):
+    """A declared field's feature: a required scalar is a Scalar or Text, everything else a
+    Tensor of any length (an optional scalar: 0 or 1 values; TFDS reads a missing key as
+    an empty one)."""
+    if field.required and field.type in fields.SCALARS:
+        return _feature(field.name, "string" if dtype == "string" else dtype, ())
+    return {"pythonClassName": _CLASS + "tensor_feature.Tensor",
+            "tensor": {"dtype": {"float": "float32"}.get(dtype, dtype), "encoding": "none",
+                       "shape": {"dimensions": ["-1"]}}}
+
+
+def features_json(labels, features=None, field_schema=None):
+    """features.json: the FeaturesDict of our Example keys, nested on '/', and of the
+    declared fields' (`field_schema`, a fields.Schema)."""
     nested = {}
-    for key, dtype in (features or schema.FEATURES).items():
+    leaves = [(key, _feature(key, dtype, labels))
+              for key, dtype in (features or schema.FEATURES).items()]
+    for f in field_schema.fields if field_schema else ():
+        leaves += [(key, _field_feature(f, dtype)) for key, dtype in f.keys().items()]
+    for key, feature in leaves:
         *parents, leaf = key.split("/")
         node = nested
         for p in parents:
             node = node.setdefault(p, {})
-        node[leaf] = _feature(key, dtype, labels)
+        node[leaf] = feature
 
     def to_json(node):
         if "pythonClassName" in node:
@@ -117,8 +133,10 @@ def write(version_dir, manifest):
     labels_file = schema.LABEL.replace("/", "-") + layout.TFDS_LABELS_SUFFIX
     contents = {
         layout.TFDS_DATASET_INFO: json.dumps(info, indent=2, sort_keys=True),
-        layout.TFDS_FEATURES: json.dumps(features_json(manifest["labels"], manifest.get("features")),
-                                    indent=4, sort_keys=True),
+        layout.TFDS_FEATURES: json.dumps(features_json(
+            manifest["labels"], manifest.get("features"),
+            fields.from_json(manifest["fields"]) if manifest.get("fields") else None),
+            indent=4, sort_keys=True),
         layout.TFDS_METADATA: json.dumps({"version": manifest["version"], "manifest": layout.MANIFEST}),
         labels_file: "".join(f"{label}\n" for label in manifest["labels"]),
     }

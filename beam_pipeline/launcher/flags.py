@@ -52,6 +52,10 @@ def add_build_args(parser):
         help="Fail without publishing when more than this fraction of inputs is rejected.")
     add("--label_file", default=None,
         help="Text file with one class name per line; line order gives the label ids.")
+    add("--schema", default=None,
+        help="YAML or JSON file declaring the manifest's further columns (fields: int, float, "
+             "string, list[...], classes, boxes; docs/format.md), checked for every row; "
+             "'infer' reads them from the manifests and prints the schema to keep.")
     add("--sink", choices=("shards", "beam"), default="shards",
         help="shards: one DoFn call writes each planned shard (default); "
              "beam: beam.io.WriteToTFRecord, for comparison.")

@@ -210,9 +210,11 @@ class _Previous:
 
 
 def _same_bytes(ref, row):
-    """Same key, same bytes: unchanged, or changed when its label or split moved (a manifest
-    row relabelled: its record is then re-framed)."""
-    return "unchanged" if (ref.label, ref.split) == (row["label"], row["split"]) else "changed"
+    """Same key, same bytes: unchanged, or changed when its label, split or declared fields
+    moved (a manifest row relabelled, a caption or box edited: its record is then
+    re-framed)."""
+    return "unchanged" if ((ref.label, ref.split) == (row["label"], row["split"])
+                           and (ref.fields or None) == (row.get("fields") or None)) else "changed"
 
 
 def _same_stamp(ref, row):

@@ -80,9 +80,10 @@ class Increment:
 
 
 def kept_as_is(ref, row):
-    """The stored record is this image's, byte for byte: same key, label and split."""
+    """The stored record is this image's, byte for byte: same key, label, split and declared
+    fields' values (another caption or box: re-framed)."""
     return row is not None and (row["key"], row["label"], row["split"]) == (
-        ref.key, ref.label, ref.split)
+        ref.key, ref.label, ref.split) and (row.get("fields") or None) == (ref.fields or None)
 
 
 def plan_increment(resolved, previous_vdir, previous, spill_dir, target_shard_mb,

@@ -26,6 +26,7 @@ from beam_pipeline.errors import UserError, error_record
 from beam_pipeline.launcher.folders import GLOB_CHARS, glob_root, list_directory, list_glob
 from beam_pipeline.launcher.manifests import list_manifest
 from beam_pipeline.refs import ImageRef, Listed
+from dataset_format import fields as field_types
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +37,7 @@ class ListingConfig:
     max_bytes: int = 0             # --max_image_mb in bytes (0: no limit)
     fingerprint_config: dict = dataclasses.field(default_factory=dict)  # options fingerprinted
     label_file: Optional[tuple] = None  # --label_file's classes, in order
-
+    schema: Optional[object] = None  # --schema's fields.Schema: manifests' further columns
 
 
 class Fingerprint:
@@ -53,23 +54,26 @@ class Fingerprint:
 
     def add(self, r):
         self.h.update(json.dumps([r.key, r.uri, r.size, r.stamp, r.label, r.split]).encode())
+        if getattr(r, "fields", None) is not None:  # declared fields' values: a changed caption
+            self.h.update(json.dumps(r.fields, sort_keys=True).encode())  # is a change
         self.h.update(b"\n")
 
     def hexdigest(self):
         return "sha256:" + self.h.hexdigest()
+
 
 def list_inputs(config, spill_dir, errors_path):
     """The listing stage: every input listed, deduplicated and fingerprinted in one streaming
     pass -> Listing (refs spilled by key); listing errors go to errors_path (JSONL)."""
     with open(errors_path, "w") as errors_file:
         return plan_listing(
-            iter_inputs(config.inputs, config.max_bytes),
+            iter_inputs(config.inputs, config.max_bytes, config.schema),
             Fingerprint(config.fingerprint_config, __version__),
             set(config.label_file) if config.label_file else None, spill_dir,
-            lambda e: errors_file.write(json.dumps(e) + "\n"))
+            lambda e: errors_file.write(json.dumps(e) + "\n"), schema=config.schema)
 
 
-def iter_inputs(specs, max_bytes=0):
+def iter_inputs(specs, max_bytes=0, schema=None):
     """Every --input -> a stream of ImageRef (listed image) or dict (an errors.jsonl record).
 
     An input larger than `max_bytes` (0: no limit) is an error record, `too_large`: it is
@@ -79,7 +83,7 @@ def iter_inputs(specs, max_bytes=0):
     """
     names = input_names(specs)
     for spec, name in zip(specs, names):
-        for item in _list_spec(spec):
+        for item in _list_spec(spec, schema):
             if isinstance(item, ImageRef):
                 if not _is_utf8(item.uri):
                     item = error_record(printable(item.uri), "read", "bad_name",
@@ -168,9 +172,9 @@ def _is_manifest(spec):
     return spec.lower().endswith((".csv", ".jsonl")) and not GLOB_CHARS & set(spec)
 
 
-def _list_spec(spec):
+def _list_spec(spec, schema=None):
     if _is_manifest(spec):
-        return list_manifest(spec)
+        return list_manifest(spec, schema)
     if GLOB_CHARS & set(spec):
         return list_glob(spec)
     return list_directory(spec.rstrip("/") or "/")
@@ -189,9 +193,11 @@ class Listing:
     errors: int = 0
     num_images: int = 0
     by_key: Optional[SortedSpill] = None  # (key JSON, ImageRef JSON; split only where fixed)
+    classes_present: dict = dataclasses.field(default_factory=dict)  # classes/boxes field ->
+    # the class names its values use (their ids: rules.label_ids, as for labels)
 
 
-def plan_listing(items, fingerprint, known_labels, spill_dir, write_error):
+def plan_listing(items, fingerprint, known_labels, spill_dir, write_error, schema=None):
     """Listed items (ImageRef or error dict) -> Listing, in flat memory.
 
     Sorts by uri on disk to drop duplicates (the same file listed again, by any input:
@@ -200,8 +206,9 @@ def plan_listing(items, fingerprint, known_labels, spill_dir, write_error):
     paths under its own prefix), then spills the refs again by key for identity.resolve,
     which gives every image its split. `fingerprint` has add(ref) and hexdigest();
     `write_error` takes each errors.jsonl record; `known_labels` (a --label_file's
-    classes) or None.
+    classes) or None; `schema` (fields.Schema): which fields' class names to collect.
     """
+    class_fields = [f for f in (schema.fields if schema else ()) if f.has_classes]
     plan = Listing(fingerprint="", labels_present=set(), by_key=SortedSpill(spill_dir))
     with SortedSpill(spill_dir) as by_uri:
         for item in items:
@@ -231,7 +238,13 @@ def plan_listing(items, fingerprint, known_labels, spill_dir, write_error):
                 write_error(error_record(ref.uri, "read", "unknown_label",
                                          f"class {ref.label!r} is not in --label_file"))
                 continue
-            plan.labels_present.add(ref.label)
+            if ref.label:  # "": a manifest row with fields and no class
+                plan.labels_present.add(ref.label)
+            for f in class_fields:
+                value = ref.fields and ref.fields.get(f.name)
+                if value:
+                    plan.classes_present.setdefault(f.name, set()).update(
+                        field_types.class_names(f, value))
             plan.num_images += 1
             plan.by_key.add(json_string(ref.key), line)
     plan.fingerprint = fingerprint.hexdigest()

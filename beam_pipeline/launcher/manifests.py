@@ -4,6 +4,7 @@ from directory inputs because a manifest names its files: nothing is walked, eve
 be wrong on its own."""
 
 import csv
+import dataclasses
 import io
 import itertools
 import json
@@ -18,14 +19,16 @@ from beam_pipeline.launcher.folders import has_control
 from beam_pipeline.refs import ImageRef
 from beam_pipeline.algorithms.read_ahead import threaded
 from beam_pipeline.algorithms.spill import SortedSpill
+from dataset_format import fields as field_types
 
 STAT_THREADS = 32          # manifest uris on gs:// checked at once
 ROWS_PER_PAGE = 100        # a folder's listing may take a page (1,000 names) per 100 rows
 SPLIT_PATTERN = re.compile(r"[a-z][a-z0-9_]*")  # split names become file and folder names
 
 
-def _manifest_rows(path):
-    """(row number, dict) per row, streamed from a local or gs:// CSV/JSONL file."""
+def _manifest_rows(path, schema=None):
+    """(row number, dict) per row, streamed from a local or gs:// CSV/JSONL file. A CSV's
+    header names only uri, label, split and `schema`'s fields, when one is declared."""
     from apache_beam.io.filesystems import FileSystems
 
     try:
@@ -45,9 +48,16 @@ def _manifest_rows(path):
                     yield n, row
             return
         reader = csv.DictReader(text)
-        if not reader.fieldnames or not {"uri", "label"} <= set(reader.fieldnames):
+        needed = {"uri"} if schema else {"uri", "label"}  # with fields, the label is optional
+        if not reader.fieldnames or not needed <= set(reader.fieldnames):
             raise UserError(f"{path}: a manifest needs a header with columns uri,label[,split]; "
                             f"found {reader.fieldnames}")
+        if schema:
+            extra = [c for c in reader.fieldnames
+                     if c not in ("uri", "label", "split") and c not in schema.names]
+            if extra:
+                raise UserError(f"{path}: column {extra[0]!r} is not a field of --schema "
+                                f"(fields: {', '.join(schema.names)})")
         for n, row in enumerate(reader, 2):
             yield n, row
 
@@ -60,6 +70,29 @@ def _check_strings(path, n, row):
         if value is not None and not isinstance(value, str):
             raise UserError(f"{path}:{n}: {column} must be a JSON string, not "
                             f"{json.dumps(value)}")
+
+
+def infer_schema(specs):
+    """The fields.Schema the rows of the manifests among `specs` fit (fields.infer): what
+    --schema infer builds with and prints. Exit 2 when there are none, or no type fits."""
+    from beam_pipeline.launcher.listing import _is_manifest
+
+    manifests = [spec for spec in specs if _is_manifest(spec)]
+    if not manifests:
+        raise UserError("--schema infer reads the further columns of .csv/.jsonl manifests; "
+                        "no --input is one")
+
+    def rows():
+        for path in manifests:
+            text = not path.lower().endswith(".jsonl")
+            for _, row in _manifest_rows(path):
+                yield ({k: field_types.cell_value(v) for k, v in row.items() if v}
+                       if text else row)
+
+    try:
+        return field_types.infer(rows())
+    except ValueError as e:
+        raise UserError(f"--schema infer: {e}") from e
 
 
 def manifest_key(uri, full, base):
@@ -76,15 +109,19 @@ def _absolute(path):
     return path if "://" in path else os.path.abspath(path)
 
 
-def list_manifest(path):
+def list_manifest(path, schema=None):
+    """A manifest -> ImageRefs and error records. With a `schema` (fields.Schema) each row's
+    further columns are checked: a bad value is an error record (bad_field) naming the
+    column and the value; the ref carries the checked values."""
     base = posixpath.dirname(_absolute(path)) if "://" not in path else posixpath.dirname(path)
-    batch, any_row = [], False
+    batch, any_row, values = [], False, {}
+    text = not path.lower().endswith(".jsonl")
     with SortedSpill() as by_key:  # one key, two uris: found after the last row
-        for n, row in _manifest_rows(path):
+        for n, row in _manifest_rows(path, schema):
             any_row = True
             uri, label = str(row.get("uri") or "").strip(), str(row.get("label") or "").strip()
             split = str(row.get("split") or "").strip() or None
-            if not uri or not label:
+            if not uri or not (label or schema):  # with fields, "": an image without a class
                 yield error_record(uri or f"{path}:{n}", "read", "bad_manifest_row",
                                    f"{path} row {n} needs both uri and label")
                 continue
@@ -92,16 +129,31 @@ def list_manifest(path):
             full = uri if "://" in uri or uri.startswith("/") else posixpath.join(base, uri)
             if "://" not in full:  # one key per local file: data/./a.jpg, x/../data/a.jpg
                 full = posixpath.normpath(full)
+            if schema:
+                try:
+                    values[full] = field_types.check_row(schema, row, text=text)
+                except field_types.FieldError as e:
+                    yield error_record(full, "read", "bad_field", f"{path}:{n}: {e}")
+                    continue
             key = manifest_key(uri, full, base)
             by_key.add(json.dumps(key), json.dumps([full, n]))
             batch.append((key, full, label, split, f"{path}:{n}"))
             if len(batch) >= 1000:
-                yield from _stat_batch(batch)
+                yield from _with_fields(_stat_batch(batch), values)
                 batch = []
-        yield from _stat_batch(batch)
+        yield from _with_fields(_stat_batch(batch), values)
         if not any_row:
             raise UserError(f"--input {path}: manifest has no rows")
         _check_unique_keys(path, by_key)
+
+
+def _with_fields(items, values):
+    """The batch's refs with their rows' checked field values (`values`, by uri, emptied)."""
+    for item in items:
+        if values and isinstance(item, ImageRef):
+            item = dataclasses.replace(item, fields=values.pop(item.uri, {}))
+        yield item
+    values.clear()
 
 
 def _check_row(path, n, uri, label, split):

@@ -51,6 +51,8 @@ class BuildOptions(PipelineOptions):
              f"--near_duplicate_radius {self.near_duplicate_radius}: must be in 0..32"),
             (self.near_duplicates or not self.drop_near_duplicate_leaks,
              "--drop_near_duplicate_leaks needs --near_duplicates (the hashes it compares)"),
+            (not self.schema or self.sink == "shards",
+             "--schema needs --sink shards (the beam sink writes the image's features only)"),
         ]
         for ok, message in checks:
             if not ok:
@@ -58,8 +60,18 @@ class BuildOptions(PipelineOptions):
         try:
             rules.parse_splits(self.splits)
             self.encode_options()
+            self.field_schema()
         except ValueError as e:
             raise UserError(str(e)) from e
+
+    def field_schema(self):
+        """--schema FILE -> its fields.Schema (ValueError naming the file); "infer": None,
+        the launcher infers it from the manifests; no --schema: an empty Schema."""
+        from dataset_format import fields
+
+        if self.schema == "infer":
+            return None
+        return fields.load(self.schema) if self.schema else fields.Schema()
 
     def encode_options(self):
         from beam_pipeline.job.images import EncodeOptions
@@ -71,7 +83,8 @@ class BuildOptions(PipelineOptions):
     def build_config(self):
         """The effective build options (recorded in the manifest and the fingerprint)."""
         own = {a.dest for a in _own_actions()}
-        return {k: v for k, v in sorted(self.get_all_options().items()) if k in own}
+        return {k: v for k, v in sorted(self.get_all_options().items())
+                if k in own and (k not in UNSET_UNRECORDED or v is not None)}
 
 
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")  # what a uri starts with, as in RFC 3986
@@ -105,6 +118,10 @@ def changed(previous_config, config, names):
     """The options among `names` whose values differ between two build configs."""
     return sorted(n for n in names if previous_config.get(n) != config.get(n))
 
+
+# Options recorded only when set: a dataset built without them has the manifest it had
+# before they existed.
+UNSET_UNRECORDED = frozenset({"schema"})
 
 # Options that change where or whether a build happens, not what it produces.
 NOT_FINGERPRINTED = {"input", "output", "force", "keep_versions", "keep_superseded_hours",

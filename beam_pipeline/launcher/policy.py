@@ -8,11 +8,12 @@ values and the previous manifest (a DatasetInfo) alone.
 
 import dataclasses
 import importlib.metadata as md
+from typing import Optional
 
 from beam_pipeline import __version__
 from beam_pipeline.launcher import options as opts
 from beam_pipeline.launcher.rules import parse_splits
-from dataset_format import layout
+from dataset_format import fields, layout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,6 +25,7 @@ class ReusePolicy:
     resplit: bool = False
     full_rebuild: bool = False
     transform: bool = False
+    fields: Optional[dict] = None  # the declared fields (fields.Schema.to_json()), or None
 
 
 def can_reuse(policy, previous):
@@ -34,10 +36,11 @@ def can_reuse(policy, previous):
         return False
     return (not opts.changed(previous.config, policy.config, opts.RECORD_OPTIONS)
             and previous.key_scheme == layout.KEY_SCHEME
-            and previous.generator == generator())
+            and previous.generator == generator()
+            and fields.keeps_records(previous.manifest.get("fields"), policy.fields))
 
 
-def can_increment(policy, previous, labels):
+def can_increment(policy, previous, labels, schema=None):
     """Build on the previous version's shards (when can_reuse says its records can be
     reused) unless a full build is asked for, the shard layout's options changed
     (options.LAYOUT_OPTIONS: then a full build re-frames the stored records), or its label
@@ -46,6 +49,8 @@ def can_increment(policy, previous, labels):
         return False  # (--transform needs every train image's pixels: a full build)
     if opts.changed(previous.config, policy.config, opts.LAYOUT_OPTIONS):
         return False
+    if not fields.ids_kept(previous.manifest.get("fields"), schema):
+        return False  # a class of a classes/boxes field changed id: every record re-framed
     return list(labels[:len(previous.labels)]) == list(previous.labels)
 
 

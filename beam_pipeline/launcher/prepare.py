@@ -18,12 +18,13 @@ import sys
 import tempfile
 
 from beam_pipeline.job.contracts import CommitSpec
-from beam_pipeline.launcher import checks, history, identity, incremental, listing, plan, policy
+from beam_pipeline.launcher import (checks, history, identity, incremental, listing, manifests,
+                                    plan, policy)
 from beam_pipeline.launcher import options as opts
 from beam_pipeline.launcher.rules import label_ids, parse_splits
 from beam_pipeline.launcher.shard_index import write_shard_listings
 from beam_pipeline.store import files, lock, retention, versions
-from dataset_format import layout
+from dataset_format import fields, layout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,11 +62,14 @@ def prepare(build, root):
         print(f"{root}: version {v} was never published (a run killed before LATEST): "
               "its manifest removed, its finished shards resumed")
     label_file = checks.read_label_file(build.label_file) if build.label_file else None
+    schema = field_schema(build)
     reuse_policy = policy.ReusePolicy(build.build_config(), build.splits, build.resplit,
-                                      build.full_rebuild, build.transform)
+                                      build.full_rebuild, build.transform,
+                                      schema.to_json() if schema else None)
     with tempfile.TemporaryDirectory(prefix="image-tfrecords-") as scratch:
         errors_path = os.path.join(scratch, layout.LISTING_ERRORS)
-        listed = listing.list_inputs(_listing_config(build, label_file), scratch, errors_path)
+        listed = listing.list_inputs(_listing_config(build, label_file, schema), scratch,
+                                     errors_path)
         same = (previous and previous.input_fingerprint == listed.fingerprint
                 and not build.force and not build.resplit
                 and not past.notes)  # a damaged root is rebuilt, which repairs it
@@ -78,8 +82,9 @@ def prepare(build, root):
             return UpToDate(past.version, "every input's bytes verified")
         labels = label_ids(listed.labels_present, previous.labels if previous else (),
                            label_file)
+        schema = with_vocabularies(schema, listed.classes_present, previous)
         shard_plan = None
-        if reuse and policy.can_increment(reuse_policy, previous, labels):
+        if reuse and policy.can_increment(reuse_policy, previous, labels, schema):
             shard_plan = incremental.incremental_plan(
                 resolved, previous,
                 incremental.IncrementConfig(build.target_shard_mb, build.max_delta_share), scratch)
@@ -87,7 +92,7 @@ def prepare(build, root):
             shard_plan = plan.full_plan(resolved, plan.FullPlanConfig(
                 build.num_shards, build.target_shard_mb, policy.reframes(reuse_policy, reuse),
                 previous.version_dir if previous else None), scratch)
-        spec = _commit_spec(build, root, listed, labels, shard_plan, past)
+        spec = _commit_spec(build, root, listed, labels, shard_plan, past, schema)
         files.copy_local_file(errors_path, spec.listing_errors_path)
         shards_index = write_shard_listings(spec.tmp_dir, shard_plan.shards)
     return Planned(spec, shards_index, images=resolved.num_images, bytes=resolved.num_bytes,
@@ -95,15 +100,48 @@ def prepare(build, root):
                    notes=policy.splits_note(reuse_policy, previous, resolved.counts["stored"]))
 
 
-def _listing_config(build, label_file):
+def _listing_config(build, label_file, schema=None):
     fingerprint_config = {k: v for k, v in build.build_config().items()
                           if k not in opts.NOT_FINGERPRINTED}
     fingerprint_config["label_file"] = label_file
+    if schema:  # its content, not its path
+        fingerprint_config["schema"] = schema.to_json()
     return listing.ListingConfig(tuple(build.input), build.encode_options().max_bytes,
-                                 fingerprint_config, tuple(label_file) if label_file else None)
+                                 fingerprint_config, tuple(label_file) if label_file else None,
+                                 schema or None)
 
 
-def _commit_spec(build, root, listed, labels, shard_plan, past):
+def field_schema(build):
+    """--schema's fields.Schema; with --schema infer, the one the manifests' rows fit,
+    printed for the user to keep."""
+    schema = build.field_schema()
+    if schema is not None:
+        return schema
+    schema = manifests.infer_schema(build.input)
+    print("# the schema inferred from the manifests (keep it, edit it, pass it as --schema "
+          "FILE):\n" + fields.dump(schema), end="", flush=True)
+    return schema
+
+
+def with_vocabularies(schema, present, previous):
+    """The schema with each classes/boxes field's ids: its declared classes when closed,
+    else the previous version's ids kept and the classes seen now appended
+    (rules.label_ids, as for labels)."""
+    if not schema:
+        return schema
+    before = {}
+    if previous is not None and previous.manifest.get("fields"):
+        before = {f.name: f.classes or () for f in
+                  fields.from_json(previous.manifest["fields"]).fields}
+    vocabularies = {}
+    for f in schema.fields:
+        if f.has_classes:
+            vocabularies[f.name] = (f.classes if f.closed else label_ids(
+                present.get(f.name, ()), before.get(f.name) or f.classes or ()))
+    return schema.with_classes(vocabularies)
+
+
+def _commit_spec(build, root, listed, labels, shard_plan, past, schema=None):
     version = versions.claim_version(root)  # unique even when two runs start in one second
     previous = versions.latest_id(root)
     tmp_dir = CommitSpec.tmp_dir_of(root, version)
@@ -121,4 +159,5 @@ def _commit_spec(build, root, listed, labels, shard_plan, past):
         drop_near_duplicate_leaks=build.drop_near_duplicate_leaks,
         lock_token=lock.token(root), keep_superseded_hours=build.keep_superseded_hours,
         resume_from=versions.failed_runs(root, previous, version),
-        split_map_from=past.split_map and past.split_map.source, notes=past.notes)
+        split_map_from=past.split_map and past.split_map.source, notes=past.notes,
+        fields=schema.to_json() if schema else None)

@@ -11,6 +11,7 @@ Incremental regeneration and users' queries both read it:
 """
 
 import base64
+import itertools
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -24,17 +25,24 @@ SCHEMA = catalog_schema.arrow_schema()  # the columns: dataset_format/catalog_sc
 ROWS_PER_BATCH = 8192
 
 
-class FragmentWriter:
-    """One shard's rows -> a Parquet file at `path`, written in batches as the shard is."""
+def schema_of(field_schema):
+    """The catalog's Arrow schema for a build declaring `field_schema` (fields.Schema or
+    None): SCHEMA itself without fields."""
+    return catalog_schema.arrow_schema(field_schema) if field_schema else SCHEMA
 
-    def __init__(self, path):
-        self.path, self.rows = path, []
+
+class FragmentWriter:
+    """One shard's rows -> a Parquet file at `path`, written in batches as the shard is;
+    `schema`: the build's (schema_of), SCHEMA by default."""
+
+    def __init__(self, path, schema=None):
+        self.path, self.rows, self.schema = path, [], schema or SCHEMA
 
     def __enter__(self):
         from beam_pipeline.store import files
 
         self.opened = files.create_final(self.path)  # complete or absent
-        self.writer = pq.ParquetWriter(self.opened.__enter__(), SCHEMA)
+        self.writer = pq.ParquetWriter(self.opened.__enter__(), self.schema)
         return self
 
     def append(self, row):
@@ -48,7 +56,7 @@ class FragmentWriter:
         self.writer.add_key_value_metadata(metadata)
 
     def _flush(self):
-        self.writer.write_table(pa.Table.from_pylist(self.rows, schema=SCHEMA))
+        self.writer.write_table(pa.Table.from_pylist(self.rows, schema=self.schema))
         self.rows = []
 
     def __exit__(self, *exc):
@@ -61,15 +69,20 @@ class FragmentWriter:
 def merge(fragments, path):
     """Append the fragments (in order) into one Parquet file at `path`.
 
-    Returns (row count, {longer side: count}) of the stored images.
+    Returns (row count, {longer side: count}) of the stored images. The catalog has the
+    fragments' columns (SCHEMA, and a build's declared fields after them).
     """
     import pyarrow.compute as pc
 
     rows, sides = 0, {}
     from beam_pipeline.store import files
 
-    with files.create_final(path) as raw, pq.ParquetWriter(raw, SCHEMA) as writer:
-        for table in _row_groups(fragments):  # the fragments' own row groups, in order
+    tables = _row_groups(fragments)  # the fragments' own row groups, in order
+    first = next(tables, None)
+    schema = SCHEMA if first is None or first.schema.names == SCHEMA.names else (
+        first.schema.remove_metadata())
+    with files.create_final(path) as raw, pq.ParquetWriter(raw, schema) as writer:
+        for table in itertools.chain([first] if first is not None else [], tables):
             writer.write_table(table)
             rows += table.num_rows
             longer = pc.max_element_wise(table["height"], table["width"])
@@ -87,7 +100,7 @@ def _row_groups(paths):
     if any(p.startswith("gs://") for p in paths):
         for fragment in iter_fragments(paths):
             for batch in fragment.to_batches():
-                yield pa.Table.from_batches([batch], SCHEMA)
+                yield pa.Table.from_batches([batch], fragment.schema)
     else:
         for path in paths:
             yield from iter_tables(path)
@@ -161,19 +174,32 @@ def iter_tables(path, columns=None, row_groups=None):
             yield source.read_row_group(i, columns=columns)
 
 
+def fragment_schema(path):
+    """A catalog file's columns as an Arrow schema (SCHEMA when it has no field columns)."""
+    from beam_pipeline.store import files
+
+    with files.open_seekable(path) as f:
+        found = pq.ParquetFile(f).schema_arrow.remove_metadata()
+    return SCHEMA if found.names == SCHEMA.names else found
+
+
 def read_rows(path):
     """The rows of a catalog file as CatalogRows, one row group in memory at a time."""
     for table in iter_tables(path):
         for row in table.to_pylist():
-            yield CatalogRow.from_dict(row)
+            yield CatalogRow.from_dict(catalog_schema.nest_fields(row))
 
 
 def iter_rows(path):
     """The rows of a catalog file as dicts, one row group at a time, ready for JSON: the
     launcher's identity joins only read rows and spill them as JSON text (a CatalogRow per
-    row would be built only to be dumped again); near_descriptor as base64 text."""
+    row would be built only to be dumped again); near_descriptor as base64 text;
+    declared fields under "fields" (catalog_schema.nest_fields)."""
     for table in iter_tables(path):
+        nest = table.num_columns > len(SCHEMA)
         for row in table.to_pylist():
+            if nest:
+                row = catalog_schema.nest_fields(row)
             if row.get(DESCRIPTOR) is not None:
                 row[DESCRIPTOR] = base64.b64encode(row[DESCRIPTOR]).decode()
             yield row

@@ -65,6 +65,30 @@ def contact_sheet(samples, path, title="", cols=None):
         _centered(draw, width // 2, title_h + cell // 2, "no records", title_font)
     _save(sheet, path)
 
+BOX_COLOURS = ((255, 64, 64), (64, 220, 64), (80, 140, 255), (255, 200, 0), (220, 80, 255))
+
+
+def with_boxes(image, boxes):
+    """`image` (PIL RGB) with `boxes` [(xmin, ymin, xmax, ymax, class name)] drawn on it
+    (fractions of its size), each class in its own colour; the image itself when none."""
+    from PIL import ImageDraw
+
+    if not boxes:
+        return image
+    image = image.copy()
+    draw = ImageDraw.Draw(image)
+    width = max(1, round(max(image.size) / 100))
+    colours = {}
+    for xmin, ymin, xmax, ymax, name in boxes:
+        colour = colours.setdefault(name, BOX_COLOURS[len(colours) % len(BOX_COLOURS)])
+        w, h = image.width - 1, image.height - 1
+        draw.rectangle([round(xmin * w), round(ymin * h), round(xmax * w), round(ymax * h)],
+                       outline=colour, width=width)
+        draw.text((round(xmin * w) + width + 1, round(ymin * h) + width), name, fill=colour,
+                  font=_font(max(10, 4 * width)))
+    return image
+
+
 def near_duplicate_sheet(pairs, path, title):
     """Each pair on one row, side by side, captioned with key, split and its caption
     ('6 bits, s 0.03', or 'rejected 9 bits, s 0.41' for a candidate the descriptor turned

@@ -20,6 +20,12 @@ VARIANTS = ("jpeg", "jpeg", "jpeg", "png", "gray", "cmyk", "palette", "exif", "p
 
 def draw(shape, rng, size=(160, 120)):
     """An RGB image of one shape; size and colours vary with rng."""
+    return drawn(shape, rng, size)[0]
+
+
+def drawn(shape, rng, size=(160, 120)):
+    """(draw's image, the shape's box as {xmin, ymin, xmax, ymax, label}: fractions of the
+    upright image, the tags it has: "large"/"small", "warm"/"cool")."""
     w, h = size
     img = Image.new("RGB", size, tuple(rng.randrange(0, 90) for _ in range(3)))
     d = ImageDraw.Draw(img)
@@ -32,7 +38,12 @@ def draw(shape, rng, size=(160, 120)):
         d.rectangle((cx - r, cy - r, cx + r, cy + r), fill=colour)
     else:
         d.polygon([(cx, cy - r), (cx - r, cy + r), (cx + r, cy + r)], fill=colour)
-    return img
+    box = {"xmin": round((cx - r) / w, 4), "ymin": round((cy - r) / h, 4),
+           "xmax": round(min(cx + r + 1, w) / w, 4), "ymax": round(min(cy + r + 1, h) / h, 4),
+           "label": shape}
+    tags = ["large" if 2 * r > min(w, h) // 2 else "small",
+            "warm" if colour[0] >= colour[2] else "cool"]
+    return img, box, tags
 
 
 def encode(img, variant):
@@ -88,22 +99,42 @@ def broken_files():
     }
 
 
-def generate(root, per_class=None, seed=0):
-    """Write ROOT/<class>/<n>.<ext>; returns the number of files written."""
-    rng, count = random.Random(seed), 0
+MANIFEST, SCHEMA = "images.jsonl", "schema.yaml"
+SCHEMA_TEXT = f"""fields:
+  tags: {{type: classes, max_len: 2, classes: [large, small, warm, cool]}}
+  objects: {{type: boxes, max_len: 1, classes: [{', '.join(CLASSES)}]}}
+"""
+
+
+def generate(root, per_class=None, seed=0, manifest=False):
+    """Write ROOT/<class>/<n>.<ext>; returns the number of files written. `manifest`: also
+    ROOT/images.jsonl (uri, label, tags, the shape's box) and ROOT/schema.yaml declaring them."""
+    rng, count, rows = random.Random(seed), 0, []
     per_class = PER_CLASS if per_class is None else per_class
     for shape in CLASSES:
         os.makedirs(os.path.join(root, shape), exist_ok=True)
         for i in range(per_class):
             size = (rng.randrange(96, 224), rng.randrange(96, 224))
-            data, ext = encode(draw(shape, rng, size), VARIANTS[i % len(VARIANTS)])
-            with open(os.path.join(root, shape, f"{shape}_{i:03d}.{ext}"), "wb") as f:
+            img, box, tags = drawn(shape, rng, size)
+            data, ext = encode(img, VARIANTS[i % len(VARIANTS)])
+            name = f"{shape}/{shape}_{i:03d}.{ext}"
+            with open(os.path.join(root, name), "wb") as f:
                 f.write(data)
+            rows.append({"uri": name, "label": shape, "tags": tags, "objects": [box]})
             count += 1
     for name, data in broken_files().items():
         with open(os.path.join(root, CLASSES[0], name), "wb") as f:
             f.write(data)
+        rows.append({"uri": f"{CLASSES[0]}/{name}", "label": CLASSES[0], "tags": [],
+                     "objects": []})
         count += 1
+    if manifest:
+        import json
+
+        with open(os.path.join(root, MANIFEST), "w") as f:
+            f.writelines(json.dumps(row) + "\n" for row in rows)
+        with open(os.path.join(root, SCHEMA), "w") as f:
+            f.write(SCHEMA_TEXT)
     return count
 
 
@@ -116,8 +147,12 @@ def main(argv=None):
         description=f"Write a small, deterministic image set into DIR: {PER_CLASS} images "
         f"of each of {', '.join(CLASSES)} and {len(broken_files())} broken files.")
     parser.add_argument("dir", help="folder to write DIR/<class>/<image> into")
+    parser.add_argument("--manifest", action="store_true",
+                        help=f"also write DIR/{MANIFEST} (uri, label, tags, the shape's box) "
+                             f"and DIR/{SCHEMA} declaring its fields, for --schema")
     args = parser.parse_args(argv)
-    print(f"wrote {generate(args.dir)} files to {args.dir}")
+    print(f"wrote {generate(args.dir, manifest=args.manifest)} files to {args.dir}"
+          + (f", {MANIFEST} and {SCHEMA}" if args.manifest else ""))
     return 0
 
 

@@ -11,7 +11,8 @@ import json
 import random
 
 from beam_pipeline.refs import split_order
-from dataset_format import frames, layout, schema
+from beam_pipeline.tools import drawing
+from dataset_format import fields, frames, layout, schema
 
 
 def ordered_splits(manifest):
@@ -65,8 +66,19 @@ def sample(version_dir, manifest, n, split=None, seed=0):
             _record_at(tf.io.gfile, path, k, indexes[rel])).features.feature
         image = Image.open(io.BytesIO(feature[schema.ENCODED].bytes_list.value[0]))
         out.append((s, feature[schema.TEXT].bytes_list.value[0].decode(),
-                    feature[schema.LABEL].int64_list.value[0], image.convert("RGB")))
+                    feature[schema.LABEL].int64_list.value[0],
+                    drawing.with_boxes(image.convert("RGB"), boxes_of(feature))))
     return out
+
+
+def boxes_of(feature):
+    """A record's boxes (a boxes field's Object Detection API keys) as [(xmin, ymin, xmax,
+    ymax, class name)]; [] for a record without."""
+    if fields.BBOX["xmin"] not in feature:
+        return []
+    sides = [feature[fields.BBOX[s]].float_list.value for s in fields.BOX_SIDES]
+    names = [v.decode() for v in feature[fields.BOX_TEXT].bytes_list.value]
+    return list(zip(*sides, names))
 
 def cross_split_pairs(version_dir, manifest, n, rejected=2):
     """Up to `n` (caption, member a, member b) pairs of stored images in different splits: the

@@ -26,7 +26,7 @@ import sys
 from beam_pipeline.tools import verify_copy
 from beam_pipeline.tools.verify_catalog import CatalogCheck
 from beam_pipeline.tools.verify_shards import check_shard
-from dataset_format import dataset_info, layout
+from dataset_format import dataset_info, fields, layout
 import tf_quiet
 
 
@@ -110,11 +110,12 @@ def check(path):
     files = records = 0
     written = 0
     catalog = CatalogCheck(gfile, vdir, manifest, problems)
+    field_schema = fields.from_json(manifest["fields"]) if manifest.get("fields") else None
     for split, s in sorted(info.splits.items()):
         counted, readable = {}, True
         for shard in s.shards:
             counts = check_shard(gfile, vdir, shard, labels, label_offset, write_index, problems,
-                                 catalog, split)
+                                 catalog, split, field_schema)
             files += 1
             if counts is None:
                 readable = False

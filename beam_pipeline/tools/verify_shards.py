@@ -6,7 +6,7 @@ import hashlib
 
 import google_crc32c
 
-from dataset_format import layout, schema
+from dataset_format import examples, fields, layout, schema
 from dataset_format.frames import FrameError, crc32c_text, parse_index, read_frame
 
 MAX_PROBLEMS_PER_FILE = 10   # a corrupt shard can fail every record; say so, not 10,000 times
@@ -64,8 +64,9 @@ def _example_fields(record):
 
 
 def check_shard(gfile, vdir, shard, labels, label_offset, write_index, problems,
-                 catalog=None, split=None):
-    """Read one shard (a ShardInfo) end to end (and its catalog rows, with `catalog`).
+                 catalog=None, split=None, field_schema=None):
+    """Read one shard (a ShardInfo) end to end (and its catalog rows, with `catalog`; its
+    records' declared fields, with `field_schema`: dataset_format.fields.Schema).
 
     Returns {class name: records}, or None when the shard is missing or could not be read to
     its end (its records cannot all be counted).
@@ -104,6 +105,9 @@ def check_shard(gfile, vdir, shard, labels, label_offset, write_index, problems,
             seen.append((offset - frame_len, frame_len, key, sha))
             shard_problems += _record_problems(k, label, text, encoded, sha, labels,
                                                label_offset)
+            if field_schema:
+                shard_problems += [f"record {k}: {p}" for p in fields.record_problems(
+                    field_schema, examples.parse_features(record), schema.FEATURES)]
             counts[text] = counts.get(text, 0) + 1
     if shard.num_bytes is not None and f.size != shard.num_bytes:
         shard_problems.insert(0, f"size {f.size} bytes, manifest says {shard.num_bytes}")
@@ -124,7 +128,9 @@ def check_shard(gfile, vdir, shard, labels, label_offset, write_index, problems,
 def _record_problems(k, label, text, encoded, sha, labels, label_offset):
     """What is wrong with record `k`'s label (against the manifest's classes) and hash."""
     found = []
-    if not 0 <= label - label_offset < len(labels):
+    if label == fields.NO_LABEL and text == "":
+        pass  # no class label (a manifest row with fields)
+    elif not 0 <= label - label_offset < len(labels):
         found.append(f"record {k}: label id {label} is outside the {len(labels)} classes")
     elif labels[label - label_offset] != text:
         found.append(f"record {k}: label id {label} is {labels[label - label_offset]!r} in "

@@ -49,6 +49,7 @@ TEMPLATE_PARAMETERS = {
     "max_image_mb": "1024",
     "max_error_rate": "0.01",
     "label_file": "",
+    "schema": "",
     "sink": "shards",
     "write_index": "true",
     "transform": "false",

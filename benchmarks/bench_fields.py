@@ -1,0 +1,177 @@
+"""What declared fields cost a build: the same photographs from a JSONL manifest, with and
+without three fields (a caption, 1-4 tags, 1-3 boxes), alternating in one run.
+
+    .venv/bin/python benchmarks/bench_fields.py [--sizes 250,1000] [--repeat 3] [--base DIR]
+
+Programs, each the default local command (configs/local.yaml) on the same files:
+  folder     the photo tree as a directory input: the build without any manifest
+  manifest   a JSONL manifest of uri, label
+  fields     the same manifest with caption, tags and objects columns, and --schema
+  base       with --base DIR (a checkout of the code before fields, e.g. from git archive):
+             that code's folder build, for "datasets without fields cost what they did"
+It prints median wall and CPU seconds (user + system of the process tree) per program and
+size, CPU per image as the slope between the two sizes (the ~3 s of start-up cancels), and
+the ratios fields / manifest and folder / base. Inputs are seeded (benchmarks/photos.py).
+
+--focused N measures instead, in this process, what fields add to one image's work (CPU
+time, medians of alternating rounds over N photos): the row check, the listing line's
+JSON both ways, the converted image's Example with and without field features, and its
+catalog row into an Arrow table with and without field columns.
+"""
+
+import argparse
+import json
+import os
+import random
+import shlex
+import statistics
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(__file__))
+from bench_pipeline import measure  # noqa: E402
+from common import REPO, Record, add_record_argument, build_command, files_of  # noqa: E402
+from photos import photo_tree  # noqa: E402
+
+TAGS = [f"tag{i:02d}" for i in range(20)]
+OBJECTS = ["cat", "dog", "car", "tree", "person"]
+SCHEMA = {"fields": {"caption": {"type": "string"},
+                     "tags": {"type": "classes", "max_len": 4},
+                     "objects": {"type": "boxes", "max_len": 3, "classes": OBJECTS}}}
+
+
+def manifests(root, out):
+    """(manifest without fields, manifest with them, schema file) for the photos under root."""
+    rng = random.Random(0)
+    plain, rich = [], []
+    for path in files_of(root):
+        row = {"uri": path, "label": os.path.basename(os.path.dirname(path))}
+        plain.append(row)
+        boxes = []
+        for _ in range(rng.randint(1, 3)):
+            x0, y0 = rng.random() * 0.6, rng.random() * 0.6
+            boxes.append({"xmin": round(x0, 4), "ymin": round(y0, 4),
+                          "xmax": round(x0 + 0.1 + rng.random() * 0.3, 4),
+                          "ymax": round(y0 + 0.1 + rng.random() * 0.3, 4),
+                          "label": rng.choice(OBJECTS)})
+        rich.append(dict(row, caption=f"a photograph of {row['label']} number {rng.randrange(10**6)}",
+                         tags=rng.sample(TAGS, rng.randint(1, 4)), objects=boxes))
+    files = []
+    for name, rows in (("plain.jsonl", plain), ("fields.jsonl", rich)):
+        files.append(os.path.join(out, name))
+        with open(files[-1], "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+    files.append(os.path.join(out, "schema.json"))
+    with open(files[-1], "w") as f:
+        json.dump(SCHEMA, f)
+    return files
+
+
+def base_command(base, src, out):
+    """The folder build with the code at `base`: run from there, so it (and the workers it
+    starts) import that code."""
+    return ["sh", "-c", f"cd {shlex.quote(base)} && exec {shlex.join(build_command(src, out))}"]
+
+
+def focused(n, rounds):
+    """Per image CPU ms of the writer's work without and with three fields (see --focused)."""
+    import time
+
+    import pyarrow as pa
+
+    sys.path.insert(0, REPO)  # this checkout's package, whatever the environment installed
+    from beam_pipeline.job import images, records
+    from beam_pipeline.refs import ImageRef
+    from dataset_format import catalog_schema, fields
+    from dataset_format.catalog_schema import CatalogRow
+
+    root = photo_tree(n)
+    work = tempfile.mkdtemp(prefix="bench-fields-")
+    _, rich, _ = manifests(root, work)
+    rows = [json.loads(line) for line in open(rich)]
+    datas = [open(r["uri"], "rb").read() for r in rows]
+    schema = fields.from_json(SCHEMA).with_classes({"tags": TAGS})
+    plain_arrow, rich_arrow = catalog_schema.arrow_schema(), catalog_schema.arrow_schema(schema)
+
+    def one_pass(with_fields):
+        catalog_rows = []
+        start = time.process_time()
+        for row, data in zip(rows, datas):
+            values = fields.check_row(schema, row) if with_fields else None
+            ref = ImageRef(row["uri"], row["uri"], row["label"], "train", len(data), "s",
+                           fields=values)
+            ref = ImageRef.from_json(ref.to_json())
+            encoded = images.convert(data)
+            extra = fields.features(schema, ref.fields) if with_fields else None
+            parts, length = records.example_parts(encoded, 0, ref.label, ref.key, None, extra)
+            catalog_rows.append(CatalogRow(key=ref.key, label=ref.label, length=length,
+                                           fields=ref.fields).to_dict())
+        pa.Table.from_pylist(catalog_rows, schema=rich_arrow if with_fields else plain_arrow)
+        return 1000 * (time.process_time() - start) / len(rows)
+
+    got = {"plain": [], "fields": []}
+    for _ in range(rounds):
+        got["plain"].append(one_pass(False))
+        got["fields"].append(one_pass(True))
+    medians = {k: statistics.median(v) for k, v in got.items()}
+    print(f"{len(rows)} photos, {rounds} alternating rounds: CPU ms per image")
+    for k, v in medians.items():
+        print(f"{k:8} {v:7.3f}  (rounds: {', '.join(f'{x:.3f}' for x in got[k])})")
+    ratio = medians["fields"] / medians["plain"]
+    print(f"fields / plain: {ratio:.3f} (+{medians['fields'] - medians['plain']:.3f} ms)")
+    return {"cpu_ms_per_image": medians, "rounds": got, "ratio": ratio}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--focused", type=int, default=0, metavar="N",
+                        help="measure what fields add to one image's work on N photos")
+    parser.add_argument("--rounds", type=int, default=5, help="--focused: alternating rounds")
+    parser.add_argument("--sizes", default="250,1000",
+                        help="two photo counts: CPU per image is the slope between them")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--base", help="a checkout of the code before fields")
+    add_record_argument(parser)
+    args = parser.parse_args()
+    record = Record("bench_fields", args)
+    if args.focused:
+        record.save({"focused": focused(args.focused, args.rounds)})
+        return
+    sizes = [int(v) for v in args.sizes.split(",")]
+    runs = {}
+    for n in sizes:
+        root = photo_tree(n)
+        work = tempfile.mkdtemp(prefix="bench-fields-")
+        plain, rich, schema = manifests(root, work)
+        programs = {"folder": lambda out, root=root: build_command(root, out),
+                    "manifest": lambda out, plain=plain: build_command(plain, out),
+                    "fields": lambda out, rich=rich, schema=schema: build_command(
+                        rich, out, "--schema", schema)}
+        if args.base:
+            programs["base"] = lambda out, root=root: base_command(args.base, root, out)
+        for _ in range(args.repeat):  # alternating: the load moves all programs alike
+            for name, cmd_of in programs.items():
+                runs.setdefault(name, {}).setdefault(n, []).append(measure(cmd_of, 1))
+    figures = {name: {n: {key: statistics.median(r[key] for r in rs) for key in ("seconds", "cpu")}
+                      for n, rs in by_size.items()} for name, by_size in runs.items()}
+    small, large = sizes
+    print(f"photos {small} and {large}, medians of {args.repeat} (alternating)")
+    print(f"{'program':10} {'wall s':>16} {'cpu s':>16} {'cpu ms/img (slope)':>19}")
+    slopes = {}
+    for name, f in figures.items():
+        slopes[name] = 1000 * (f[large]["cpu"] - f[small]["cpu"]) / (large - small)
+        print(f"{name:10} {f[small]['seconds']:7.1f} {f[large]['seconds']:8.1f} "
+              f"{f[small]['cpu']:7.1f} {f[large]['cpu']:8.1f} {slopes[name]:19.3f}")
+    ratios = {"fields_vs_manifest_cpu_per_image": slopes["fields"] / slopes["manifest"],
+              "fields_vs_manifest_cpu": figures["fields"][large]["cpu"]
+              / figures["manifest"][large]["cpu"]}
+    if args.base:
+        ratios["folder_vs_base_cpu_per_image"] = slopes["folder"] / slopes["base"]
+        ratios["folder_vs_base_cpu"] = figures["folder"][large]["cpu"] / figures["base"][large]["cpu"]
+    for name, value in ratios.items():
+        print(f"{name}: {value:.3f}")
+    record.save({"programs": figures, "cpu_ms_per_image": slopes, "ratios": ratios, "runs": runs})
+
+
+if __name__ == "__main__":
+    main()
