@@ -179,7 +179,7 @@ def _stages(root, image_size):
         image = tf.image.resize(tf.cast(image, tf.float32), [image_size, image_size])
         return tf.image.random_flip_left_right(image) * (1 / 255), ex[schema.LABEL]
 
-    ours_fn = images.example_fn(True, (image_size, image_size), output, 0)
+    ours_fn = images.example_fn(True, images.Pixels((image_size, image_size), output))
     plain = lambda: tf.data.Dataset.from_tensor_slices(files).flat_map(  # noqa: E731
         tf.data.TFRecordDataset)
     seeds = lambda: tf.data.Dataset.random(seed=1).batch(2, drop_remainder=True)  # noqa: E731

@@ -106,9 +106,25 @@ class Offsets:
         self.__init__(state["_expected"])
 
 
+MISSING = ("shard file missing (manifest.json lists it): the version was pruned or only "
+           "partly copied; rebuild it or read another version")
+
+
+def open_shard(path):
+    """A storage.LocalFile or GcsFile of a shard; one line naming it when it is missing."""
+    try:
+        return storage.open_ranged(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: {MISSING}") from None
+
+
 def scan(path):
     """[(offset, frame length)] of a shard written without .index files (--no_write_index)."""
-    data, entries, offset = storage.read_bytes(path), [], 0
+    try:
+        data = storage.read_bytes(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: {MISSING}") from None
+    entries, offset = [], 0
     stream = io.BytesIO(data)
     while offset < len(data):
         _, length = frames.read_frame(stream, offset, check_crc=False)
