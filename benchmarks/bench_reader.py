@@ -17,6 +17,9 @@ Pipelines (224 px, batch 128):
   eval        make_dataset(training=False)
   cached      make_dataset(training=True, cache=<a file in a temporary directory>): with
               --epochs 2, the first writes the cache, the second reads it (--only cached)
+  NAME_fast_idct  stream, resumable or eval with dct_method="INTEGER_FAST" (TensorFlow's
+              default IDCT) instead of the exact one: what bit-exact pixels cost
+              (--only stream --only stream_fast_idct ...)
 Each prints the time to its first batch (building included), the first epoch's images/s,
 CPU ms per image, peak RSS and, with --epochs > 1, the RSS after every epoch.
 
@@ -49,7 +52,8 @@ from dataset_format import frames, layout, schema  # noqa: E402  (no TensorFlow 
 TRAIN = ("ceiling", "same", "stream", "resumable")
 EVAL = ("same_eval", "eval")
 PIPELINES = TRAIN + EVAL
-EXTRA = ("cached",)  # run with --only: its memory against the split's size
+FAST_IDCT = ("stream_fast_idct", "resumable_fast_idct", "eval_fast_idct")
+EXTRA = ("cached",) + FAST_IDCT  # run with --only: memory against the split's size, IDCTs
 LABELS = [f"class{i:02d}" for i in range(10)]
 
 
@@ -180,6 +184,11 @@ def _stages(root, image_size):
         return tf.image.random_flip_left_right(image) * (1 / 255), ex[schema.LABEL]
 
     ours_fn = images.example_fn(True, images.Pixels((image_size, image_size), output))
+    fast_fn = images.example_fn(True, images.Pixels((image_size, image_size), output,
+                                                    dct_method=images.FAST_IDCT))
+    eval_fn = images.example_fn(False, images.Pixels((image_size, image_size), output))
+    eval_fast_fn = images.example_fn(False, images.Pixels((image_size, image_size), output,
+                                                          dct_method=images.FAST_IDCT))
     plain = lambda: tf.data.Dataset.from_tensor_slices(files).flat_map(  # noqa: E731
         tf.data.TFRecordDataset)
     seeds = lambda: tf.data.Dataset.random(seed=1).batch(2, drop_remainder=True)  # noqa: E731
@@ -194,6 +203,10 @@ def _stages(root, image_size):
         "decode: same-work map fn": lambda: plain().map(same_fn),
         "decode: the reader's fn (+ seeds)": lambda: tf.data.Dataset.zip(
             plain(), seeds()).map(ours_fn),
+        "decode: the reader's fn, fast IDCT": lambda: tf.data.Dataset.zip(
+            plain(), seeds()).map(fast_fn),
+        "decode: the reader's eval fn": lambda: plain().map(eval_fn),
+        "decode: the reader's eval fn, fast IDCT": lambda: plain().map(eval_fast_fn),
     }
 
 
@@ -234,7 +247,11 @@ def child(which, root, batch_size, image_size, epochs):
     import tensorflow as tf
 
     import readers
+    from readers import images as images_lib
 
+    dct_method = images_lib.EXACT_IDCT
+    if which.endswith("_fast_idct"):
+        which, dct_method = which[:-len("_fast_idct")], images_lib.FAST_IDCT
     base_rss = _rss()
     t0, cpu0 = time.perf_counter(), _cpu_seconds()
     ds_info = readers.info(root)
@@ -252,7 +269,9 @@ def child(which, root, batch_size, image_size, epochs):
         ds = readers.make_dataset(root, "validation" if which == "eval" else "train",
                                   batch_size=batch_size, image_size=image_size,
                                   training=which != "eval", seed=1, cache=cache,
-                                  start=0 if which == "resumable" else None)
+                                  start=0 if which == "resumable" else None,
+                                  **({} if dct_method == images_lib.EXACT_IDCT
+                                     else {"dct_method": dct_method}))
     if which == "ceiling":  # one image per element: batch in the graph, count in Python
         ds = ds.map(lambda img: tf.size(img) > 0).batch(batch_size)
     first = None
@@ -265,6 +284,8 @@ def child(which, root, batch_size, image_size, epochs):
         if seconds is None:
             seconds, cpu, first_images = time.perf_counter() - t0, _cpu_seconds() - cpu0, images
         rss.append(_rss())
+    if dct_method != images_lib.EXACT_IDCT:
+        which += "_fast_idct"
     print(json.dumps({"which": which, "images": first_images, "seconds": seconds, "cpu": cpu,
                       "first_batch": first, "peak_rss": _peak_rss(), "base_rss": base_rss,
                       "rss_by_epoch": rss}))
@@ -361,6 +382,7 @@ def report(runs):
     pairs = [("stream", "same"), ("resumable", "same"), ("resumable", "stream"),
              ("eval", "same_eval")]
     pairs += [(f"{ours}@base", base) for ours, base in pairs]
+    pairs += [(name[:-len("_fast_idct")], name) for name in FAST_IDCT]
     for ours, base in pairs:
         if ours in med and base in med:
             a, b = med[ours], med[base]

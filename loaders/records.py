@@ -167,6 +167,18 @@ def decode_jpeg(data, where):
         raise ValueError(f"{where}: the image does not decode ({e})") from None
 
 
+def center_crop(image, crop_fraction=0.875):
+    """The square center crop of `crop_fraction` of the shorter side of a uint8 [H, W, 3]
+    image: the window the tf.data reader's evaluation crops (readers/images.center_window,
+    the same float32 arithmetic), so both give the same pixels before any resize."""
+    import numpy as np
+
+    height, width = image.shape[:2]
+    side = max(int(np.float32(crop_fraction) * np.float32(min(height, width))), 1)
+    y, x = (height - side + 1) // 2, (width - side + 1) // 2
+    return image[y:y + side, x:x + side]
+
+
 def label_shift(ds_info, label_offset):
     """What to add to a stored label id for 0-based ids + label_offset."""
     return int(label_offset) - ds_info.label_offset

@@ -162,7 +162,10 @@ def _resumable(spec):
         stream.position()  # a position off the global batch boundaries fails here, at once
     source = resumable.make_source(split_info, spec.reading.skip_corrupt)
     ds = resumable.decoded(stream, source, spec.pixels, spec.reading.skip_corrupt)
-    if not spec.reading.skip_corrupt and not callable(stream.start) and stream.epochs:
+    # every step comes, skip_corrupt or not (a skipped record is replaced)
+    if stream.epochs == FOREVER:
+        ds = ds.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))
+    elif not callable(stream.start):
         first = steps - stream.position().records // batching.global_batch
         ds = ds.apply(tf.data.experimental.assert_cardinality(
             first + (stream.epochs - 1) * steps))
