@@ -61,7 +61,7 @@ def _ordered(spec):
     if spec.epochs != 1:
         ds = ds.repeat() if spec.epochs == FOREVER else ds.repeat(spec.epochs)
     ds = _decode(ds, spec, plan, pieces, host_seed, skips)
-    if not reading.skip_corrupt:  # one image per record: the filter after the check hides that
+    if not reading.skip_corrupt or training:  # one image per record (skips padded, _padded)
         ds = ds.apply(tf.data.experimental.assert_cardinality(
             _batches(plan, training, spec.epochs, batches)))
     if spec.hosts.count > 1 and (spec.input_context is None or not training):
@@ -96,12 +96,22 @@ def _decode(ds, spec, plan, pieces, seed, skips):
         ds = tf.data.Dataset.zip(ds, seeds)
     names = checked.Names(pieces, skip_corrupt, shards.sentinel_record(), skips)
     total = None if spec.epochs == FOREVER else _batches(plan, training, spec.epochs, None)
+    if skip_corrupt and training and total is not None:
+        batch = _padded(batch, total)
     if not training and spec.pixels.size is not None and batches.size and not skip_corrupt:
         # evaluation: checked once a batch (~100 us of CPU a record less). Training keeps
         # the per-record check: once a batch cost the same CPU there (checked.decoded)
         return checked.decoded_batches(ds, fn, names, training, batches.size,
                                        batches.drop_remainder, total)
     return checked.decoded(ds, fn, names, training, batch, total)
+
+
+def _padded(batch, total):
+    """skip_corrupt in training: the checked stream made up to `total` records with the
+    first records of another pass over it (freshly shuffled), so a host that skipped a
+    record runs the same steps as the others (under a synchronous all-reduce, one step
+    fewer is a hang). The second pass starts only when the first came out short."""
+    return lambda ds: batch(ds.concatenate(ds).take(total))
 
 
 def _records(plan, training):

@@ -97,3 +97,24 @@ def test_every_host_runs_every_step_with_the_records_the_order_names(tmp_path, h
     err = capfd.readouterr().err
     assert err.count("WARNING readers: skip_corrupt:") == appearances
     assert ("data CRC mismatch" if how == "crc" else "is not a decodable image record") in err
+
+
+@pytest.mark.parametrize("hosts", [2, 3])
+def test_the_stream_order_pads_a_skip_so_hosts_run_equal_steps(tmp_path, hosts):
+    """Without start= there is no step -> records mapping to keep, only the step count: the
+    host that skipped makes its epoch up with other readable records of its range."""
+    vdir = write_dataset(tmp_path)
+    write_indexes(vdir)
+    keys = [ex.key for ex in loaders.RecordSource(str(tmp_path), "train", decode=False)]
+    bad = damage(vdir, "crc")
+    datasets = [readers.make_dataset(
+        str(tmp_path), "train", batch_size=2, image_size=8, seed=SEED, repeat=EPOCHS,
+        with_keys=True, skip_corrupt=True, version=readers.info(str(tmp_path)).version,
+        input_context=tf.distribute.InputContext(hosts, h, hosts)) for h in range(hosts)]
+    got = [[k.decode() for batch in ds for k in batch[2].numpy()] for ds in datasets]
+    steps = EPOCHS * (30 // hosts) // 2  # repeat comes before batch: batches cross epochs
+    assert [len(g) for g in got] == [2 * steps] * hosts
+    assert [ds.cardinality().numpy() for ds in datasets] == [steps] * hosts
+    damaged = [h for h in range(hosts) if datasets[h].skips.count]
+    assert len(damaged) == 1 and all(bad not in g for g in got)
+    assert datasets[damaged[0]].skips.count >= EPOCHS and set(got[damaged[0]]) < set(keys)
