@@ -25,7 +25,8 @@ CPU ms per image, peak RSS and, with --epochs > 1, the RSS after every epoch.
 
 --profile: instead, where the reader's CPU goes, stage by stage, against plain tf.data: each
 stage run alone on one thread (in-graph `reduce`, no Python per record), CPU µs per record,
-medians of --runs alternating rounds.
+medians of --runs alternating rounds. With --idct, only the reader's decode functions, the
+exact IDCT (the default) against dct_method="INTEGER_FAST", and their ratio per round.
 
 --base DIR also runs the reader's pipelines (stream, resumable, eval, cached) from another
 checkout of the repository (e.g. `git archive main | tar -x -C DIR`), as NAME@base, in the
@@ -210,14 +211,18 @@ def _stages(root, image_size):
     }
 
 
-def profile(root, image_size, runs):
-    """Print CPU µs per record of each stage (`_stages`), medians of `runs` rounds."""
+def profile(root, image_size, runs, idct=False):
+    """Print CPU µs per record of each stage (`_stages`), medians of `runs` rounds; `idct`:
+    only the decode functions, and each exact/fast pair's ratio per round (paired rounds
+    cancel most of the load that moves the absolute figures)."""
     import tensorflow as tf
 
     import readers
 
     n = readers.info(root).split("validation").num_examples
     stages = _stages(root, image_size)
+    if idct:
+        stages = {k: v for k, v in stages.items() if k.startswith("decode: the reader's")}
     cpu = {name: [] for name in stages}
     for _ in range(runs):
         for name, make in stages.items():
@@ -230,6 +235,14 @@ def profile(root, image_size, runs):
         print(f"{name:<45}{sorted(values)[len(values) // 2]:>14.0f}  "
               + " ".join(f"{v:.0f}" for v in values))
     print(f"(load average {os.getloadavg()[0]:.1f}; {n} records)")
+    pairs = [("decode: the reader's fn (+ seeds)", "decode: the reader's fn, fast IDCT"),
+             ("decode: the reader's eval fn", "decode: the reader's eval fn, fast IDCT")]
+    for exact, fast in pairs:
+        if exact in cpu and fast in cpu:
+            ratios = sorted(a / b for a, b in zip(cpu[exact], cpu[fast]))
+            print(f"exact / fast IDCT, {exact[len('decode: the reader'):]}: CPU per record "
+                  f"{ratios[len(ratios) // 2]:.3f}x (median of paired rounds; "
+                  + " ".join(f"{r:.2f}" for r in ratios) + ")")
     return {name: sorted(v)[len(v) // 2] for name, v in cpu.items()}
 
 
@@ -319,6 +332,8 @@ def main(argv=None):
                    help="run just these")
     p.add_argument("--base", help="another checkout: its reader runs too, as NAME@base")
     p.add_argument("--profile", action="store_true", help="CPU per record, stage by stage")
+    p.add_argument("--idct", action="store_true",
+                   help="with --profile: the decode functions only, exact against fast IDCT")
     p.add_argument("--child", choices=PIPELINES + EXTRA, help=argparse.SUPPRESS)
     add_record_argument(p)
     args = p.parse_args(argv)
@@ -331,7 +346,8 @@ def main(argv=None):
         if not args.data:
             write_data(root, args.n, args.shards, args.distinct)
         if args.profile:
-            return record.save({"profile": profile(root, args.image_size, args.runs)})
+            return record.save({"profile": profile(root, args.image_size, args.runs,
+                                                   args.idct)})
         runs = {}
         for _ in range(args.runs):
             for which, script in _schedule(args.only or PIPELINES, args.base):

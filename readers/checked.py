@@ -16,8 +16,6 @@ filter and map after the decode cost ~100-140 us of CPU a record (bench_reader -
 ~8% of a record's decode; once a batch they cost that a batch.
 """
 
-import sys
-
 import numpy as np
 import tensorflow as tf
 

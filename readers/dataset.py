@@ -79,8 +79,8 @@ def make_dataset(path, split="train", batch_size=128, image_size=224, training=N
       callable returning either, read as each iteration begins (`lambda:
       int(model.optimizer.iterations)` follows Keras' BackupAndRestore). Training then reads
       the resumable order: each epoch's order is a function of (the split's content, split,
-      seed, epoch), never of the version id, every host takes its part of each global batch, and any position is reached
-      without reading what comes before it. Without start, training reads the stream
+      seed, epoch), never of the version id; every host takes its part of each global
+      batch, and any position is reached without reading what comes before it. Without start, training reads the stream
       order (not resumable; needs no .index files, and takes Model.fit/
       experimental_distribute_dataset on several hosts without an input_context).
     with_keys: yield (images, labels, keys) (every order, evaluation, slices, unbatched

@@ -10,7 +10,7 @@ from dataset_format import dataset_info as info_lib
 from dataset_format import slices
 from readers import hosts as hosts_lib
 from readers import images
-from readers.arguments import FOREVER  # noqa: F401 - DatasetSpec.epochs: repeat=True or -1
+from readers.arguments import FOREVER  # noqa: F401 - re-exported: DatasetSpec.epochs
 
 
 @dataclasses.dataclass(frozen=True)
