@@ -240,7 +240,8 @@ def profile(root, image_size, runs, idct=False):
     for exact, fast in pairs:
         if exact in cpu and fast in cpu:
             ratios = sorted(a / b for a, b in zip(cpu[exact], cpu[fast]))
-            print(f"exact / fast IDCT, {exact[len('decode: the reader'):]}: CPU per record "
+            print(f"exact / fast IDCT, {'training' if 'eval' not in exact else 'evaluation'}"
+                  f" decode: CPU per record "
                   f"{ratios[len(ratios) // 2]:.3f}x (median of paired rounds; "
                   + " ".join(f"{r:.2f}" for r in ratios) + ")")
     return {name: sorted(v)[len(v) // 2] for name, v in cpu.items()}
