@@ -125,16 +125,19 @@ def make_dataset(path, split="train", batch_size=128, image_size=224, training=N
     seed = spec_lib.global_seed(seed, training)
     hosts = hosts_lib.detect(input_context)
     spec_lib.check_pinned(ds_info, hosts)
-    pixels = images.Pixels(size, _output(ds_info, dtype, value_range, transform),
-                           label_offset - ds_info.label_offset, crop_fraction, dct_method,
-                           with_keys)
-    reading = spec_lib.Reading(
-        deterministic=(not training or seed is not None) if deterministic is None
-        else deterministic, **reading)
-    batches = spec_lib.Batches(batch_size, training if drop_remainder is None
-                               else drop_remainder, native_batching)
-    spec = spec_lib.DatasetSpec(ds_info, window, hosts, input_context, training, seed,
-                                epochs, start, pixels, batches, reading)
+    spec = spec_lib.DatasetSpec(
+        info=ds_info, window=window, hosts=hosts, input_context=input_context,
+        training=training, seed=seed, epochs=epochs, start=start,
+        pixels=images.Pixels(
+            size=size, output=_output(ds_info, dtype, value_range, transform),
+            label_shift=label_offset - ds_info.label_offset, crop_fraction=crop_fraction,
+            dct_method=dct_method, with_keys=with_keys),
+        batches=spec_lib.Batches(
+            size=batch_size, native=native_batching,
+            drop_remainder=training if drop_remainder is None else drop_remainder),
+        reading=spec_lib.Reading(
+            deterministic=(not training or seed is not None) if deterministic is None
+            else deterministic, **reading))
     spec_lib.check_resumable(spec)
     return pipeline.build(spec)
 
