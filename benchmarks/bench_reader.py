@@ -17,12 +17,16 @@ Pipelines (224 px, batch 128):
   eval        make_dataset(training=False)
   cached      make_dataset(training=True, cache=<a file in a temporary directory>): with
               --epochs 2, the first writes the cache, the second reads it (--only cached)
+  NAME_fast_idct  stream, resumable or eval with dct_method="INTEGER_FAST" (TensorFlow's
+              default IDCT) instead of the exact one: what bit-exact pixels cost
+              (--only stream --only stream_fast_idct ...)
 Each prints the time to its first batch (building included), the first epoch's images/s,
 CPU ms per image, peak RSS and, with --epochs > 1, the RSS after every epoch.
 
 --profile: instead, where the reader's CPU goes, stage by stage, against plain tf.data: each
 stage run alone on one thread (in-graph `reduce`, no Python per record), CPU µs per record,
-medians of --runs alternating rounds.
+medians of --runs alternating rounds. With --idct, only the reader's decode functions, the
+exact IDCT (the default) against dct_method="INTEGER_FAST", and their ratio per round.
 
 --base DIR also runs the reader's pipelines (stream, resumable, eval, cached) from another
 checkout of the repository (e.g. `git archive main | tar -x -C DIR`), as NAME@base, in the
@@ -49,7 +53,8 @@ from dataset_format import frames, layout, schema  # noqa: E402  (no TensorFlow 
 TRAIN = ("ceiling", "same", "stream", "resumable")
 EVAL = ("same_eval", "eval")
 PIPELINES = TRAIN + EVAL
-EXTRA = ("cached",)  # run with --only: its memory against the split's size
+FAST_IDCT = ("stream_fast_idct", "resumable_fast_idct", "eval_fast_idct")
+EXTRA = ("cached",) + FAST_IDCT  # run with --only: memory against the split's size, IDCTs
 LABELS = [f"class{i:02d}" for i in range(10)]
 
 
@@ -179,7 +184,12 @@ def _stages(root, image_size):
         image = tf.image.resize(tf.cast(image, tf.float32), [image_size, image_size])
         return tf.image.random_flip_left_right(image) * (1 / 255), ex[schema.LABEL]
 
-    ours_fn = images.example_fn(True, (image_size, image_size), output, 0)
+    ours_fn = images.example_fn(True, images.Pixels((image_size, image_size), output))
+    fast_fn = images.example_fn(True, images.Pixels((image_size, image_size), output,
+                                                    dct_method=images.FAST_IDCT))
+    eval_fn = images.example_fn(False, images.Pixels((image_size, image_size), output))
+    eval_fast_fn = images.example_fn(False, images.Pixels((image_size, image_size), output,
+                                                          dct_method=images.FAST_IDCT))
     plain = lambda: tf.data.Dataset.from_tensor_slices(files).flat_map(  # noqa: E731
         tf.data.TFRecordDataset)
     seeds = lambda: tf.data.Dataset.random(seed=1).batch(2, drop_remainder=True)  # noqa: E731
@@ -194,17 +204,25 @@ def _stages(root, image_size):
         "decode: same-work map fn": lambda: plain().map(same_fn),
         "decode: the reader's fn (+ seeds)": lambda: tf.data.Dataset.zip(
             plain(), seeds()).map(ours_fn),
+        "decode: the reader's fn, fast IDCT": lambda: tf.data.Dataset.zip(
+            plain(), seeds()).map(fast_fn),
+        "decode: the reader's eval fn": lambda: plain().map(eval_fn),
+        "decode: the reader's eval fn, fast IDCT": lambda: plain().map(eval_fast_fn),
     }
 
 
-def profile(root, image_size, runs):
-    """Print CPU µs per record of each stage (`_stages`), medians of `runs` rounds."""
+def profile(root, image_size, runs, idct=False):
+    """Print CPU µs per record of each stage (`_stages`), medians of `runs` rounds; `idct`:
+    only the decode functions, and each exact/fast pair's ratio per round (paired rounds
+    cancel most of the load that moves the absolute figures)."""
     import tensorflow as tf
 
     import readers
 
     n = readers.info(root).split("validation").num_examples
     stages = _stages(root, image_size)
+    if idct:
+        stages = {k: v for k, v in stages.items() if k.startswith("decode: the reader's")}
     cpu = {name: [] for name in stages}
     for _ in range(runs):
         for name, make in stages.items():
@@ -217,6 +235,15 @@ def profile(root, image_size, runs):
         print(f"{name:<45}{sorted(values)[len(values) // 2]:>14.0f}  "
               + " ".join(f"{v:.0f}" for v in values))
     print(f"(load average {os.getloadavg()[0]:.1f}; {n} records)")
+    pairs = [("decode: the reader's fn (+ seeds)", "decode: the reader's fn, fast IDCT"),
+             ("decode: the reader's eval fn", "decode: the reader's eval fn, fast IDCT")]
+    for exact, fast in pairs:
+        if exact in cpu and fast in cpu:
+            ratios = sorted(a / b for a, b in zip(cpu[exact], cpu[fast]))
+            print(f"exact / fast IDCT, {'training' if 'eval' not in exact else 'evaluation'}"
+                  f" decode: CPU per record "
+                  f"{ratios[len(ratios) // 2]:.3f}x (median of paired rounds; "
+                  + " ".join(f"{r:.2f}" for r in ratios) + ")")
     return {name: sorted(v)[len(v) // 2] for name, v in cpu.items()}
 
 
@@ -234,7 +261,11 @@ def child(which, root, batch_size, image_size, epochs):
     import tensorflow as tf
 
     import readers
+    from readers import images as images_lib
 
+    dct_method = images_lib.EXACT_IDCT
+    if which.endswith("_fast_idct"):
+        which, dct_method = which[:-len("_fast_idct")], images_lib.FAST_IDCT
     base_rss = _rss()
     t0, cpu0 = time.perf_counter(), _cpu_seconds()
     ds_info = readers.info(root)
@@ -252,7 +283,9 @@ def child(which, root, batch_size, image_size, epochs):
         ds = readers.make_dataset(root, "validation" if which == "eval" else "train",
                                   batch_size=batch_size, image_size=image_size,
                                   training=which != "eval", seed=1, cache=cache,
-                                  start=0 if which == "resumable" else None)
+                                  start=0 if which == "resumable" else None,
+                                  **({} if dct_method == images_lib.EXACT_IDCT
+                                     else {"dct_method": dct_method}))
     if which == "ceiling":  # one image per element: batch in the graph, count in Python
         ds = ds.map(lambda img: tf.size(img) > 0).batch(batch_size)
     first = None
@@ -265,6 +298,8 @@ def child(which, root, batch_size, image_size, epochs):
         if seconds is None:
             seconds, cpu, first_images = time.perf_counter() - t0, _cpu_seconds() - cpu0, images
         rss.append(_rss())
+    if dct_method != images_lib.EXACT_IDCT:
+        which += "_fast_idct"
     print(json.dumps({"which": which, "images": first_images, "seconds": seconds, "cpu": cpu,
                       "first_batch": first, "peak_rss": _peak_rss(), "base_rss": base_rss,
                       "rss_by_epoch": rss}))
@@ -298,6 +333,8 @@ def main(argv=None):
                    help="run just these")
     p.add_argument("--base", help="another checkout: its reader runs too, as NAME@base")
     p.add_argument("--profile", action="store_true", help="CPU per record, stage by stage")
+    p.add_argument("--idct", action="store_true",
+                   help="with --profile: the decode functions only, exact against fast IDCT")
     p.add_argument("--child", choices=PIPELINES + EXTRA, help=argparse.SUPPRESS)
     add_record_argument(p)
     args = p.parse_args(argv)
@@ -310,7 +347,8 @@ def main(argv=None):
         if not args.data:
             write_data(root, args.n, args.shards, args.distinct)
         if args.profile:
-            return record.save({"profile": profile(root, args.image_size, args.runs)})
+            return record.save({"profile": profile(root, args.image_size, args.runs,
+                                                   args.idct)})
         runs = {}
         for _ in range(args.runs):
             for which, script in _schedule(args.only or PIPELINES, args.base):
@@ -361,6 +399,7 @@ def report(runs):
     pairs = [("stream", "same"), ("resumable", "same"), ("resumable", "stream"),
              ("eval", "same_eval")]
     pairs += [(f"{ours}@base", base) for ours, base in pairs]
+    pairs += [(name[:-len("_fast_idct")], name) for name in FAST_IDCT]
     for ours, base in pairs:
         if ours in med and base in med:
             a, b = med[ours], med[base]

@@ -59,11 +59,11 @@ def labels_and_shards(root):
 def stream_order(root, split, seed=1):
     """Record numbers in the order today's stream reader yields them (no decoding)."""
     import readers
-    from readers import dataset, hosts, records
+    from readers import hosts, pipeline, records
 
     plan = hosts.plan(split, hosts.Hosts(1, 0, "single"), True)
     ds, _ = records.records(plan, split, True, seed)  # (record, id)
-    buffer = dataset._shuffle_buffer(None, split, plan.records)
+    buffer = pipeline.shuffle_buffer(None, split, plan.records)
     ds = ds.shuffle(buffer, seed=seed).map(lambda record, rid: rid)
     del readers
     return np.array(list(ds.as_numpy_iterator())), buffer

@@ -125,15 +125,19 @@ class LocalFile:
     """An open local file read by offset (os.pread): one descriptor shared by threads."""
 
     def __init__(self, path):
-        self.path, self._fd = path, os.open(path, os.O_RDONLY)
+        self.path, self._fd = path, None  # set first: __del__ runs even when open fails
+        try:
+            self._fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{path}: no such file") from None
 
     def read_range(self, offset, length):
         return os.pread(self._fd, length, offset)
 
-    def close(self):
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+    def close(self, _close=os.close):  # os may be gone when __del__ runs at exit
+        fd, self._fd = getattr(self, "_fd", None), None
+        if fd is not None:
+            _close(fd)
 
     def __del__(self):
         self.close()

@@ -127,9 +127,25 @@ class Offsets:
         self.__init__(state["_expected"])
 
 
+MISSING = ("shard file missing (manifest.json lists it): the version was pruned or only "
+           "partly copied; rebuild it or read another version")
+
+
+def open_shard(path):
+    """A storage.LocalFile or GcsFile of a shard; one line naming it when it is missing."""
+    try:
+        return storage.open_ranged(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: {MISSING}") from None
+
+
 def scan(path):
     """[(offset, frame length)] of a shard written without .index files (--no_write_index)."""
-    data, entries, offset = storage.read_bytes(path), [], 0
+    try:
+        data = storage.read_bytes(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: {MISSING}") from None
+    entries, offset = [], 0
     stream = io.BytesIO(data)
     while offset < len(data):
         _, length = frames.read_frame(stream, offset, check_crc=False)
@@ -182,6 +198,18 @@ def declared(ds_info, names):
         return fields.declared_fields(ds_info.manifest, names or ())
     except KeyError as e:
         raise ValueError(f"{ds_info.version_dir}: {e.args[0]}") from None
+
+
+def center_crop(image, crop_fraction=0.875):
+    """The square center crop of `crop_fraction` of the shorter side of a uint8 [H, W, 3]
+    image: the window the tf.data reader's evaluation crops (readers/images.center_window,
+    the same float32 arithmetic), so both give the same pixels before any resize."""
+    import numpy as np
+
+    height, width = image.shape[:2]
+    side = max(int(np.float32(crop_fraction) * np.float32(min(height, width))), 1)
+    y, x = (height - side + 1) // 2, (width - side + 1) // 2
+    return image[y:y + side, x:x + side]
 
 
 def label_shift(ds_info, label_offset):

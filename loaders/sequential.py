@@ -8,7 +8,6 @@ buffer and a per-epoch order of the parts' pieces are optional (`seed`, `set_epo
 
 import random
 
-from dataset_format import storage
 from loaders import records
 
 READ_BYTES = 8 << 20  # per ranged read; whole frames only
@@ -88,7 +87,7 @@ class SequentialRecords:
     def _read(self, spans):
         for span in spans:
             entries = self._offsets.of(span.path)[span.first:span.first + span.count]
-            file = storage.open_ranged(span.path)
+            file = records.open_shard(span.path)
             try:
                 for first, chunk in _chunks(entries, self.read_bytes):
                     base = chunk[0][0]

@@ -73,9 +73,7 @@ class RecordSource:
         with self._lock:
             found = self._files.get(path)
             if found is None:
-                from dataset_format import storage
-
-                found = self._files[path] = storage.open_ranged(path)
+                found = self._files[path] = records.open_shard(path)
                 if len(self._files) > OPEN_FILES:
                     self._files.popitem(last=False)
             else:

@@ -16,13 +16,12 @@ filter and map after the decode cost ~100-140 us of CPU a record (bench_reader -
 ~8% of a record's decode; once a batch they cost that a batch.
 """
 
-import sys
-
 import numpy as np
 import tensorflow as tf
 
 from dataset_format import layout, removal
 from readers import shards
+from readers.ranged import Skips
 
 TABLE = 1 << 16  # numbers remembered: far more than records between the map and the check
 END = -(1 << 62)  # the id of the end marker that lets the check see a failed last record
@@ -30,7 +29,8 @@ END = -(1 << 62)  # the id of the end marker that lets the check see a failed la
 
 def decoded(ds, fn, names, seeded, batch, total):
     """(record, id) elements, or ((record, id), seed) when `seeded` -> batch(elements of
-    (image, label)), checked. fn: (record[, seed]) -> (image, label); names: a `Names`;
+    (image, label[, key])), checked. fn: (record[, seed]) -> (image, label[, key]); names: a
+    `Names`;
     batch: a dataset -> dataset function (batching, or none); total: the records the stream
     holds (None: endless).
 
@@ -44,7 +44,7 @@ def decoded(ds, fn, names, seeded, batch, total):
 
     @_plain
     def check(expected, element):
-        image, label, number, rid = element
+        *values, number, rid = element
         ok = tf.logical_and(tf.equal(number, expected), rid >= 0)
 
         def report():
@@ -55,7 +55,7 @@ def decoded(ds, fn, names, seeded, batch, total):
         done = tf.cond(ok, lambda: number, report)
         with tf.control_dependencies([done]):  # the state needs the check: it always runs
             state = tf.identity(number + 1)
-        return state, (image, label, rid)
+        return state, (*values, rid)
 
     if total is not None:
         end = (tf.constant(names.sentinel), tf.constant(END, tf.int64))
@@ -64,8 +64,8 @@ def decoded(ds, fn, names, seeded, batch, total):
             end = (end, tf.zeros(spec.shape, spec.dtype))
         ds = ds.concatenate(tf.data.Dataset.from_tensors(end))
     ds = _numbered(ds, fn, seeded, table).scan(tf.constant(0, tf.int64), check)
-    ds = ds.filter(_plain(lambda image, label, rid: rid >= 0))
-    return batch(ds.map(_plain(lambda image, label, rid: (image, label))))
+    ds = ds.filter(_plain(lambda *element: element[-1] >= 0))
+    return batch(ds.map(_plain(lambda *element: element[:-1])))
 
 
 def decoded_batches(ds, fn, names, seeded, batch_size, drop_remainder, total):
@@ -85,7 +85,7 @@ def decoded_batches(ds, fn, names, seeded, batch_size, drop_remainder, total):
 
     @_plain
     def check(k, batch):
-        images, labels, numbers, rids = batch
+        *values, numbers, rids = batch
         first = k * batch_size
         n = tf.size(numbers, out_type=tf.int64)
         want = tf.constant(batch_size, tf.int64) if total is None else tf.minimum(
@@ -101,15 +101,14 @@ def decoded_batches(ds, fn, names, seeded, batch_size, drop_remainder, total):
 
         done = tf.cond(ok, lambda: n, report)
         with tf.control_dependencies([done]):
-            return tf.identity(images), tf.identity(labels)
+            return tuple(tf.identity(v) for v in values)
 
     ds = fused_batch(_numbered(ds, fn, seeded, table), batch_size).enumerate().map(check)
     if not drop_remainder:
         return ds
-    full = [batch_size] + ds.element_spec[0].shape[1:]
-    ds = ds.filter(_plain(lambda images, labels: tf.shape(labels)[0] == batch_size))
-    return ds.map(_plain(lambda images, labels: (tf.ensure_shape(images, full),
-                                                 tf.ensure_shape(labels, [batch_size]))))
+    ds = ds.filter(_plain(lambda *values: tf.shape(values[1])[0] == batch_size))
+    return ds.map(_plain(lambda *values: tuple(
+        tf.ensure_shape(v, [batch_size] + v.shape[1:]) for v in values)))
 
 
 def fused_batch(ds, batch_size):
@@ -124,7 +123,8 @@ def fused_batch(ds, batch_size):
 
 def _numbered(ds, fn, seeded, table):
     """Elements numbered in turn, decoded in a parallel map that first stores number -> id
-    in `table`; a record that does not decode drops out -> (image, label, number, id)."""
+    in `table`; a record that does not decode drops out -> (image, label[, key], number,
+    id)."""
 
     @_plain
     def decode(number, element):
@@ -132,8 +132,8 @@ def _numbered(ds, fn, seeded, table):
         stored = table.insert(number % TABLE, rid)
         with tf.control_dependencies([stored]):
             record = tf.identity(record)
-        image, label = fn(record, seed) if seeded else fn(record)
-        return image, label, number, rid
+        values = fn(record, seed) if seeded else fn(record)
+        return (*values, number, rid)
 
     ds = ds.enumerate().map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     return ds.ignore_errors(log_warning=True)  # TensorFlow's reason, in its log
@@ -159,8 +159,9 @@ class Names:
     """Python side of the check: names records by id (this host's records in plan order)
     and failed pieces, then raises or warns."""
 
-    def __init__(self, pieces, skip_corrupt, sentinel, version_dir=None):
+    def __init__(self, pieces, skip_corrupt, sentinel, skips=None, version_dir=None):
         self.pieces, self.skip_corrupt, self.sentinel = pieces, skip_corrupt, sentinel
+        self.skips = Skips() if skips is None else skips
         self.version_dir = version_dir  # said removed, not damaged, once its manifest is gone
         self._firsts = np.cumsum([0] + [p.count for p in pieces])
 
@@ -182,7 +183,7 @@ class Names:
             return ("; ".join(names) + ". Rebuild the dataset, or pass skip_corrupt=True to "
                     "skip such records").encode()
         for name in names:
-            print(f"WARNING readers: skip_corrupt: {name}; skipped", file=sys.stderr)
+            self.skips.add(name)
         return b""
 
     def report_batch(self, span, span_ids, numbers, rids):

@@ -117,7 +117,7 @@ def flip_boxes(boxes):
 
 def _windows(jpeg, training, augment, seed, crop_fraction):
     """(pixel window [4] int32 y, x, h, w; the same as fractions [4] float32; flip seed or
-    None) of one image: training's random-resized crop, evaluation's center crop, or the
+    None; the image's shape) of one image: training's random-resized crop, evaluation's center crop, or the
     whole image when `augment` is off."""
     shape = tf.io.extract_jpeg_shape(jpeg)
     if not augment:
@@ -131,38 +131,36 @@ def _windows(jpeg, training, augment, seed, crop_fraction):
             max_attempts=10, use_image_if_no_bounding_boxes=True)
         window = tf.stack([begin[0], begin[1], size[0], size[1]])
     else:
-        side = tf.maximum(tf.cast(crop_fraction * tf.cast(tf.minimum(shape[0], shape[1]),
-                                                          tf.float32), tf.int32), 1)
-        window = tf.stack([(shape[0] - side + 1) // 2, (shape[1] - side + 1) // 2, side, side])
+        window = images.center_window(shape[0], shape[1], crop_fraction)
         flip_seed = None
     hw = tf.cast(tf.stack([shape[0], shape[1], shape[0], shape[1]]), tf.float32)
-    return window, tf.cast(window, tf.float32) / hw, flip_seed
+    return window, tf.cast(window, tf.float32) / hw, flip_seed, shape
 
 
-def example_fn(training, size, output, label_shift, crop_fraction, wanted):
+def example_fn(training, pixels, wanted):
     """A map function (record[, seed]) -> (image [H, W, 3], {"label": int32, field: ...}),
-    the fields (`wanted`: a Fields of declared fields) padded to their widths."""
-    height, width = size
+    the fields (`wanted`: a Fields of declared fields) padded to their widths; `pixels` the
+    reader's images.Pixels, so a crop's pixels are those of the reader without fields."""
     fields, augment = wanted.names, wanted.augment
     spec = _spec(fields)
 
     def to_example(record, *seed):
         ex = tf.io.parse_single_example(record, spec)
         jpeg = ex[schema.ENCODED]
-        window, fractions, flip_seed = _windows(jpeg, training, augment,
-                                                seed[0] if seed else None, crop_fraction)
-        crop = tf.io.decode_and_crop_jpeg(jpeg, window, channels=3)
-        image = tf.image.resize(tf.cast(crop, tf.float32), [height, width], method="bilinear")
+        window, fractions, flip_seed, shape = _windows(
+            jpeg, training, augment, seed[0] if seed else None, pixels.crop_fraction)
+        crop = images.decode_window(jpeg, window, pixels.dct_method, shape)
+        image = tf.image.resize(tf.cast(crop, tf.float32), pixels.size, method="bilinear")
         flip = tf.constant(False)
         if flip_seed is not None:
             flip = tf.random.stateless_uniform([], flip_seed) < 0.5
             image = tf.cond(flip, lambda: tf.reverse(image, [1]), lambda: image)
         label = ex[schema.LABEL]  # NO_LABEL (-1): a record without a class stays -1
         out = {"label": tf.cast(tf.where(label == field_types.NO_LABEL, label,
-                                         label + label_shift), tf.int32)}
+                                         label + pixels.label_shift), tf.int32)}
         for f in fields:
             out[f.name] = _field_value(f, ex, fractions, flip)
-        return output.apply(image), out
+        return pixels.output.apply(image), out
 
     return to_example
 

@@ -1,5 +1,9 @@
 """The resumable training order: an epoch's sequence of records as a pure function of
-(dataset version, split, seed, epoch), and each host's part of every global batch.
+(the split's content, split name, seed, epoch), and each host's part of every global batch.
+
+The content is what the manifest says the split's shards hold (`content_id`: each shard's
+record count, size and checksum, in order), never the version id or a clock: a `--force`
+rebuild that stores the same records byte for byte gets the same order.
 
 No TensorFlow: the order is numpy arithmetic, so a position (epoch, records into it) maps to
 the records that follow it without reading anything, and tests check it in pure Python.
@@ -19,6 +23,7 @@ depend on n, and every host runs N // G steps.
 """
 
 import dataclasses
+import hashlib
 import zlib
 from typing import Tuple
 
@@ -54,11 +59,11 @@ class Position:
 @dataclasses.dataclass(frozen=True)
 class EpochOrder:
     """The order's inputs: which records exist (per-shard counts, manifest order) and the
-    seeds. `version` and `split` are hashed into the seed, so two splits or versions never
-    share an order."""
+    seeds. `content` (content_id) and `split` are hashed into the seed, so two splits, or
+    two versions that store different records, never share an order."""
     shard_counts: Tuple[int, ...]
     seed: int
-    version: str = ""
+    content: str = ""
     split: str = ""
     run: int = RUN
     window: int = WINDOW
@@ -70,7 +75,7 @@ class EpochOrder:
     def records_of(self, epoch):
         """Epoch `epoch`'s record numbers (int64, length N), in the order they are read."""
         rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([
-            int(self.seed) & (2**63 - 1), int(epoch), zlib.crc32(self.version.encode()),
+            int(self.seed) & (2**63 - 1), int(epoch), zlib.crc32(self.content.encode()),
             zlib.crc32(self.split.encode())])))
         starts, lengths = _runs(self.shard_counts, self.run)
         perm = rng.permutation(len(starts))
@@ -112,6 +117,17 @@ class Batching:
             return ids[:0]
         used = ids[start:start + steps * self.global_batch].reshape(steps, self.global_batch)
         return used[:, self.host * self.host_batch:(self.host + 1) * self.host_batch].ravel()
+
+
+def content_id(split_info):
+    """A split's content as the manifest gives it: sha256 over each shard's record count,
+    size and checksum (crc32c, or sha256 for older shards), in shard order. Shard names and
+    the version id are left out: they change with every build, the records need not."""
+    digest = hashlib.sha256()
+    for s in split_info.shards:
+        digest.update(f"{s.num_examples}/{s.num_bytes}/{s.crc32c or s.sha256 or ''}\n"
+                      .encode())
+    return digest.hexdigest()[:16]
 
 
 def position_of_step(step, steps_per_epoch, global_batch):

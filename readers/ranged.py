@@ -50,6 +50,26 @@ class Shard(NamedTuple):
     num_bytes: int  # -1: not in the manifest
 
 
+class Skips:
+    """What skip_corrupt skipped, counted (a dataset's `.skips`): each skip is also one
+    warning line on stderr naming the record and what happened to it."""
+
+    def __init__(self):
+        self.names = []
+
+    @property
+    def count(self):
+        return len(self.names)
+
+    def add(self, name, outcome="skipped"):
+        self.names.append(name)
+        print(f"WARNING readers: skip_corrupt: {name}; {outcome} (skip {self.count})",
+              file=sys.stderr)
+
+    def __repr__(self):
+        return f"Skips(count={self.count})"
+
+
 class CorruptRecord(ValueError):
     """A frame whose CRC or length does not check out, named by file, record and offset."""
 
@@ -57,14 +77,18 @@ class CorruptRecord(ValueError):
 class RangedRecords:
     """`read(ids)`: the serialized records with those numbers (manifest order), in that order.
 
-    `skip_corrupt`: a damaged record comes back as None (with a warning on stderr naming it)
-    instead of raising CorruptRecord.
+    `skip_corrupt`: a damaged record comes back as None (counted on `skips`, with a warning
+    on stderr naming it) instead of raising CorruptRecord.
     """
 
-    def __init__(self, shards, skip_corrupt=False):
+    SKIPPED = "skipped this record only"
+
+    def __init__(self, shards, skip_corrupt=False, skips=None):
         self.shards = [s for s in shards if s.count > 0]
         self._firsts = [s.first for s in self.shards]
         self.skip_corrupt = skip_corrupt
+        self.skips = Skips() if skips is None else skips
+        self.skipped = self.SKIPPED  # what a skip's warning says happened to the record
         self._index, self._files = {}, {}
         self._pool = None
 
@@ -177,8 +201,7 @@ class RangedRecords:
             if not self.skip_corrupt:
                 raise CorruptRecord(f"{what}: the shard is damaged; rebuild the dataset, or "
                                     "pass skip_corrupt=True to skip such records") from None
-            print(f"WARNING readers: skip_corrupt: {what}; skipped this record only",
-                  file=sys.stderr)
+            self.skips.add(what, self.skipped)
             return None
 
     def _map(self, fn, jobs):

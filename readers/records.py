@@ -31,12 +31,13 @@ EVAL_CYCLE = 2  # evaluation: ranges read at once (8 held ~0.12 GB more RSS, no 
 
 
 def records(plan, split_info, training, seed, cache=False, cycle_length=None,
-            deterministic=True, read_buffer_bytes=None, skip_corrupt=False):
+            deterministic=True, read_buffer_bytes=None, skip_corrupt=False, skips=None):
     """(Dataset of this host's serialized records as (record, id), the pieces it reads: ids
     number their records in turn). A piece that could not be read ends with an in-band
-    element (readers/shards.py) that names it among these pieces."""
+    element (readers/shards.py) that names it among these pieces. skips: a ranged.Skips
+    counting what skip_corrupt skips while reading."""
     pieces, offsets = read_pieces(plan, training, cache, skip_corrupt)
-    read = (skip_corrupt and shards.resyncing_reader(pieces)) or shards.reader(
+    read = (skip_corrupt and shards.resyncing_reader(pieces, skips)) or shards.reader(
         _read_buffer(read_buffer_bytes, plan), by_offset=offsets is not None)
     pieces_ds = shards.pieces_dataset(pieces, offsets)
     cycle = cycle_length or min(len(pieces), 16)

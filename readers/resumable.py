@@ -13,7 +13,6 @@ as an uninterrupted one, on any number of hosts.
 """
 
 import dataclasses
-import sys
 
 import numpy as np
 import tensorflow as tf
@@ -68,6 +67,8 @@ def plans(stream, source):
     none, seq = np.zeros(0, np.int64), 0
     source.planned.clear()  # a new iteration starts from its own position
     source.error = None
+    for reset in source.on_iteration:
+        reset()
     try:
         for seq, (ids, epoch, ks) in enumerate(_windows(stream, source)):
             epochs, ranges = np.full(len(ids), epoch, np.int64), source.plan(ids)
@@ -154,10 +155,26 @@ def fill_gaps(source, python):
     return fill
 
 
+def substituted(records):
+    """skip_corrupt: each damaged record (None) of a window replaced by a copy of the
+    nearest good one before it (else after it), so the window keeps its length and every
+    later step its records; None stays only when the whole window is damaged."""
+    good = [j for j, r in enumerate(records) if r is not None]
+    if not good or len(good) == len(records):
+        return records
+    out = list(records)
+    for j, record in enumerate(records):
+        if record is None:
+            before = [g for g in good if g < j]
+            out[j] = records[before[-1] if before else good[0]]
+    return out
+
+
 def python_read(source):
     """(ids, epochs, ks) -> the same, read by readers/ranged.py in Python: each frame is
-    checked against the index, a damaged one is named (or dropped alone with skip_corrupt).
-    An error travels in-band: one decodable stand-in record with epoch -1."""
+    checked against the index, a damaged one is named (or, with skip_corrupt, replaced by
+    a copy of a good one: `substituted`). An error travels in-band: one decodable stand-in
+    record with epoch -1."""
     def read(ids, epochs, ks):
         if not (len(epochs) and epochs[0] < 0):
             try:
@@ -165,6 +182,7 @@ def python_read(source):
             except Exception as e:  # noqa: BLE001 - re-raised by check_batches, in order
                 source.error = source.error or e  # the first error is the one to name
             else:
+                got = substituted(got)
                 keep = [j for j, r in enumerate(got) if r is not None]
                 source.dropped.update(int(ids[j]) for j in range(len(got)) if got[j] is None)
                 return (np.array([got[j] for j in keep], dtype=object), ids[keep],
@@ -181,22 +199,19 @@ def python_read(source):
     return in_tf
 
 
-def decoded(stream, source, size, output, label_shift, crop_fraction, skip_corrupt,
-            with_keys):
+def decoded(stream, source, pixels, skip_corrupt):
     """Batches of (images, labels[, keys]) of this host's records, decoded by one parallel
     map (one record a call, as a plain tf.data pipeline); a record that does not decode is
-    named (check_batches). Windows are planned by a Python generator (one call per ~1,024
-    records, ~0.2 ms) and read in C++ (read_window), two windows at once; reading errors
-    travel in-band, so the map's `ignore_errors` only ever drops records that did not
-    decode."""
-    fn = images.example_fn(True, size, output, label_shift, crop_fraction)
+    named (check_batches) or, with skip_corrupt, replaced (realigned). Windows are planned
+    by a Python generator (one call per ~1,024 records, ~0.2 ms) and read in C++
+    (read_window), two windows at once; reading errors travel in-band, so the map's
+    `ignore_errors` only ever drops records that did not decode."""
+    fn = images.example_fn(True, pixels)
     seed = stream.order.seed  # the order and the pixels share it
 
     @tf.autograph.experimental.do_not_convert  # no tensor control flow: tracing stays cheap
     def decode(record, rid, epoch, k):
-        image, label = fn(record, element_seed(seed, epoch, rid))
-        keys = (images.parse_key(record),) if with_keys else ()
-        return (image, label) + keys + (epoch, k)
+        return fn(record, element_seed(seed, epoch, rid)) + (epoch, k)
 
     vector = tf.TensorSpec([None], tf.int64)
     signature = (tf.TensorSpec([], tf.int64), tf.TensorSpec([None], tf.string), vector, vector,
@@ -209,7 +224,9 @@ def decoded(stream, source, size, output, label_shift, crop_fraction, skip_corru
     ds = ds.ignore_errors().map(fill_gaps(source, python)).unbatch()
     ds = ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     ds = ds.ignore_errors(log_warning=True)  # decoding only: TensorFlow's reason, in its log
-    return check_batches(ds, stream, source, skip_corrupt)
+    if skip_corrupt:
+        return realigned(ds, stream, source)
+    return check_batches(ds, stream, source)
 
 
 def element_seed(seed, epoch, record_id):
@@ -218,12 +235,10 @@ def element_seed(seed, epoch, record_id):
     return tf.stack([mixed, record_id])
 
 
-def check_batches(ds, stream, source, skip_corrupt):
+def check_batches(ds, stream, source):
     """Batches (…, epochs, ks) -> full batches (…) of this host's records, checked: a record
-    missing after `ignore_errors` failed to decode. It is named (shard, position), then the
-    read fails, or with skip_corrupt a warning is printed and the batches close up (the
-    last short one is dropped). One Python call a batch (~1 us a record); records the frame
-    check dropped (and named) already pass silently."""
+    missing after `ignore_errors` failed to decode; it is named (shard, position), then the
+    read fails. One Python call a batch (~1 us a record)."""
     host_ids = _HostIds(stream)
     per_epoch = stream.steps_per_epoch * stream.batching.host_batch
 
@@ -238,9 +253,9 @@ def check_batches(ds, stream, source, skip_corrupt):
                 epoch, k = e, 0
             missing += [(e, j) for j in range(k, got)]
             k = got + 1
-        if len(ks) < stream.batching.host_batch and not skip_corrupt:
+        if len(ks) < stream.batching.host_batch:
             missing += [(epoch, j) for j in range(k, per_epoch)]  # the stream's last batch
-        _report(missing, host_ids, source, skip_corrupt)
+        _report(missing, host_ids, source)
         return np.array([epoch, k], np.int64)
 
     @tf.autograph.experimental.do_not_convert
@@ -251,28 +266,138 @@ def check_batches(ds, stream, source, skip_corrupt):
             return state, tuple(tf.identity(x) for x in batch[:-2])
 
     ds = fused_batch(ds, stream.batching.host_batch).scan(tf.constant([-1, 0], tf.int64), step)
-    if skip_corrupt:
-        ds = ds.filter(tf.autograph.experimental.do_not_convert(
-            lambda *b: tf.shape(b[1])[0] == stream.batching.host_batch))
-    size = stream.batching.host_batch
+    return _full(ds, stream.batching.host_batch)
+
+
+def realigned(ds, stream, source):
+    """check_batches for skip_corrupt: a record that did not decode is replaced by a copy of
+    another record of its batch (counted on `source.skips`, named on stderr), so this host
+    still yields every step, and each step the records the order gives it: the same step
+    count on every host, whatever any of them skipped.
+
+    While nothing has failed, one Python call a batch compares its (epoch, k)s with the
+    step's: nothing is copied. From the first failure on, records come one earlier than
+    their step, so every batch is rebuilt in Python from the records held over (a copy of
+    the batch: measured in docs/reader.md); a finite stream's last steps come from what is
+    held at its end."""
+    host_batch = stream.batching.host_batch
+    steps = _Steps(stream, source)
+    specs = tuple(tf.TensorSpec([host_batch] + spec.shape.as_list(), spec.dtype)
+                  for spec in ds.element_spec[:-2])
+
+    @tf.autograph.experimental.do_not_convert
+    def step(*batch):
+        fix = tf.ensure_shape(tf.numpy_function(steps.misaligned, list(batch[-2:]), tf.bool,
+                                                stateful=True), [])
+        out = tf.cond(fix, lambda: tuple(tf.numpy_function(
+            steps.rebuild, list(batch), [s.dtype for s in specs], stateful=True)),
+            lambda: tuple(batch[:-2]))
+        return tuple(tf.ensure_shape(x, s.shape) for x, s in zip(out, specs))
+
+    ds = fused_batch(ds, host_batch).map(step)
+    if stream.epochs:  # the steps whose records came in earlier batches: from the held ones
+        ds = ds.concatenate(tf.data.Dataset.from_generator(steps.rest, output_signature=specs))
+    return ds
+
+
+def _full(ds, size):
     return ds.map(tf.autograph.experimental.do_not_convert(
         lambda *b: tuple(tf.ensure_shape(x, [size] + x.shape.as_list()[1:]) for x in b)))
 
 
-def _report(missing, host_ids, source, skip_corrupt):
+class _Steps:
+    """Python side of `realigned`: which step comes next, and the records held over."""
+
+    def __init__(self, stream, source):
+        self.stream, self.source = stream, source
+        self.host_batch = stream.batching.host_batch
+        self.per_epoch = stream.steps_per_epoch * self.host_batch
+        self.host_ids = _HostIds(stream)
+        source.on_iteration.append(self.reset)
+        self.reset()
+
+    def reset(self):
+        self.next, self.held, self.emitted = None, [], 0  # next: (epoch, k) of the next step
+
+    def _start(self):
+        if self.next is None:
+            epoch, k = self.source.first
+            self.next = (int(epoch), int(k))
+        return self.next
+
+    def misaligned(self, epochs, ks):
+        """Whether this batch is not exactly the next step's records (or records are held)."""
+        if len(epochs) and epochs.min() < 0:  # a reading error, in-band (python_read)
+            raise self.source.error
+        epoch, k = self._start()
+        aligned = (not self.held and len(ks) == self.host_batch and (epochs == epoch).all()
+                   and (ks == np.arange(k, k + self.host_batch)).all())
+        if aligned:
+            self._advance()
+        return not aligned
+
+    def rebuild(self, *batch):
+        """The next step's batch from the held records and this batch's; the rest held."""
+        *values, epochs, ks = batch
+        self.held += [(int(e), int(k), [v[j] for v in values])
+                      for j, (e, k) in enumerate(zip(epochs.tolist(), ks.tolist()))]
+        return self._emit()
+
+    def rest(self):
+        """The steps left once the decoded stream has ended (a finite stream)."""
+        epoch, k = self._start()
+        first = self.stream.steps_per_epoch - self.source.first[1] // self.host_batch
+        total = first + (self.stream.epochs - 1) * self.stream.steps_per_epoch
+        while self.emitted < total:
+            yield tuple(self._emit())
+
+    def _emit(self):
+        epoch, k = self._start()
+        want = {(epoch, j): None for j in range(k, k + self.host_batch)}
+        later = []
+        for e, j, value in self.held:
+            if (e, j) in want:
+                want[e, j] = value
+            elif (e, j) > (epoch, k):
+                later.append((e, j, value))
+        self.held = later
+        got = [v for v in want.values() if v is not None] or [v for _, _, v in later[:1]]
+        if not got:
+            raise ValueError(f"readers: skip_corrupt: no record of epoch {epoch}, records "
+                             f"{k}..{k + self.host_batch - 1} of this host could be read")
+        rows, last = [], None
+        for (e, j), value in want.items():
+            if value is None:
+                rid = self.host_ids.of(e, j)
+                if rid not in self.source.dropped:  # a damaged frame was named as it was read
+                    path, position = self.source.where(rid)
+                    self.source.skips.add(f"{path}: record {position} is not a decodable image "
+                                          "record", "replaced by a copy of another record of "
+                                          "its batch (equal steps on every host)")
+                value = last if last is not None else got[0]
+            rows.append(value)
+            last = value
+        self._advance()
+        return [np.stack([row[c] for row in rows]) for c in range(len(rows[0]))]
+
+    def _advance(self):
+        epoch, k = self.next
+        k += self.host_batch
+        self.next = (epoch + 1, 0) if k >= self.per_epoch else (epoch, k)
+        self.emitted += 1
+
+
+def _report(missing, host_ids, source):
     names = []
     for epoch, k in missing:
         rid = host_ids.of(epoch, k)
         if rid not in source.dropped:
             path, position = source.where(rid)
             names.append(f"{path}: record {position}")
-    if names and not skip_corrupt:
+    if names:
         raise ValueError(f"{'; '.join(names)}: cannot parse it or decode its image "
                          "(TensorFlow logged why above); rebuild the dataset, or pass "
                          "skip_corrupt=True to skip such records")
-    for name in names:
-        print(f"WARNING readers: skip_corrupt: {name} is not a decodable image record; "
-              "skipped", file=sys.stderr)
 
 
 class _HostIds:
@@ -289,12 +414,16 @@ class _HostIds:
 
 
 def make_source(split_info, skip_corrupt):
+    """The split's records by number (ranged.RangedRecords), with the state one iteration
+    of the resumable stream keeps on it."""
     shards, first = [], 0
     for s in split_info.shards:
         shards.append(ranged.Shard(s.path, first, s.num_examples,
                                    -1 if s.num_bytes is None else s.num_bytes))
         first += s.num_examples
     source = ranged.RangedRecords(shards, skip_corrupt)
+    source.skipped = ("replaced by a copy of a nearby record (equal steps on every host)")
     source.dropped, source.error, source.planned = set(), None, {}
+    source.on_iteration = []  # called as each iteration starts (plans)
     source.sentinel = sentinel_record()
     return source

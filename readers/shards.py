@@ -147,7 +147,7 @@ def reader(read_buffer_bytes, by_offset=False):
     return read
 
 
-def resyncing_reader(pieces):
+def resyncing_reader(pieces, skips=None):
     """skip_corrupt with `.index` files: like `reader`, but each piece is read through
     readers/ranged.py, record by record from the index's offsets (both CRCs checked in
     Python), so a damaged record is skipped alone (warning naming it) and reading goes on at
@@ -160,7 +160,8 @@ def resyncing_reader(pieces):
         return None
     firsts = [sum(q.file_records for q in pieces[:i]) for i in range(len(pieces))]
     source = ranged.RangedRecords([ranged.Shard(p.path, f, p.file_records, -1)
-                                   for p, f in zip(pieces, firsts)], skip_corrupt=True)
+                                   for p, f in zip(pieces, firsts)], skip_corrupt=True,
+                                  skips=skips)
     sentinel = sentinel_record()
 
     def records(piece):

@@ -272,3 +272,32 @@ def test_docs_pytorch_and_grain_examples_run(root, capsys):
     assert len(scope["source"]) == 33  # round(0.9 * 37)
     assert scope["batch"]["image"].shape == (1, 224, 224, 3)  # 33 = 32 + 1
     assert "37 ['daisy', 'rose', 'tulip'] torch.Size([37, 3, 224, 224])" in capsys.readouterr().out
+
+
+def test_a_missing_shard_is_one_line_per_failure_and_no_noise(root, tmp_path):
+    """Each failed read names the shard in one line; the half-opened file leaves nothing on
+    stderr (it printed "Exception ignored ... '_fd'" once per failed open)."""
+    copy = tmp_path / "pruned"
+    shutil.copytree(root, copy)
+    shard = RecordSource(str(copy), "train").spans[0].path
+    os.remove(shard)
+    script = f"""
+import gc
+from loaders import RecordSource, SequentialRecords
+source = RecordSource({str(copy)!r}, "train")
+for i in range(5):
+    try:
+        source[i]
+    except FileNotFoundError as e:
+        print(e)
+try:
+    list(SequentialRecords({str(copy)!r}, "train"))
+except FileNotFoundError as e:
+    print(e)
+gc.collect()
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         cwd=REPO, timeout=120)
+    want = (f"{shard}: shard file missing (manifest.json lists it): the version was pruned "
+            "or only partly copied; rebuild it or read another version")
+    assert out.stdout.splitlines() == [want] * 6 and out.stderr == ""
