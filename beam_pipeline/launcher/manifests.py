@@ -151,6 +151,9 @@ def _stat_local(path, where):
         raise walk.ListingFailed(f"{where}: cannot stat {path}: {e.strerror}") from e
     if stat.S_ISDIR(st.st_mode):
         return error_record(path, "read", "not_found", "listed in the manifest; a folder")
+    kind = walk.special_kind(st)
+    if kind:  # a FIFO, socket or device (or a link to one): never opened
+        return walk.special_record(path, kind)
     return st.st_size, stamps.local_stamp(st)
 
 

@@ -182,10 +182,23 @@ def publish(root, version):
     under an flock on the root directory, through a temp file that is fsynced and renamed
     over LATEST, then the directory fsynced. Publishing the version LATEST already names
     writes nothing, so a retried commit leaves LATEST byte-identical.
+
+    A LATEST that names a version whose manifest is gone (an id from a clock that ran
+    ahead, a restore of an older root) is damage, as a cut-short one is: it is replaced,
+    not obeyed, or every later build would be refused for good. A publisher writes its
+    manifest before LATEST, so a live rival's LATEST always names a complete version.
     """
     if root.startswith("gs://"):
         return _publish_gcs(root, version)
     return _publish_local(root, version)
+
+
+def _gone(root, version):
+    """Whether `version` has no manifest: proven, a failed read raises (store/transient.py)."""
+    from beam_pipeline.store import transient
+
+    path = layout.join(layout.version_dir(root, version), layout.MANIFEST)
+    return not transient.retrying(lambda: files.exists(path), path)
 
 
 def _publish_local(root, version):
@@ -196,7 +209,7 @@ def _publish_local(root, version):
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         current = _version_in(files.read_bytes(path)) if os.path.exists(path) else None
-        if current is not None and current >= version:
+        if current is not None and current >= version and not _gone(root, current):
             return current
         files.replace_local(path, json.dumps(layout.latest_record(version)).encode())
         return version
@@ -213,7 +226,7 @@ def _publish_gcs(root, version, attempts=50):
     for _ in range(attempts):
         data, generation, _ = gcs.read_with_generation(bucket, name)
         current = _version_in(data) if data is not None else None
-        if current is not None and current >= version:
+        if current is not None and current >= version and not _gone(root, current):
             return current
         try:  # 412 if LATEST changed since it was read (or appeared, for generation 0)
             bucket.blob(name).upload_from_string(
