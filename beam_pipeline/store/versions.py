@@ -110,13 +110,17 @@ def list_versions(root, complete=True):
         return found if complete else dict.fromkeys(found)
     # One listing page of version "directories", then one metadata read per version: not
     # a listing of every object of every version (a million at 100k shards x 10 versions).
+    from google.cloud.storage.retry import DEFAULT_RETRY
+
     bucket, name = gcs.gcs_blob(prefix + "/")
-    pages = gcs.client().list_blobs(bucket.name, prefix=name, delimiter="/")
+    pages = gcs.client().list_blobs(bucket.name, prefix=name, delimiter="/",
+                                    timeout=gcs.REQUEST_TIMEOUT,
+                                    retry=DEFAULT_RETRY.with_deadline(gcs.READ_DEADLINE))
     list(pages)  # raises on failure; fills .prefixes
     found = {}
     for sub in sorted(pages.prefixes):
-        found[sub[len(name):].rstrip("/")] = (bucket.blob(sub + layout.MANIFEST).exists()
-                                              if complete else None)
+        found[sub[len(name):].rstrip("/")] = (
+            gcs.exists(f"gs://{bucket.name}/{sub}{layout.MANIFEST}") if complete else None)
     return found
 
 
