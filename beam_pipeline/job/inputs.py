@@ -132,11 +132,14 @@ def open_regular(path):
     """A local file opened for reading, or OSError when it is not a regular file: opened
     without blocking, so a FIFO put where a listed image was cannot hang the writer (the
     listing rejects the ones there when it runs: launcher/walk.py)."""
+    import errno
     import stat
 
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
         mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):  # as open() says it
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
         if not stat.S_ISREG(mode):
             raise OSError(f"{path}: not a regular file (it was when listed)")
         os.set_blocking(fd, True)

@@ -28,9 +28,13 @@ def _manifest_rows(path):
     """(row number, dict) per row, streamed from a local or gs:// CSV/JSONL file."""
     from apache_beam.io.filesystems import FileSystems
 
+    from beam_pipeline.store import transient
+
     try:
         raw = FileSystems.open(path)
-    except Exception as e:
+    except Exception as e:  # a wrong path or permission: the command's; an outage: exit 1
+        if transient.is_transient(e) and not transient.is_denied(e):
+            raise transient.unavailable(e, f"--input {path}") from e
         raise UserError(f"--input {path}: cannot read manifest ({e})") from e
     with raw, io.TextIOWrapper(raw, encoding="utf-8-sig", newline="") as text:
         if path.lower().endswith(".jsonl"):

@@ -68,6 +68,13 @@ def is_transient(error):
     return False
 
 
+def is_denied(error):
+    """A 401/403 or a local EACCES/EPERM in `error`'s chain: the credentials, or the
+    permissions, are wrong (not damage; a retry will not fix them either)."""
+    return any(_denied(e) or (isinstance(e, OSError) and e.errno in DENIED_ERRNOS)
+               for e in _chain(error))
+
+
 def _denied(e):
     """A 401 or 403 from the storage service."""
     from google.api_core import exceptions
