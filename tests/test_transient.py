@@ -244,3 +244,19 @@ def test_proven_damage_is_still_gone_around_loudly(night, gcs, capsys):
     assert f"{vdir}/{layout.CATALOG}: unreadable" in err and "converted again" in err
     after = _splits(gcs, result.version_dir)
     assert {s: after[s] for s in before} == before
+
+
+@pytest.mark.slow
+def test_a_latest_naming_a_missing_version_on_gcs_is_replaced(night, gcs, capsys):
+    """The compare-and-swap publish replaces a LATEST whose version has no manifest (an id
+    from a clock that ran ahead), as the local one does."""
+    src, root, before = night
+    previous = latest_of(gcs, root)
+    gcs.upload_bytes(f"{root}/{layout.LATEST}",
+                     json.dumps(layout.latest_record("29991231T235959Z")).encode())
+    add_image(gcs, src)
+    result = cli.run(["--input", src, "--output", root, *ARGS])
+    assert "LATEST names version 29991231T235959Z" in capsys.readouterr().err
+    assert latest_of(gcs, root) == result.version > previous
+    after = _splits(gcs, result.version_dir)
+    assert {s: after[s] for s in before} == before

@@ -128,27 +128,6 @@ def _stored_runs(refs):
         yield group
 
 
-def open_regular(path):
-    """A local file opened for reading, or OSError when it is not a regular file: opened
-    without blocking, so a FIFO put where a listed image was cannot hang the writer (the
-    listing rejects the ones there when it runs: launcher/walk.py)."""
-    import errno
-    import stat
-
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISDIR(mode):  # as open() says it
-            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
-        if not stat.S_ISREG(mode):
-            raise OSError(f"{path}: not a regular file (it was when listed)")
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
-
-
 class _LocalRead:
     """A local file opened now (and its pages asked for: POSIX_FADV_WILLNEED) and read on
     result(): the (bytes, error) of fetch, without a thread."""
@@ -156,7 +135,7 @@ class _LocalRead:
     def __init__(self, path, max_bytes):
         self.max_bytes, self.file, self.error = max_bytes, None, None
         try:
-            self.file = open_regular(path)
+            self.file = open(path, "rb")  # what Beam's local FileSystems.open does
         except OSError as e:  # a vanished or unreadable file is data, not a crash
             self.error = e
             return

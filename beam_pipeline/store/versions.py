@@ -213,7 +213,8 @@ def _publish_local(root, version):
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         current = _version_in(files.read_bytes(path)) if os.path.exists(path) else None
-        if current is not None and current >= version and not _gone(root, current):
+        if current is not None and (current == version or (
+                current > version and not _gone(root, current))):
             return current
         files.replace_local(path, json.dumps(layout.latest_record(version)).encode())
         return version
@@ -230,7 +231,8 @@ def _publish_gcs(root, version, attempts=50):
     for _ in range(attempts):
         data, generation, _ = gcs.read_with_generation(bucket, name)
         current = _version_in(data) if data is not None else None
-        if current is not None and current >= version and not _gone(root, current):
+        if current is not None and (current == version or (
+                current > version and not _gone(root, current))):
             return current
         try:  # 412 if LATEST changed since it was read (or appeared, for generation 0)
             bucket.blob(name).upload_from_string(
