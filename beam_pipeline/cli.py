@@ -3,6 +3,15 @@
 Everything that must happen for a version to exist (commit, manifest, LATEST) runs inside
 the job; the launcher only prepares, submits and, for runners that wait, reports. This
 module is the entry point: exit codes, one-line errors, logging, interpreter exit.
+
+Exit status, so a scheduler can tell what to do (README, docs/scheduling.md):
+    0  published, up to date, or submitted to a remote runner (its last step publishes)
+    1  failed, and running again may succeed: storage unavailable (store/transient.py), a
+       worker process died, the lock was lost, --max_hours reached, a disk full
+    2  a mistake in the command (bad option or value, no inputs, unwritable output, a
+       damaged root that needs --resplit) or another build holds the root
+    3  failed, and running the same command again will fail the same way until the inputs
+       or options change (errors.RetryWontHelp: too many rejected inputs)
 """
 
 import contextlib
@@ -11,23 +20,37 @@ import os
 import sys
 import threading
 
-from beam_pipeline.errors import UserError
+from beam_pipeline.errors import RetryWontHelp, UserError
 from beam_pipeline.store import lock
+
+EXIT_OK, EXIT_RETRY, EXIT_USAGE, EXIT_NO_RETRY = 0, 1, 2, 3
+# Failures a retry repeats, as Beam reports them from inside the job (by name: a worker's
+# exception reaches the launcher as text).
+NO_RETRY_NAMES = ("ErrorRateExceeded",)
 
 
 @lock.release_on_exit  # the lock taken below is released however run() ends
 def run(argv=None):
-    """Build one dataset version -> Published, Submitted or UpToDate (launcher/ types)."""
-    from beam_pipeline.launcher import (checks, listing, options as opts, prepare, report,
-                                        runner as runners)
+    """Build one dataset version -> Published, Submitted or UpToDate (launcher/ types),
+    within --max_hours (launcher/time_bound.py)."""
+    from beam_pipeline.launcher import options as opts, time_bound
 
     pipeline_options, build = opts.parse(argv)
+    held = []
+    with time_bound.bounded(build.max_hours,
+                            release=lambda: [h.release(force=True) for h in held]):
+        return _run(pipeline_options, build, held)
+
+
+def _run(pipeline_options, build, held):
+    from beam_pipeline.launcher import checks, listing, prepare, report, runner as runners
+
     runners.refuse_classic_template(pipeline_options)  # before anything is created
     checks.require_tensorflow(build)
     listing.check_exist(build.input)  # before the output root is created
     root = build.output.rstrip("/")
     checks.check_writable(root)
-    lock.acquire(root, wait=build.wait)  # one build per root: exit 2 (or --wait) if held
+    held.append(lock.acquire(root, wait=build.wait))  # one build per root: exit 2 if held
     planned = prepare.prepare(build, root)
     if isinstance(planned, prepare.UpToDate):
         report.print_up_to_date(root, planned.version, planned.why)
@@ -43,7 +66,9 @@ def run(argv=None):
 
 
 def main(argv=None):
-    """Console entry point: exit 0 only when a version was published (or was up to date)."""
+    """Console entry point: the exit status (module docstring): 0 published or up to date,
+    1 failed (a retry may help), 2 a mistake in the command, 3 failed (a retry will not
+    help)."""
     argv = sys.argv[1:] if argv is None else argv
     if "-h" in argv or "--help" in argv:  # answer before Beam and TensorFlow load
         from beam_pipeline.launcher.flags import help_parser
@@ -71,7 +96,7 @@ def main(argv=None):
             result = run(argv)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print("interrupted: nothing published", file=sys.stderr)
         return 130
@@ -80,8 +105,18 @@ def main(argv=None):
             raise
         print(f"error: build failed: {_root_cause(e)} (run with --verbose for the traceback)",
               file=sys.stderr)
-        return 1
-    return 0 if result.status in ("published", "up_to_date", "submitted") else 1
+        return exit_status(e)
+    return EXIT_OK if result.status in ("published", "up_to_date", "submitted") else EXIT_RETRY
+
+
+def exit_status(e):
+    """A failed build's status: 3 when running it again would fail the same way, else 1."""
+    if isinstance(e, RetryWontHelp):
+        return EXIT_NO_RETRY
+    text = str(e)
+    if any(f"{name}: " in text for name in NO_RETRY_NAMES):  # raised in the job
+        return EXIT_NO_RETRY
+    return EXIT_RETRY
 
 
 def console(argv=None):
@@ -93,9 +128,12 @@ def console(argv=None):
     but only when this call loaded TensorFlow: a process that had it before (a test runner)
     exits as usual.
     """
+    from beam_pipeline.launcher import time_bound
+
     loaded_before = "tensorflow" in sys.modules  # e.g. a test runner calling this in-process
     code = main(argv)
-    if "tensorflow" in sys.modules and not loaded_before:
+    # Past --max_hours a hung worker thread may never end: exit without waiting for it.
+    if ("tensorflow" in sys.modules and not loaded_before) or time_bound.expired.is_set():
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
@@ -107,7 +145,8 @@ def _root_cause(e):
     text = str(e)
     if "Channel closed prematurely" in text or "Worker subprocess exited" in text:
         return "a Beam worker process died mid-job (killed, or out of memory?)"
-    for marker in ("ErrorRateExceeded: ", "PublishRefused: ", "LockLost: "):
+    for marker in ("ErrorRateExceeded: ", "PublishRefused: ", "LockLost: ",
+                   "StorageUnavailable: ", "TimeBoundExceeded: "):
         if marker in text:
             return text.split(marker)[-1].splitlines()[0].split(" [while running")[0]
     lines = [l.strip() for l in text.strip().splitlines() if l.strip()]

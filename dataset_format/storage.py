@@ -11,6 +11,11 @@ import threading
 
 _clients, _guard = {}, threading.Lock()
 
+# Seconds a gs:// read is retried on 429/5xx/resets/timeouts, and one request's timeout:
+# google-cloud-storage's defaults (120, 60) unless the environment says otherwise (tests).
+READ_DEADLINE = float(os.environ.get("IMAGE_TFRECORDS_RETRY_SECONDS", "120"))
+REQUEST_TIMEOUT = float(os.environ.get("IMAGE_TFRECORDS_REQUEST_TIMEOUT", "60"))
+
 
 def is_gcs(path):
     return str(path).startswith("gs://")
@@ -32,7 +37,8 @@ def read_bytes(path):
 
     bucket, name = _blob(path)
     try:
-        return bucket.blob(name).download_as_bytes(raw_download=True, retry=_retry())
+        return bucket.blob(name).download_as_bytes(raw_download=True, retry=_retry(),
+                                                   timeout=REQUEST_TIMEOUT)
     except exceptions.NotFound:
         raise FileNotFoundError(f"{path}: no such object") from None
 
@@ -56,7 +62,8 @@ def read_range(path, offset, length):
     bucket, name = _blob(path)
     try:
         return bucket.blob(name).download_as_bytes(start=offset, end=offset + length - 1,
-                                                   raw_download=True, retry=_retry())
+                                                   raw_download=True, retry=_retry(),
+                                                   timeout=REQUEST_TIMEOUT)
     except exceptions.RequestRangeNotSatisfiable:
         return b""
     except exceptions.NotFound:
@@ -224,4 +231,4 @@ def _mount(made, size):
 def _retry():
     from google.cloud.storage.retry import DEFAULT_RETRY
 
-    return DEFAULT_RETRY
+    return DEFAULT_RETRY.with_deadline(READ_DEADLINE)

@@ -22,7 +22,9 @@ Every JSON-API request (google-cloud-storage, and so Beam's gcsio) then goes thr
   and ignores the parameter). Not covered: a precondition on a resumable upload is checked when the
   upload starts, not when its last chunk lands, and requests inside a batch are not checked.
 * Forced answers (`proxy.fail(text, status, times)`): a request whose decoded target
-  contains `text` is answered `status` (e.g. 403, or 503 a few times), before any drawn fault.
+  contains `text` is answered `status` (e.g. 403, or 503 a few times), before any drawn fault;
+  status "timeout" answers nothing for STALL seconds (the client's read times out), then
+  resets the connection.
 * Held uploads (`proxy.hold(pattern, barrier)`): the first upload whose target or metadata
   matches `pattern` waits at `barrier` (shared with other proxies) before it is forwarded,
   so the attempts behind several proxies are all inside that upload at one moment; `held`
@@ -48,6 +50,7 @@ import urllib.parse
 from tests.gcs_emulator import _header, _read_head, read_body
 
 FAULTS = ("503", "429", "drop", "drop_after")
+STALL = 5.0  # seconds a "timeout" answer keeps the client waiting before the reset
 # One for every proxy in this process: two proxies in front of one emulator (two workers'
 # storage paths) must not both see "absent" and both write (as GCS never lets them).
 _CAS_LOCK = threading.Lock()
@@ -69,6 +72,7 @@ class FaultProxy(socketserver.ThreadingTCPServer):
         self.log = []                          # (fault, method, path) of each injected fault
         self.finished_uploads = {}             # upload_id -> the answer that completed it
         self.forced = []                       # [text, status, times left (None: always)]
+        self.forced_hits = []                  # (status, decoded target) of each forced answer
         self.holds, self.held = [], []         # [pattern, barrier]; (arrived, released, target)
         super().__init__(("127.0.0.1", 0), _Handler)
         self.thread = threading.Thread(target=self.serve_forever, daemon=True)
@@ -108,7 +112,7 @@ class FaultProxy(socketserver.ThreadingTCPServer):
         self.forced.append([text, status, times, method])
 
     def fail_clear(self):
-        self.forced, self.holds, self.held = [], [], []
+        self.forced, self.holds, self.held, self.forced_hits = [], [], [], []
 
     def hold(self, pattern, barrier):
         """Hold the first upload (a request to /upload/) whose decoded target or body
@@ -146,6 +150,7 @@ class FaultProxy(socketserver.ThreadingTCPServer):
                 if hit and rule[2] != 0:
                     if rule[2] is not None:
                         rule[2] -= 1
+                    self.forced_hits.append((rule[1], decoded))
                     return rule[1]
         return None
 
@@ -245,9 +250,13 @@ class _Handler(socketserver.BaseRequestHandler):
         if body is None:
             return
         forced = server.forced_answer(target, method, body)
+        if forced == "timeout":
+            time.sleep(STALL)
+            _reset(sock)
+            return
         if forced:
-            sock.sendall(_error(forced, {403: "Forbidden", 503: "Service Unavailable"}
-                                .get(forced, "Error")))
+            sock.sendall(_error(forced, {403: "Forbidden", 429: "Too Many Requests",
+                                         503: "Service Unavailable"}.get(forced, "Error")))
             return
         server.wait_if_held(target, body)
         fault = server.draw(method, target.split("?")[0])

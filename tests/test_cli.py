@@ -168,12 +168,14 @@ def test_config_file_gives_defaults_and_flags_override(images_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_error_rate_exceeded_one_line_exit_1(capsys, caplog, tmp_path):
+def test_error_rate_exceeded_one_line_exit_3(capsys, caplog, tmp_path):
+    """Exit 3, not 1: the same command fails the same way until the inputs or
+    --max_error_rate change, so a scheduler must not retry it."""
     src = tmp_path / "src"
     make_images(src, {"cat": 2, "dog": 1})
     make_images(src, {"cat": {"empty.jpg": b""}})
     out = tmp_path / "out"
-    line = one_line_error(capsys, ["--input", src, "--output", out, *FAST], code=1)
+    line = one_line_error(capsys, ["--input", src, "--output", out, *FAST], code=3)
     assert "max_error_rate" in line and "errors.jsonl" in line
     assert not (out / layout.LATEST).exists()
     # Beam must not dump the worker traceback through logging either (only with --verbose).

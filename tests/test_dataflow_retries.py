@@ -178,8 +178,8 @@ def test_a_copied_shard_written_by_two_attempts_at_once_publishes_what_the_bucke
         inputs, gcs, proxy, tmp_path, committed):
     """An incremental night: one input deleted, so its shard's surviving records are copied
     from the previous version (a "copy" task) and the other shard is reused. The copy task
-    runs twice at once; the zombie's storage refuses the previous shard (its records are
-    converted again from their inputs) and one of those inputs (rejected). The reuse task
+    runs twice at once; the zombie's storage does not find the previous shard (its records
+    are converted again from their inputs) and refuses one of those inputs (rejected). The reuse task
     runs twice at once too, in two threads. Whichever copy attempt is committed, every
     shard's manifest entry is the object in the bucket, and every input is written or
     rejected with a reason."""
@@ -193,7 +193,9 @@ def test_a_copied_shard_written_by_two_attempts_at_once_publishes_what_the_bucke
     header, kept = reuse.read_task(copy_task.listing)
     refused = kept[0].uri.split("/", 3)[3]
     with FaultProxy(gcs.endpoint) as zombie_storage:
-        zombie_storage.fail(f"out/versions/{first['version']}/{header['source']}", 403)
+        # The previous shard gone for the zombie (a 403 or a 503 would be no damage: its
+        # task would fail and be retried, store/transient.py)
+        zombie_storage.fail(f"out/versions/{first['version']}/{header['source']}", 404)
         zombie_storage.fail(refused, 403)
         mine, theirs = both_at_once(job, copy_task, proxy, zombie_storage, tmp_path / "gate")
     (reuse_task,) = [t for t in job.tasks if t is not copy_task]

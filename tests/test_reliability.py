@@ -95,6 +95,25 @@ def lock_exists(root):
     return os.path.exists(lock.lock_path(root))
 
 
+def fifo_after_listing(path, runs, timeout=120):
+    """Once one of `runs` (launch()'s) has listed its inputs ("Building …" on its stdout),
+    replace the regular file at `path` by a FIFO: the listing rejects special files
+    (`special_file`), but the shard writer opens the listed path and then waits on the FIFO,
+    which holds that build mid-shard. -> the run that listed it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for run in runs:
+            if "Building " in run[1].read_text():
+                mtime = os.stat(path).st_mtime_ns
+                os.unlink(path)
+                os.mkfifo(path)
+                os.utime(path, ns=(mtime, mtime))
+                return run
+        assert any(run[0].poll() is None for run in runs), "every build ended before listing"
+        time.sleep(0.01)
+    raise AssertionError(f"no build listed its inputs in {timeout} s")
+
+
 def hold_until_opened(fifo, proc, log, timeout=120):
     """Open the FIFO's write end once the build opens it to read: the build is then inside
     a shard writer, mid-shard. Returns the write end (keep it open: the read blocks)."""
@@ -153,13 +172,14 @@ def race(src, root, tmp_path, capsys):
 
     Exactly one of the two publishes; the other exits 2 at once with one line naming the
     winner; the third waits, takes the root after the winner has published, and publishes
-    after it. A FIFO among the inputs holds the winner mid-shard until the third is seen
-    waiting, whatever the machine's speed.
+    after it. An input turned into a FIFO once the winner has listed it holds the winner
+    mid-shard until the third is seen waiting, whatever the machine's speed.
     """
     fifo, image = src / "cat" / "fifo.jpg", image_bytes((200, 40, 40))
-    os.mkfifo(fifo)
+    fifo.write_bytes(image)
     argv = ["--input", str(src), "--output", root] + ARGS
     pair = [launch(tmp_path, tag, *argv) for tag in ("a", "b")]
+    fifo_after_listing(fifo, pair)
     wait_for(lambda: any(run[0].poll() is not None for run in pair), "build exiting")
     loser = next(run for run in pair if run[0].poll() is not None)
     winner = next(run for run in pair if run is not loser)
@@ -181,10 +201,11 @@ def race(src, root, tmp_path, capsys):
     assert (f"waiting: {root} is being built by host {socket.gethostname()} "
             f"pid {winner[0].pid}") in str(stderr)
     assert feed(fifo, lambda: winner[0].poll() is None, image), winner[2].read_text()
+    fifo.unlink()  # a file again (the winner has the FIFO open) for the --wait build,
+    fifo.write_bytes(image)  # which lists once the root is free
     code, out, err = finish(winner)
     assert code == 0, err
     first = versions.latest(root)
-    feed(fifo, waiter.is_alive, image)  # if it reads the images again (no reuse)
     waiter.join(timeout=180)
     assert waited == {"code": 0}, str(stderr)
     second = versions.latest(root)[0]
@@ -426,6 +447,11 @@ def test_concurrent_publishers_leave_latest_on_the_newest(where, request, tmp_pa
         os.makedirs(root)
     ids = [f"2026010{d}T00000{s}Z" for d in range(1, 5) for s in range(3)]
     random.Random(SEED).shuffle(ids)
+    for v in ids:  # as commit does: a version's manifest is written before LATEST names it
+        vdir = layout.version_dir(root, v)
+        if proxy is None:
+            os.makedirs(vdir)
+        files.write_json(layout.join(vdir, layout.MANIFEST), {})
     barrier, got = threading.Barrier(len(ids)), {}
 
     def publish(v):
@@ -442,7 +468,7 @@ def test_concurrent_publishers_leave_latest_on_the_newest(where, request, tmp_pa
     assert all(got[v] >= v for v in ids), got  # never moved back, never refused wrongly
     assert versions.publish(root, min(ids)) == max(ids)
     if proxy is None:
-        assert sorted(os.listdir(root)) == [layout.LATEST]  # no temp file left
+        assert sorted(os.listdir(root)) == [layout.LATEST, layout.VERSIONS]  # no temp file
     else:
         assert proxy.refused_412, "no compare-and-swap ever lost: the race did not happen"
 
@@ -599,9 +625,10 @@ def test_worker_process_killed_mid_shard_fails_cleanly_and_the_next_run_succeeds
     src, root = tmp_path / "in", str(tmp_path / "ds")
     make_images(src, {"cat": 4, "dog": 4})
     fifo = src / "cat" / "stuck.jpg"
-    os.mkfifo(fifo)
+    fifo.write_bytes(image_bytes((10, 200, 10)))
     run = launch(tmp_path, "workers", "--input", src, "--output", root, *ARGS,
                  "--direct_running_mode", "multi_processing", "--direct_num_workers", "2")
+    fifo_after_listing(fifo, [run])
     writer = hold_until_opened(fifo, run[0], run[2])
     victims = []  # the SDK worker reading the FIFO (its open() returns just after ours)
     wait_for(lambda: victims.extend(p for p in descendants(run[0].pid)

@@ -152,8 +152,11 @@ def test_dag_names_the_template_parameters_and_a_valid_launch_body():
     types.FlexTemplateRuntimeEnvironment.from_json(json.dumps(literals["ENVIRONMENT"]))
 
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)
-             and getattr(n.func, "id", None) == "DataflowStartFlexTemplateOperator"]
+             and getattr(n.func, "id", None) == "LaunchImageTfrecords"]
     assert len(calls) == 1
+    (subclass,) = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)
+                   and n.name == "LaunchImageTfrecords"]
+    assert [b.id for b in subclass.bases] == ["DataflowStartFlexTemplateOperator"]
     keywords = {k.arg for k in calls[0].keywords}
     assert {"task_id", "project_id", "location", "body", "execution_timeout"} <= keywords
     timeout = next(k.value for k in calls[0].keywords if k.arg == "execution_timeout")
@@ -261,3 +264,18 @@ def test_docs_launch_body_uses_template_parameters():
     for launch in launches:
         assert {"input", "output"} <= set(launch["parameters"]) <= set(parameters())
         assert all(isinstance(v, str) for v in launch["parameters"].values())
+
+
+def test_the_dag_retries_only_failures_a_retry_may_fix():
+    """The CLI's exit 3 (a retry repeats it) and the DAG's no-retry markers are one list: a
+    job failed for good is named by the exception the CLI maps to 3."""
+    from beam_pipeline import cli
+    from beam_pipeline.errors import RetryWontHelp
+    from beam_pipeline.job import commit
+
+    _, literals = dag_literals()
+    assert literals["NO_RETRY"] == cli.NO_RETRY_NAMES == ("ErrorRateExceeded",)
+    assert issubclass(commit.ErrorRateExceeded, RetryWontHelp)
+    source = DAG.read_text()
+    assert "raise AirflowFailException(" in source  # Airflow's "fail, do not retry"
+    assert '"retries": 1' in source

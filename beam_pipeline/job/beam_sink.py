@@ -3,8 +3,14 @@
 Here every serialized record (image bytes included) crosses the shuffle that
 WriteToTFRecord does to form shards; on the DirectRunner that group sits in memory, which
 is why `--sink shards` is the default (docs/architecture.md). The benchmark compares the two.
+
+It writes no catalog, but it does write the split map (commit.py): each written input's
+sha256, size, split and listing md5 go to one small Parquet file under VDIR/.tmp/ that
+commit adds to the map, so a split decided by a `--sink beam` build (say with --resplit)
+stays decided in the builds after it, whatever their sink.
 """
 
+import hashlib
 import io
 
 import apache_beam as beam
@@ -17,8 +23,12 @@ from beam_pipeline.job.inputs import fetch
 from dataset_format import frames, layout, schema
 
 
+CONTENTS = "beam_sink_contents.parquet"  # under VDIR/.tmp/: what the split map adds
+
+
 class ToRecordFn(beam.DoFn):
-    """ImageRef -> (split, serialized Example); rejected inputs to the 'errors' output."""
+    """ImageRef -> (split, serialized Example); rejected inputs to the 'errors' output, and
+    each written input's (sha256, size, split, md5) to the 'contents' output."""
 
     def __init__(self, label_ids, encode_options):
         self.label_ids, self.encode_options = label_ids, encode_options
@@ -36,6 +46,27 @@ class ToRecordFn(beam.DoFn):
             return
         yield ref.split, records.make_example(encoded, self.label_ids[ref.label], ref.label,
                                               ref.key)
+        yield beam.pvalue.TaggedOutput(
+            "contents", (hashlib.sha256(data).hexdigest(), len(data), ref.split, ref.md5))
+
+
+def write_contents(rows, path):
+    """[(input sha256, size, split, md5)] -> a Parquet file at `path` with the catalog's
+    column names (split_map.add_catalog reads it as it reads a catalog) -> the empty
+    ShardResult that orders it before commit."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from beam_pipeline.store import files
+
+    rows = sorted(rows)
+    table = pa.table({"input_sha256": pa.array([r[0] for r in rows], pa.string()),
+                      "input_size": pa.array([r[1] for r in rows], pa.int64()),
+                      "split": pa.array([r[2] for r in rows], pa.string()),
+                      "input_md5": pa.array([r[3] for r in rows], pa.string())})
+    with files.create_final(path) as raw:
+        pq.write_table(table, raw, compression="zstd")
+    return ShardResult(split=None, shard=None)
 
 
 def shard_result(path, split, write_index):
@@ -78,10 +109,16 @@ class WriteWithBeamSink(beam.PTransform):
     def expand(self, refs):
         spec = self.spec
         converted = refs | "ToRecords" >> beam.ParDo(
-            ToRecordFn(self.label_ids, self.encode_options)).with_outputs("errors", main="records")
+            ToRecordFn(self.label_ids, self.encode_options)).with_outputs(
+                "errors", "contents", main="records")
         outputs = [converted.errors
                    | "AllErrors" >> beam.combiners.ToList()
-                   | "ErrorsAsResult" >> beam.Map(_errors_as_result).with_output_types(ShardResult)]
+                   | "ErrorsAsResult" >> beam.Map(_errors_as_result).with_output_types(ShardResult),
+                   converted.contents
+                   | "AllContents" >> beam.combiners.ToList()
+                   | "ContentsFile" >> beam.Map(write_contents,
+                                                layout.join(spec.tmp_dir, CONTENTS))
+                   .with_output_types(ShardResult)]
         for split, n in sorted(spec.num_shards.items()):
             prefix = layout.join(spec.tmp_dir, f"{spec.name}-{split}.tfrecord")
             outputs.append(

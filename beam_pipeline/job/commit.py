@@ -18,6 +18,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from beam_pipeline.algorithms.read_ahead import threaded
 from beam_pipeline.dedup import duplicates, leaks
+from beam_pipeline.errors import RetryWontHelp
 from beam_pipeline.job import errors_file, rewrite
 from beam_pipeline.job.contracts import Origin, ShardResult
 from beam_pipeline.job.label_counts import SumLabelCounts, minus_dropped, sum_label_counts
@@ -31,8 +32,9 @@ class PublishRefused(RuntimeError):
     """A newer version was published while this one was being built."""
 
 
-class ErrorRateExceeded(RuntimeError):
-    """Too many rejected inputs: the version is written but not published."""
+class ErrorRateExceeded(RetryWontHelp):
+    """Too many rejected inputs: the version is written but not published (the CLI exits
+    3: the next run fails the same way until the inputs or --max_error_rate change)."""
 
 
 DETERMINISTIC = (ErrorRateExceeded, PublishRefused)  # a retry would fail the same way
@@ -253,16 +255,23 @@ def _merge_catalog(ordered, spec):
 
 def _write_split_map(spec, catalog_rows):
     """VDIR/split_map.parquet: the map this version was planned with plus its own new
-    contents (store/split_map.py) -> its manifest entry; None without a catalog."""
+    contents (store/split_map.py) -> its manifest entry. Without a catalog (--sink beam)
+    the contents come from the file the sink wrote (job/beam_sink.py), so the splits it
+    decided hold in later builds; None when there is neither."""
+    from beam_pipeline.job import beam_sink
+
+    contents = layout.join(spec.vdir, layout.CATALOG)
     if catalog_rows is None:
-        return None
+        contents = layout.join(spec.tmp_dir, beam_sink.CONTENTS)
+        if not files.exists(contents):
+            return None
     old = None
     if spec.split_map_from:
         if spec.split_map_from.endswith("/" + layout.CATALOG):  # written before split maps
             old = split_map.read_catalog(spec.split_map_from)
         else:
             old = split_map.read(spec.split_map_from)
-    new = split_map.add_catalog(old, layout.join(spec.vdir, layout.CATALOG))
+    new = split_map.add_catalog(old, contents)
     split_map.write(layout.join(spec.vdir, layout.SPLIT_MAP), new)
     root = spec.root.rstrip("/") + "/"
     since = spec.split_map_from

@@ -13,7 +13,7 @@ from apache_beam.io.filesystems import FileSystems
 from beam_pipeline.algorithms.read_ahead import ordered
 from beam_pipeline.job import images, reframe
 from beam_pipeline.refs import ImageRef
-from beam_pipeline.store import files, gcs, ranges
+from beam_pipeline.store import files, gcs, ranges, transient
 
 READ_AHEAD = 16                 # images fetched concurrently: hides gs:// latency
 READ_AHEAD_BYTES = 256 << 20    # ... and at most this many listed bytes in flight (one more
@@ -74,7 +74,9 @@ def _fetch_for(ref, max_bytes=0):
         return fetch(ref.uri, max_bytes, ref.stamp)
     try:
         return reframe.read_stored(ref.source), None
-    except Exception as e:
+    except Exception as e:  # damaged or gone: converted from its input instead
+        if transient.is_transient(e):  # storage busy: the task fails and is retried
+            raise
         return None, e
 
 

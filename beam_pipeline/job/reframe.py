@@ -9,7 +9,7 @@ is byte-identical to what converting the input would give.
 
 import io
 
-from beam_pipeline.store import ranges
+from beam_pipeline.store import ranges, transient
 from dataset_format import frames, schema
 from dataset_format.examples import parse_example, parse_features, serialize_example
 
@@ -27,7 +27,9 @@ def read_stored_run(sources):
                      tuple((s.offset, s.length) for s in sources))
     try:
         frames_read = ranges.read_run(sources[0].path, run)
-    except Exception as e:  # each is converted from its input instead
+    except Exception as e:  # each is converted from its input instead ...
+        if transient.is_transient(e):  # ... unless storage is only busy: the task retries
+            raise
         return [(None, e)] * len(sources)
     out = []
     for source, frame in zip(sources, frames_read):

@@ -21,7 +21,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from beam_pipeline.job.contracts import Kind
 from beam_pipeline.job.rewrite import copy_frames, with_rows
-from beam_pipeline.store import files
+from beam_pipeline.store import files, transient
 from dataset_format import frames, layout, storage
 from dataset_format.catalog_schema import CatalogRow
 
@@ -101,10 +101,16 @@ def _placed(rows, split, shard, file):
 
 def _index_is(shard, text):
     """The index beside `shard` holds exactly `text`: one GET on gs:// through the
-    process's one client (Beam's FileSystems.open adds a metadata and a bucket GET)."""
+    process's one client (Beam's FileSystems.open adds a metadata and a bucket GET).
+    Missing: not shared (a copy with a new index). A read that failed without proving the
+    index gone (a 503, a timeout, EIO) fails the task, which the runner retries: a blip
+    must not turn a shared shard into a copy."""
+    path = layout.index_name(shard)
     try:
-        return storage.read_bytes(layout.index_name(shard)) == text.encode()
-    except Exception:  # missing or unreadable: not shared, written anew
+        return transient.retrying(lambda: storage.read_bytes(path), path) == text.encode()
+    except transient.StorageUnavailable:
+        raise
+    except Exception:  # damage (missing): not shared, written anew
         return False
 
 

@@ -6,7 +6,7 @@ import io
 
 from beam_pipeline.job import reframe
 from beam_pipeline.job.shard_file import ShardFile
-from beam_pipeline.store import catalog, ranges
+from beam_pipeline.store import catalog, ranges, transient
 from dataset_format import frames, layout, schema
 
 
@@ -58,6 +58,8 @@ def _checked(source, rows, deep):
             try:
                 frame = next(spans, b"")
             except Exception as e:  # missing, or unreadable
+                if transient.is_transient(e):  # storage busy, not damage: the task retries
+                    raise
                 unreadable = f"unreadable ({type(e).__name__}: {e})"
         why = unreadable or damage(frame, row, deep)
         yield row, (None if why else frame), why

@@ -104,9 +104,11 @@ def add_build_args(parser):
         help="--keep_versions never deletes a version superseded less than this long ago "
              "(a training job may have pinned it).")
     add("--max_hours", type=float, default=0.0,
-        help="Bound on a build's wall time; 0 = none. On Dataflow the service cancels a job "
-             "still running after this long (max_workflow_runtime_walltime_seconds), and "
-             "the root's lock handed to the job expires then, so the next build takes it.")
+        help="Bound on a build's wall time in hours (fractions allowed); 0 = none. A local "
+             "or cron build still running after this long stops, frees the root's lock and "
+             "exits 1. On Dataflow the service cancels the job "
+             "(max_workflow_runtime_walltime_seconds), and the root's lock handed to the job "
+             "expires then, so the next build takes it.")
     add("--wait", type=boolean, nargs="?", const=True, default=False,
         help="When another build holds --output, wait for it instead of exiting with status 2.")
     add("--verbose", type=boolean, nargs="?", const=True, default=False,

@@ -7,7 +7,7 @@ import re
 import unicodedata
 
 from beam_pipeline.errors import UserError, error_record
-from beam_pipeline.launcher.walk import walk
+from beam_pipeline.launcher.walk import Special, special_record, walk
 from beam_pipeline.refs import SPLIT_NAMES, ImageRef
 
 IMAGE_EXTENSIONS = {".jpg", ".jpeg", ".png", ".gif", ".bmp", ".tif", ".tiff", ".webp"}
@@ -21,8 +21,7 @@ def list_directory(root):
             continue
         if size is None:
             found += 1
-            yield error_record(uri, "read", "not_found", "a broken symbolic link, or deleted "
-                                                         "while listing")
+            yield _unlisted(uri, stamp)
             continue
         parts = rel.split("/")
         split = None
@@ -40,6 +39,14 @@ def list_directory(root):
                         f"extensions {', '.join(sorted(IMAGE_EXTENSIONS))})")
 
 
+def _unlisted(uri, stamp):
+    """The errors.jsonl row of a walked path with no size: a special file, or a broken link."""
+    if isinstance(stamp, Special):
+        return special_record(uri, stamp)
+    return error_record(uri, "read", "not_found", "a broken symbolic link, or deleted while "
+                                                  "listing")
+
+
 def glob_root(pattern):
     prefix = pattern[:min(pattern.index(c) for c in GLOB_CHARS if c in pattern)]
     return prefix.rsplit("/", 1)[0] if "/" in prefix else ""
@@ -54,8 +61,7 @@ def list_glob(pattern):
             continue
         found += 1
         if size is None:
-            yield error_record(uri, "read", "not_found", "a broken symbolic link, or deleted "
-                                                         "while listing")
+            yield _unlisted(uri, stamp)
             continue
         label = _folder_label(posixpath.basename(posixpath.dirname(uri)), pattern, rel)
         yield ImageRef(rel, uri, label, None, size, stamp, md5=md5)

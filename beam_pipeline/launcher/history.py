@@ -3,10 +3,16 @@ when the root is damaged.
 
     LATEST -> its manifest -> its catalog (records to reuse) and its split map
 A damaged link is one line naming the file and the way out, and the build goes on from
-the newest intact version: a missing or unreadable LATEST or manifest -> the newest
-complete version; an unreadable catalog -> nothing reused (every image converted again);
-an unreadable split map -> the newest intact version's map, said so. It never resplits
-silently: with versions but no intact map anywhere it stops and names --resplit.
+the newest intact version: a missing or unreadable LATEST or manifest (or a LATEST naming
+a version that is gone) -> the newest complete version; an unreadable catalog -> nothing
+reused (every image converted again); an unreadable split map -> the newest intact
+version's map, said so. It never resplits silently: with versions but no intact map
+anywhere it stops and names --resplit.
+
+Only proven damage is gone around (store/transient.py): a read that fails for any other
+reason (a 503 past the retries, a timeout, a 403, EIO) raises StorageUnavailable and the
+build stops, exit 1: going around a file that is only out of reach tonight would rebuild
+every image, or move one to another split, for good.
 """
 
 import dataclasses
@@ -14,6 +20,7 @@ from typing import Optional
 
 from beam_pipeline.errors import UserError
 from beam_pipeline.store import split_map as split_maps
+from beam_pipeline.store import transient
 from dataset_format import layout
 from dataset_format.dataset_info import DatasetInfo, from_manifest
 
@@ -71,20 +78,26 @@ def _latest(root):
 
     path = layout.join(root, layout.LATEST)
     try:
-        if not files.exists(path):
+        if not transient.retrying(lambda: files.exists(path), path):
             return None, None
-        return files.read_json(path)["version"], None
-    except Exception as e:
+        return transient.retrying(lambda: files.read_json(path), path)["version"], None
+    except transient.StorageUnavailable:
+        raise
+    except Exception as e:  # damage: cut short, not JSON, no "version"
         return None, f"{path}: unreadable ({_short(e)})"
 
 
 def _complete_versions(root, versions):
-    """Complete version ids, newest first (none when the listing fails)."""
+    """Complete version ids, newest first; StorageUnavailable when the listing fails (what
+    it could not see is not "no versions")."""
+    where = layout.join(root, layout.VERSIONS)
     try:
-        return sorted((v for v, done in versions.list_versions(root).items() if done),
-                      reverse=True)
-    except Exception:
-        return []
+        found = transient.retrying(lambda: versions.list_versions(root), where)
+    except transient.StorageUnavailable:
+        raise
+    except Exception as e:
+        raise transient.unavailable(e, where) from e
+    return sorted((v for v, done in found.items() if done), reverse=True)
 
 
 def _manifest(root, version):
@@ -94,9 +107,11 @@ def _manifest(root, version):
     vdir = layout.version_dir(root, version)
     path = layout.join(vdir, layout.MANIFEST)
     try:
-        manifest = files.read_json(path)
+        manifest = transient.retrying(lambda: files.read_json(path), path)
         manifest["splits"], manifest["labels"]  # the fields a build relies on
         return from_manifest(vdir, manifest), None
+    except transient.StorageUnavailable:
+        raise
     except FileNotFoundError:
         return None, f"{path}: missing (LATEST names version {version})"
     except Exception as e:
@@ -111,10 +126,16 @@ def _intact_catalog(root, version, manifest):
     from beam_pipeline.store import files
 
     path = manifest.catalog
-    try:
+
+    def footer():
         with files.open_seekable(path) as f:
-            rows = pq.ParquetFile(f).metadata.num_rows
-    except Exception as e:
+            return pq.ParquetFile(f).metadata.num_rows
+
+    try:
+        rows = transient.retrying(footer, path)
+    except transient.StorageUnavailable:
+        raise
+    except Exception as e:  # damage: missing, cut short, not Parquet
         return None, f"{path}: {split_maps.describe(e)}"
     if manifest.catalog_rows is not None and rows != manifest.catalog_rows:
         return None, f"{path}: {rows} rows, the manifest says {manifest.catalog_rows}"
@@ -134,7 +155,7 @@ def _split_map(root, candidates, notes):
             continue
         path = layout.join(vdir, layout.SPLIT_MAP)
         try:
-            if manifest.has_split_map or files.exists(path):
+            if manifest.has_split_map or transient.retrying(lambda: files.exists(path), path):
                 smap = split_maps.read(path)
             elif manifest.has_catalog:  # a version written before split maps
                 smap = split_maps.read_catalog(manifest.catalog)

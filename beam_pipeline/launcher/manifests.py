@@ -31,9 +31,13 @@ def _manifest_rows(path, schema=None):
     header names only uri, label, split and `schema`'s fields, when one is declared."""
     from apache_beam.io.filesystems import FileSystems
 
+    from beam_pipeline.store import transient
+
     try:
         raw = FileSystems.open(path)
-    except Exception as e:
+    except Exception as e:  # a wrong path or permission: the command's; an outage: exit 1
+        if transient.is_transient(e) and not transient.is_denied(e):
+            raise transient.unavailable(e, f"--input {path}") from e
         raise UserError(f"--input {path}: cannot read manifest ({e})") from e
     with raw, io.TextIOWrapper(raw, encoding="utf-8-sig", newline="") as text:
         if path.lower().endswith(".jsonl"):
@@ -203,6 +207,9 @@ def _stat_local(path, where):
         raise walk.ListingFailed(f"{where}: cannot stat {path}: {e.strerror}") from e
     if stat.S_ISDIR(st.st_mode):
         return error_record(path, "read", "not_found", "listed in the manifest; a folder")
+    kind = walk.special_kind(st)
+    if kind:  # a FIFO, socket or device (or a link to one): never opened
+        return walk.special_record(path, kind)
     return st.st_size, stamps.local_stamp(st)
 
 

@@ -137,25 +137,43 @@ def hashed(items, threads=HASH_THREADS):
 
 
 def input_sha256(uri, stamp=""):
-    """The sha256 of a file's bytes (read in 1 MiB pieces), or None when it cannot be read.
-    gs://: one GET at the listed generation through the process's one client (Beam's
-    FileSystems.open made a client and three requests per object)."""
+    """The sha256 of a file's bytes (read in 1 MiB pieces), or None when it cannot be read
+    because of the input itself (gone or replaced since listing, not readable by us
+    locally): the shard writer reports it. gs://: one GET at the listed generation through
+    the process's one client (Beam's FileSystems.open made a client and three requests per
+    object).
+
+    A read that failed for a reason that is not the input's (a 503 past the retries, a
+    timeout, a 403 on gs://; EIO, ESTALE on an NFS mount) raises StorageUnavailable: taken
+    as unreadable, a renamed image would fall back to its key's split for good."""
     from apache_beam.io.filesystem import CompressionTypes
     from apache_beam.io.filesystems import FileSystems
 
-    digest = hashlib.sha256()
+    from beam_pipeline.store import transient
+
     if uri.startswith("gs://"):
         from beam_pipeline.store import gcs
 
         try:
             return hashlib.sha256(gcs.read_bytes(uri, 0, gcs.listed_generation(stamp))
                                   ).hexdigest()
-        except Exception:  # vanished or replaced since listing: the shard writer reports it
+        except Exception as e:  # vanished or replaced since listing: the shard writer says
+            if transient.is_transient(e):
+                raise transient.unavailable(e, uri) from e
             return None
-    try:
+
+    def read():
+        digest = hashlib.sha256()
         with FileSystems.open(uri, compression_type=CompressionTypes.UNCOMPRESSED) as f:
             while chunk := f.read(1 << 20):
                 digest.update(chunk)
+        return digest.hexdigest()
+
+    try:
+        return transient.retrying(read, uri)
+    except transient.StorageUnavailable as e:
+        if transient.is_local_outage(e):
+            raise
+        return None  # e.g. EACCES: the input's own problem, rejected by the shard writer
     except Exception:  # vanished since listing, or unreadable: the shard writer reports it
         return None
-    return digest.hexdigest()

@@ -18,6 +18,33 @@ GCS_FANOUT_DEPTH = 2       # fan out on split/ and class/ folders, then list eac
 FIELDS = "items(name,size,generation,md5Hash),prefixes,nextPageToken"
 
 
+SPECIAL_FILE = "special_file"  # errors.jsonl reason: a FIFO, socket or device, never opened
+
+
+def special_kind(st):
+    """What a stat result is when it is not a regular file or a folder ("a FIFO (named
+    pipe)", ...), else None. Opening a FIFO blocks until something writes to it: a build
+    that opened one would wait for ever, holding the root's lock."""
+    mode = st.st_mode
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    return ("a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+            else "a character device" if stat.S_ISCHR(mode)
+            else "a block device" if stat.S_ISBLK(mode) else "not a regular file")
+
+
+def special_record(uri, kind):
+    """The errors.jsonl row of a special file: rejected at listing, never opened."""
+    from beam_pipeline.errors import error_record
+
+    return error_record(uri, "read", SPECIAL_FILE, f"{kind}, not a regular file: never opened")
+
+
+class Special(str):
+    """The stamp `walk` gives a special file (its kind, e.g. "a FIFO (named pipe)"), with
+    size None: the caller rejects it (special_record) and never opens it."""
+
+
 class ListingFailed(RuntimeError):
     """A folder or object could not be listed: the build stops (exit 1) before it plans,
     rather than counting what it could not see as removed."""
@@ -25,7 +52,8 @@ class ListingFailed(RuntimeError):
 
 def walk(root):
     """Every file under `root` -> (path relative to root, uri, size, stamp, md5), streamed
-    (md5: the listing's md5Hash on gs://, None locally and for composite objects).
+    (md5: the listing's md5Hash on gs://, None locally and for composite objects). Size
+    None: a broken link (stamp None) or a special file (stamp a Special naming its kind).
 
     Local uris are absolute (workers may run elsewhere); gs:// lists prefixes in parallel.
     """
@@ -64,8 +92,11 @@ def _walk_local(root):
                 continue
             except OSError as e:
                 raise ListingFailed(f"cannot stat {path}: {e.strerror}") from e
+            kind = special_kind(st)
             if stat.S_ISDIR(st.st_mode):
                 (linked if entry.is_symlink() else subdirs).append(path)
+            elif kind:  # a FIFO, socket or device (or a link to one): never opened
+                yield rel, path, None, Special(kind), None
             else:
                 yield rel, path, st.st_size, stamps.local_stamp(st), None
         stack.extend(reversed(subdirs))

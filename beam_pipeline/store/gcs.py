@@ -29,7 +29,11 @@ def gcs_blob(uri):
     return client().bucket(bucket), name
 
 
-READ_DEADLINE = 120.0  # seconds a read is retried on 429/5xx/resets (google-cloud-storage's)
+# Seconds a read is retried on 429/5xx/resets/timeouts (google-cloud-storage's default, 120),
+# and one request's timeout (its default, 60): dataset_format/storage.py reads them from
+# the environment, so tests (and their child processes) can shorten them.
+READ_DEADLINE = storage.READ_DEADLINE
+REQUEST_TIMEOUT = storage.REQUEST_TIMEOUT
 
 
 class GenerationGone(FileNotFoundError):
@@ -50,7 +54,7 @@ def read_bytes(uri, max_bytes=0, generation=None):
     end = max_bytes if max_bytes else None  # inclusive
     try:  # raw: stored bytes, never transcoded (as Beam reads them)
         return bucket.blob(name, generation=generation).download_as_bytes(
-            start=0 if end else None, end=end, raw_download=True,
+            start=0 if end else None, end=end, raw_download=True, timeout=REQUEST_TIMEOUT,
             retry=DEFAULT_RETRY.with_deadline(READ_DEADLINE))
     except exceptions.RequestRangeNotSatisfiable:  # a range of an empty object
         return b""
@@ -70,7 +74,7 @@ def read_range(uri, offset, length, generation=None):
     bucket, name = gcs_blob(uri)
     try:
         return bucket.blob(name, generation=generation).download_as_bytes(
-            start=offset, end=offset + length - 1, raw_download=True,
+            start=offset, end=offset + length - 1, raw_download=True, timeout=REQUEST_TIMEOUT,
             retry=DEFAULT_RETRY.with_deadline(READ_DEADLINE))
     except exceptions.RequestRangeNotSatisfiable:  # from past the end
         return b""
@@ -100,7 +104,7 @@ def open_ranged(uri, whole_bytes):
         return io.BytesIO(head)
     bucket, name = gcs_blob(uri)
     return bucket.blob(name).open("rb", chunk_size=CHUNK, raw_download=True,
-                                  retry=DEFAULT_RETRY)
+                                  retry=DEFAULT_RETRY.with_deadline(READ_DEADLINE))
 
 
 def exists(uri):
@@ -108,7 +112,8 @@ def exists(uri):
     from google.cloud.storage.retry import DEFAULT_RETRY
 
     bucket, name = gcs_blob(uri)
-    return bucket.blob(name).exists(retry=DEFAULT_RETRY)
+    return bucket.blob(name).exists(timeout=REQUEST_TIMEOUT,
+                                    retry=DEFAULT_RETRY.with_deadline(READ_DEADLINE))
 
 
 def write_bytes(uri, data):

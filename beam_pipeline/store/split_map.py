@@ -30,7 +30,9 @@ NO_MD5 = b"\0" * 16  # an md5 of all zero bytes stands for "none known" (~2^-128
 
 
 class SplitMapUnreadable(Exception):
-    """The file is missing, truncated or not a split map (the message names it)."""
+    """The file is missing, truncated or not a split map (the message names it). A read
+    that failed without proving that (a 503, a timeout, a 403, EIO) raises
+    store/transient.py's StorageUnavailable instead: no older map stands in for it."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -277,10 +279,11 @@ def write(path, smap):
 
 def read(path):
     """A split_map.parquet -> SplitMap; SplitMapUnreadable naming the file otherwise."""
-    from beam_pipeline.store import files
+    from beam_pipeline.store import files, transient
 
     try:
-        table = pq.read_table(pa.BufferReader(files.read_bytes(path))).combine_chunks()
+        data = transient.retrying(lambda: files.read_bytes(path), path)
+        table = pq.read_table(pa.BufferReader(data)).combine_chunks()
         contents, split = table["content"].chunk(0), table["split"].chunk(0)
         data = contents.buffers()[1]
         digest = np.frombuffer(data, "S16", count=len(contents), offset=contents.offset * 16)
@@ -289,7 +292,7 @@ def read(path):
         sizes = table["size"].to_numpy()
         md5s = _md5_column(table)
     except Exception as e:
-        raise SplitMapUnreadable(f"{path}: {describe(e)}") from e
+        raise _unreadable(path, e) from e
     order = np.argsort(names)
     rank = np.empty(len(names), np.uint8)
     rank[order] = np.arange(len(names), dtype=np.uint8)
@@ -312,11 +315,24 @@ def _md5_column(table):
 
 def read_catalog(path):
     """A version written before split maps: its catalog.parquet is its map."""
+    from beam_pipeline.store import transient
+
     try:
-        smap = add_catalog(None, path)
+        smap = transient.retrying(lambda: add_catalog(None, path), path)
     except Exception as e:
-        raise SplitMapUnreadable(f"{path}: {describe(e)}") from e
+        raise _unreadable(path, e) from e
     return dataclasses.replace(smap, source=path)
+
+
+def _unreadable(path, e):
+    """SplitMapUnreadable for proven damage; StorageUnavailable for anything else."""
+    from beam_pipeline.store import transient
+
+    if isinstance(e, transient.StorageUnavailable):
+        return e
+    if not transient.is_damage(e):
+        return transient.unavailable(e, path)
+    return SplitMapUnreadable(f"{path}: {describe(e)}")
 
 
 def describe(e):

@@ -109,13 +109,17 @@ def list_versions(root, complete=True):
         return found if complete else dict.fromkeys(found)
     # One listing page of version "directories", then one metadata read per version: not
     # a listing of every object of every version (a million at 100k shards x 10 versions).
+    from google.cloud.storage.retry import DEFAULT_RETRY
+
     bucket, name = gcs.gcs_blob(prefix + "/")
-    pages = gcs.client().list_blobs(bucket.name, prefix=name, delimiter="/")
+    pages = gcs.client().list_blobs(bucket.name, prefix=name, delimiter="/",
+                                    timeout=gcs.REQUEST_TIMEOUT,
+                                    retry=DEFAULT_RETRY.with_deadline(gcs.READ_DEADLINE))
     list(pages)  # raises on failure; fills .prefixes
     found = {}
     for sub in sorted(pages.prefixes):
-        found[sub[len(name):].rstrip("/")] = (bucket.blob(sub + layout.MANIFEST).exists()
-                                              if complete else None)
+        found[sub[len(name):].rstrip("/")] = (
+            gcs.exists(f"gs://{bucket.name}/{sub}{layout.MANIFEST}") if complete else None)
     return found
 
 
@@ -161,10 +165,23 @@ def publish(root, version):
     under an flock on the root directory, through a temp file that is fsynced and renamed
     over LATEST, then the directory fsynced. Publishing the version LATEST already names
     writes nothing, so a retried commit leaves LATEST byte-identical.
+
+    A LATEST that names a version whose manifest is gone (an id from a clock that ran
+    ahead, a restore of an older root) is damage, as a cut-short one is: it is replaced,
+    not obeyed, or every later build would be refused for good. A publisher writes its
+    manifest before LATEST, so a live rival's LATEST always names a complete version.
     """
     if root.startswith("gs://"):
         return _publish_gcs(root, version)
     return _publish_local(root, version)
+
+
+def _gone(root, version):
+    """Whether `version` has no manifest: proven, a failed read raises (store/transient.py)."""
+    from beam_pipeline.store import transient
+
+    path = layout.join(layout.version_dir(root, version), layout.MANIFEST)
+    return not transient.retrying(lambda: files.exists(path), path)
 
 
 def _publish_local(root, version):
@@ -175,7 +192,8 @@ def _publish_local(root, version):
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         current = _version_in(files.read_bytes(path)) if os.path.exists(path) else None
-        if current is not None and current >= version:
+        if current is not None and (current == version or (
+                current > version and not _gone(root, current))):
             return current
         files.replace_local(path, json.dumps(layout.latest_record(version)).encode())
         return version
@@ -192,7 +210,8 @@ def _publish_gcs(root, version, attempts=50):
     for _ in range(attempts):
         data, generation, _ = gcs.read_with_generation(bucket, name)
         current = _version_in(data) if data is not None else None
-        if current is not None and current >= version:
+        if current is not None and (current == version or (
+                current > version and not _gone(root, current))):
             return current
         try:  # 412 if LATEST changed since it was read (or appeared, for generation 0)
             bucket.blob(name).upload_from_string(

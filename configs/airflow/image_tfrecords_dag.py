@@ -7,6 +7,11 @@ ROOT/LATEST last, so training jobs never see a half-written version; --keep_vers
 old versions after a successful publish. Unchanged inputs: the launcher submits a one-worker
 no-op job that logs "up to date" and succeeds, so the task succeeds (no retry, no alert).
 
+Retries: only failures worth it. A job that failed in a way the same launch repeats (too
+many rejected inputs: the CLI's exit status 3, docs/scheduling.md) fails the task for good,
+with no retry; any other failure (storage unavailable past the retries, a worker lost, a
+launch while another build holds the root) is retried once, 15 minutes later.
+
 Set these Airflow Variables (Admin > Variables, or `gcloud composer environments run ENV
 --location REGION variables set -- NAME VALUE`); they are read when the task runs, not when
 the scheduler parses this file:
@@ -24,6 +29,7 @@ Copy this file into the environment's dags/ folder:
 
 import datetime
 
+from airflow.exceptions import AirflowFailException
 from airflow.providers.google.cloud.operators.dataflow import DataflowStartFlexTemplateOperator
 
 try:  # Airflow 3 (Composer 3)
@@ -83,6 +89,42 @@ ENVIRONMENT = {
     "additionalUserLabels": {"dataset": "image-tfrecords"},
 }
 
+# What a job that failed for good says in its error (beam_pipeline/cli.py NO_RETRY_NAMES:
+# the CLI's exit status 3). Retrying it would fail the same way, a night's workers later.
+NO_RETRY = ("ErrorRateExceeded",)
+
+
+def retry_will_not_help(task):
+    """Whether the failed Dataflow job of `task` says it failed for good (NO_RETRY in its
+    messages). Unknown (no job, messages unreadable): False, so it is retried."""
+    from airflow.providers.google.cloud.hooks.dataflow import DataflowHook
+
+    job = getattr(task, "job", None) or {}
+    job_id = job.get("id") if isinstance(job, dict) else None
+    if not job_id:
+        return False
+    try:
+        messages = DataflowHook(gcp_conn_id=task.gcp_conn_id).fetch_job_messages_by_id(
+            job_id=job_id, project_id=task.project_id, location=task.location)
+    except Exception:
+        return False
+    return any(name in (m.get("messageText") or "") for m in messages for name in NO_RETRY)
+
+
+class LaunchImageTfrecords(DataflowStartFlexTemplateOperator):
+    """The Flex Template launch, retried only when a retry may help (NO_RETRY)."""
+
+    def execute(self, context):
+        try:
+            return super().execute(context)
+        except Exception as e:
+            if retry_will_not_help(self):
+                raise AirflowFailException(
+                    f"{e} (the job failed in a way a retry repeats: {', '.join(NO_RETRY)}; "
+                    "fix the inputs or the options, then clear the task)") from e
+            raise
+
+
 with DAG(
     dag_id="image_tfrecords_nightly",
     description="Rebuild the image TFRecord dataset from new images (Dataflow Flex Template)",
@@ -93,7 +135,7 @@ with DAG(
     default_args={"retries": 1, "retry_delay": datetime.timedelta(minutes=15)},
     tags=["dataflow", "tfrecords"],
 ) as dag:
-    DataflowStartFlexTemplateOperator(
+    LaunchImageTfrecords(
         task_id="launch_image_tfrecords",
         project_id="{{ var.value.image_tfrecords_project }}",
         location="{{ var.value.image_tfrecords_region }}",

@@ -1,0 +1,262 @@
+"""Transient is never damage: a read that fails without proving the file damaged (503, 429,
+403, a timeout; EIO on a local root) stops the build with exit 1 and one line, nothing
+published; a blip shorter than the retries gives the right version. Only proven damage
+(missing, not parseable) is gone around. Faults come from tests/faults.py's proxy in front
+of the GCS emulator, on each read the launcher makes, with the retry deadline and the
+request timeout cut to a second so each failed build takes seconds.
+"""
+
+import errno
+import json
+import os
+
+import pytest
+from google.api_core import exceptions
+
+from beam_pipeline import cli
+from beam_pipeline.store import gcs as gcs_store
+from beam_pipeline.store import transient
+from dataset_format import layout, storage
+from tests.faults import FaultProxy
+from tests.helpers import image_bytes, noise_image
+
+ARGS = ["--name", "pets", "--target_shard_mb", "0.002", "--no_transform",
+        "--splits", "train=0.6,validation=0.2,test=0.2", "--max_error_rate", "0.5",
+        "--max_delta_share", "1"]  # every night an increment: unchanged shards shared
+
+
+# --- the classifier ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("error, is_transient, is_damage", [
+    (exceptions.ServiceUnavailable("503"), True, False),
+    (exceptions.TooManyRequests("429"), True, False),
+    (exceptions.Forbidden("403"), True, False),           # credentials: not the file's fault
+    (exceptions.Unauthorized("401"), True, False),
+    (exceptions.RetryError("deadline", exceptions.ServiceUnavailable("503")), True, False),
+    (TimeoutError("timed out"), True, False),
+    (OSError(errno.EIO, "Input/output error"), True, False),
+    (OSError(errno.ESTALE, "Stale file handle"), True, False),
+    (OSError(errno.ENOTCONN, "Transport endpoint is not connected"), True, False),
+    (PermissionError(errno.EACCES, "Permission denied"), True, False),
+    (FileNotFoundError(errno.ENOENT, "No such file"), False, True),
+    (exceptions.NotFound("404"), False, True),
+    (json.JSONDecodeError("Expecting value", "{", 1), False, True),
+    (KeyError("version"), False, True),
+    (OSError("Parquet magic bytes not found in footer"), False, True),  # pyarrow, no errno
+])
+def test_the_classifier_tells_transient_from_damage(error, is_transient, is_damage):
+    assert transient.is_transient(error) is is_transient
+    assert transient.is_damage(error) is is_damage
+
+
+def test_a_cause_that_is_transient_is_never_damage():
+    try:
+        try:
+            raise exceptions.ServiceUnavailable("503")
+        except Exception as e:
+            raise ValueError("could not parse") from e
+    except ValueError as wrapped:
+        assert transient.is_transient(wrapped) and not transient.is_damage(wrapped)
+
+
+def test_local_outages_are_retried_with_backoff_then_fail_naming_the_file():
+    calls = []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) < 3:
+            raise OSError(errno.ESTALE, "Stale file handle")
+        return b"ok"
+
+    assert transient.retrying(flaky, "/nfs/root/LATEST", seconds=5) == b"ok"
+    assert len(calls) == 3
+
+    def down():
+        raise OSError(errno.EIO, "Input/output error")
+
+    with pytest.raises(transient.StorageUnavailable, match=r"cannot read /nfs/root/LATEST "
+                       r"\(OSError: \[Errno 5\] Input/output error\)"):
+        transient.retrying(down, "/nfs/root/LATEST", seconds=0.3)
+    with pytest.raises(FileNotFoundError):  # damage: the caller goes around it
+        transient.retrying(lambda: open("/nonexistent/LATEST"), "LATEST", seconds=5)
+
+
+def test_a_local_input_that_is_not_ours_to_read_is_rejected_by_the_job_not_the_night(tmp_path):
+    from beam_pipeline.launcher import same_bytes
+
+    assert same_bytes.input_sha256(str(tmp_path / "gone.jpg")) is None  # vanished
+    if os.geteuid() == 0:
+        return  # root reads a mode-000 file: no EACCES to see
+    path = tmp_path / "x.jpg"
+    path.write_bytes(b"abc")
+    path.chmod(0)
+    assert same_bytes.input_sha256(str(path)) is None  # EACCES: the shard writer rejects it
+
+
+# --- through the emulator: every read the launcher makes --------------------------------------
+
+@pytest.fixture(scope="module")
+def proxy(gcs):
+    with FaultProxy(gcs.endpoint) as fault_proxy, pytest.MonkeyPatch.context() as mp:
+        mp.setenv("STORAGE_EMULATOR_HOST", fault_proxy.url)
+        yield fault_proxy
+
+
+@pytest.fixture
+def short_retries(monkeypatch):
+    """Retries give up after ~1 s, a request after 0.5 s (google-cloud-storage: 120 s, 60 s)."""
+    for module in (gcs_store, storage):
+        monkeypatch.setattr(module, "READ_DEADLINE", 1.0)
+        monkeypatch.setattr(module, "REQUEST_TIMEOUT", 0.5)
+    monkeypatch.setattr(transient, "RETRY_SECONDS", 1.0)
+
+
+@pytest.fixture(scope="module")
+def night(proxy, gcs, tmp_path_factory):
+    """24 images on gs:// built into V1 -> (input prefix, root, V1's {sha256: split})."""
+    bucket = gcs.create_bucket()
+    src, root = f"gs://{bucket}/in", f"gs://{bucket}/ds"
+    for i in range(24):
+        gcs.upload_bytes(f"{src}/{'cat' if i % 2 else 'dog'}/{i:03d}.jpg",
+                         image_bytes((9 * i % 256, 40, 200 - 5 * i), (40, 32)))
+    assert cli.main(["--input", src, "--output", root, *ARGS]) == 0
+    latest = gcs.read_json(f"{root}/{layout.LATEST}")["version"]
+    return src, root, _splits(gcs, f"{root}/versions/{latest}")
+
+
+_added = iter(range(100, 200))
+
+
+def add_image(gcs, src):
+    """One more image tonight (each test its own, so each build has work to do)."""
+    import io
+
+    i = next(_added)
+    data = io.BytesIO()
+    noise_image((40, 32), 40, seed=i).save(data, "JPEG", quality=90)  # bytes like no other
+    gcs.upload_bytes(f"{src}/cat/{i:03d}.jpg", data.getvalue())
+
+
+def latest_of(gcs, root):
+    return gcs.read_json(f"{root}/{layout.LATEST}")["version"]
+
+
+def _splits(gcs, vdir):
+    """{input sha256: split} of a version's catalog, read straight from the bucket."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(io.BytesIO(gcs.read(f"{vdir}/{layout.CATALOG}")))
+    return dict(zip(table["input_sha256"].to_pylist(), table["split"].to_pylist()))
+
+
+def _target(what, v1):
+    """The text in the request path of each read the launcher makes (`v1`: the version
+    LATEST names)."""
+    return {"LATEST": "ds/LATEST",
+            "manifest": f"ds/versions/{v1}/{layout.MANIFEST}",
+            "catalog": f"ds/versions/{v1}/{layout.CATALOG}",
+            "split map": f"ds/versions/{v1}/{layout.SPLIT_MAP}",
+            "an input's hash": "in/cat/005.jpg",
+            "an index": ".index"}[what]
+
+
+CASES = [("LATEST", 503), ("manifest", 429), ("catalog", 403), ("split map", "timeout"),
+         ("catalog", 503), ("split map", 403), ("LATEST", "timeout"), ("manifest", 403),
+         ("an input's hash", 503), ("an input's hash", 403), ("an index", 429),
+         ("an index", "timeout")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("what, status", CASES)
+def test_a_storage_outage_on_a_read_of_the_root_fails_the_night_with_exit_1(
+        night, proxy, gcs, short_retries, capsys, what, status):
+    """Before: a 503 or 403 on V1's catalog for longer than the retries published a full
+    rebuild (every image converted again); on the split map, exit 2; on an input's hash, a
+    renamed image could move to its key's split; on an index, a shared shard was copied."""
+    src, root, _ = night
+    v1 = latest_of(gcs, root)
+    if what == "an index":  # read only by an incremental build's reuse tasks
+        add_image(gcs, src)
+    verify = ["--verify_inputs"] if what == "an input's hash" else []
+    proxy.fail(_target(what, v1), status, method="GET")
+    try:
+        code = cli.main(["--input", src, "--output", root, *ARGS, *verify])
+        hits = list(proxy.forced_hits)
+    finally:
+        proxy.fail_clear()
+    assert hits and {h[0] for h in hits} == {status}, hits  # the fault was met
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error")]
+    assert code == 1, err
+    assert len(lines) == 1 and lines[0].startswith("error: build failed: "), err
+    if what != "an index":  # the launcher names what it read (the versions' listing reads
+        # each manifest's metadata first)
+        named = _target(what, v1)
+        assert "cannot read gs://" in lines[0], lines[0]
+        assert named in lines[0] or named.replace("/", "%2F") in lines[0], lines[0]
+    assert "Traceback" not in err and "converted again" not in err
+    assert latest_of(gcs, root) == v1  # nothing published
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("what", ["LATEST", "manifest", "catalog", "split map", "an index"])
+def test_a_blip_shorter_than_the_retries_builds_the_right_version(night, proxy, gcs, monkeypatch,
+                                                                  what):
+    src, root, before = night
+    v1 = latest_of(gcs, root)
+    published = _splits(gcs, f"{root}/versions/{v1}")
+    add_image(gcs, src)
+    for module in (gcs_store, storage):  # long enough for two 503s, then the answer
+        monkeypatch.setattr(module, "READ_DEADLINE", 20.0)
+    proxy.fail(_target(what, v1), 503, times=2, method="GET")
+    try:
+        result = cli.run(["--input", src, "--output", root, *ARGS])
+        hits = list(proxy.forced_hits)
+    finally:
+        proxy.fail_clear()
+    assert len(hits) == 2, hits  # both 503s met, then retried
+    assert result.status == "published"
+    after = _splits(gcs, result.version_dir)
+    assert {s: after[s] for s in before} == before  # no split changed
+    new = len(after) - len(published)
+    assert new >= 1 and result.manifest["build"]["converted"] == new  # no full rebuild
+    shared = [sh["path"] for s in result.manifest["splits"].values() for sh in s["shards"]
+              if sh["path"].startswith(layout.SHARED_PREFIX)]
+    assert shared, "unchanged shards are shared, not copied"
+    assert not result.manifest["split_map"]["notes"]  # nothing was gone around
+
+
+@pytest.mark.slow
+def test_proven_damage_is_still_gone_around_loudly(night, gcs, capsys):
+    """A catalog that is not Parquet is damage: named, and the build goes on without reuse
+    (its splits still hold), as before."""
+    src, root, before = night
+    vdir = f"{root}/versions/{latest_of(gcs, root)}"
+    good = gcs.read(f"{vdir}/{layout.CATALOG}")
+    gcs.upload_bytes(f"{vdir}/{layout.CATALOG}", b"PAR1 not really")
+    try:
+        result = cli.run(["--input", src, "--output", root, *ARGS, "--force"])
+    finally:
+        gcs.upload_bytes(f"{vdir}/{layout.CATALOG}", good)
+    err = capsys.readouterr().err
+    assert f"{vdir}/{layout.CATALOG}: unreadable" in err and "converted again" in err
+    after = _splits(gcs, result.version_dir)
+    assert {s: after[s] for s in before} == before
+
+
+@pytest.mark.slow
+def test_a_latest_naming_a_missing_version_on_gcs_is_replaced(night, gcs, capsys):
+    """The compare-and-swap publish replaces a LATEST whose version has no manifest (an id
+    from a clock that ran ahead), as the local one does."""
+    src, root, before = night
+    previous = latest_of(gcs, root)
+    gcs.upload_bytes(f"{root}/{layout.LATEST}",
+                     json.dumps(layout.latest_record("29991231T235959Z")).encode())
+    add_image(gcs, src)
+    result = cli.run(["--input", src, "--output", root, *ARGS])
+    assert "LATEST names version 29991231T235959Z" in capsys.readouterr().err
+    assert latest_of(gcs, root) == result.version > previous
+    after = _splits(gcs, result.version_dir)
+    assert {s: after[s] for s in before} == before
