@@ -20,11 +20,11 @@ commits one attempt's ShardResult. So:
 """
 
 import dataclasses
-import functools
 import hashlib
 import json
 import logging
 
+from beam_pipeline.job import code_build
 from beam_pipeline.job.contracts import ShardResult
 from beam_pipeline.store import files
 from dataset_format import layout
@@ -33,24 +33,12 @@ FRAGMENT_SUFFIX = layout.FRAGMENT_SUFFIX  # an attempt's fragment: .tmp/SHARD.AT
 RECORD_KEY = "image_tfrecords.shard"  # the fragment's Parquet metadata key
 
 
-@functools.lru_cache(maxsize=1)
-def _codecs():
-    """The software a shard's bytes depend on (as the launcher's `generator`)."""
-    import importlib.metadata as md
-
-    def version(package):
-        try:
-            return md.version(package)
-        except md.PackageNotFoundError:
-            return None
-
-    return {p: version(p) for p in ("image-tfrecords", "apache-beam", "pillow", "simplejpeg")}
-
-
 def recipe(listing, **settings):
     """sha256 over the shard's listing file and `settings` (everything else its bytes depend
-    on: name, shard count, label ids, encode options...) and the codecs' versions."""
-    h = hashlib.sha256(json.dumps([settings, _codecs()], sort_keys=True, default=repr).encode())
+    on: name, shard count, label ids, encode options...) and this worker's code build (a
+    failed run's shard written by another build is not resumed)."""
+    h = hashlib.sha256(json.dumps([settings, code_build.worker_build()], sort_keys=True,
+                                  default=repr).encode())
     with files.open_read(listing) as f:
         while chunk := f.read(1 << 20):
             h.update(chunk)

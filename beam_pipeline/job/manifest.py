@@ -84,6 +84,9 @@ def build_manifest(spec, done, created_at, parts=()):
                          "reframed": sum(r.reframed for r in done.results),
                          "resumed_shards": sum(r.resumed for r in done.results),
                          "repaired": sum(r.repaired for r in done.results)}
+    workers = next((r.build for r in done.results if r.build), None)
+    if workers is not None:  # the one build every shard recorded (commit checked)
+        manifest["build"]["workers"] = workers
     for part in parts:
         manifest.update(part)
     return manifest

@@ -58,6 +58,7 @@ class ImagesToTFRecords(beam.PTransform):
                            direct=not (spec.drop_content_duplicates
                                        or spec.drop_near_duplicate_leaks),
                            resume_from=spec.resume_from,
+                           previous_build=spec.previous_build,
                            writers_per_process=self.writers_per_process))
                        .with_output_types(ShardResult))
             # -> ShardResult, one per shard (with --transform, + pixel_moments)

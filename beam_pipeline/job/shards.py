@@ -21,7 +21,8 @@ from apache_beam.metrics import Metrics
 
 from beam_pipeline.store import files, gcs
 from beam_pipeline.dedup import perceptual
-from beam_pipeline.job import attempts, images, inputs, records, reframe, reuse, workers
+from beam_pipeline.job import (attempts, code_build, images, inputs, records, reframe, reuse,
+                               workers)
 from beam_pipeline.errors import error_record
 from beam_pipeline.job.contracts import Kind, PixelMoments, ShardResult
 from beam_pipeline.job.shard_file import ShardFile
@@ -62,7 +63,7 @@ class WriteShardFn(beam.DoFn):
 
     def __init__(self, tmp_dir, name, num_shards, label_ids, encode_options, write_index,
                  progress_dir=None, moments=False, previous_vdir=None, phash=False,
-                 direct=True, resume_from=(), writers_per_process=None):
+                 direct=True, resume_from=(), writers_per_process=None, previous_build=None):
         self.tmp_dir, self.name, self.num_shards = tmp_dir, name, num_shards
         self.vdir, self.direct = tmp_dir.rstrip("/").rsplit("/", 1)[0], direct
         self.phash = phash  # --near_duplicates: a perceptual hash per stored image
@@ -73,6 +74,7 @@ class WriteShardFn(beam.DoFn):
         self.progress_dir = progress_dir
         self.resume_from = tuple(resume_from)  # failed runs' version dirs, newest first
         self.writers_per_process = writers_per_process  # --number_of_worker_harness_threads
+        self.previous_build = previous_build  # what wrote the records reuse/copy tasks take
         self.written = Metrics.counter("images", "written")
         self.failed = Metrics.counter("images", "failed")
         self.passed_through = Metrics.counter("images", "passed_through")
@@ -95,8 +97,10 @@ class WriteShardFn(beam.DoFn):
         result = ShardResult(split=task.split, shard=task.shard, path=final, temp=temp,
                              catalog_temp=temp + attempts.FRAGMENT_SUFFIX,
                              kind=task.kind, origin=task.origin,
-                             writer=f"{socket.gethostname()}:{os.getpid()}")  # counted by commit
+                             writer=f"{socket.gethostname()}:{os.getpid()}",  # counted by commit
+                             build=code_build.worker_build())
         if task.kind != Kind.IMAGES:  # incremental: a previous shard reused or its records copied
+            result = dataclasses.replace(result, build=self.previous_build)
             done = reuse.run(task.kind, result, task.listing, self.previous_vdir,
                              self.write_index, redo=self._redo,
                              vdir=self.vdir if self.direct else None)

@@ -121,4 +121,5 @@ def _commit_spec(build, root, listed, labels, shard_plan, past):
         drop_near_duplicate_leaks=build.drop_near_duplicate_leaks,
         lock_token=lock.token(root), keep_superseded_hours=build.keep_superseded_hours,
         resume_from=versions.failed_runs(root, previous, version),
-        split_map_from=past.split_map and past.split_map.source, notes=past.notes)
+        split_map_from=past.split_map and past.split_map.source, notes=past.notes,
+        previous_build=policy.writer_build(past.manifest))
