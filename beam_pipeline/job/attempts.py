@@ -12,11 +12,17 @@ commits one attempt's ShardResult. So:
   Dataflow commits that attempt, commit renames it over the final name. Either way the
   manifest's size and crc32c describe the object in the bucket.
 * The attempt's catalog fragment records, in its Parquet metadata, the recipe of the shard
-  (a digest of its listing and of everything else its bytes depend on) and the attempt's
-  ShardResult. A run after a failed or cancelled one (`resume_from`: the unpublished
-  versions newer than LATEST) takes a shard whose fragment has the same recipe and whose
-  final file has the size and crc32c the fragment recorded: copied (hard link, server-side
-  copy) instead of converted again.
+  (a digest of its name, its listing and its settings), the settings alone (everything
+  but the listing its bytes depend on: label ids, encode options, index, hashes, and the
+  worker's code build) and the attempt's ShardResult.
+* A run after a failed or cancelled one (the unpublished versions newer than LATEST) takes
+  their finished shards in two ways. The launcher (launcher/resume.py) finds them
+  (`finished`) and takes each whose settings are this build's and whose own listing is
+  unchanged, whatever else changed: a `resume` task, which shares the file where the failed
+  run wrote it (`share`: the manifest names `../VERSION/NAME`, nothing copied), once its
+  size and crc32c are the recorded ones, else converts that listing again. A shard the plan
+  lists again under the same name and recipe (`resume_from`) is copied (hard link,
+  server-side copy) instead of converted.
 """
 
 import dataclasses
@@ -33,21 +39,112 @@ FRAGMENT_SUFFIX = layout.FRAGMENT_SUFFIX  # an attempt's fragment: .tmp/SHARD.AT
 RECORD_KEY = "image_tfrecords.shard"  # the fragment's Parquet metadata key
 
 
-def recipe(listing, **settings):
-    """sha256 over the shard's listing file and `settings` (everything else its bytes depend
-    on: name, shard count, label ids, encode options...) and this worker's code build (a
-    failed run's shard written by another build is not resumed)."""
-    h = hashlib.sha256(json.dumps([settings, code_build.worker_build()], sort_keys=True,
-                                  default=repr).encode())
+def settings(label_ids, encode, index, phash, moments):
+    """sha256 (hex) of everything but its listing that a shard's bytes depend on: the label
+    ids, the encode options, whether it has an index, perceptual hashes, pixel moments, and
+    this process's code build (a failed run's shard written by another build is not taken).
+    The writer and the launcher (launcher/resume.py) both call this."""
+    return hashlib.sha256(json.dumps(
+        [{"labels": label_ids, "encode": encode, "index": bool(index), "phash": bool(phash),
+          "moments": bool(moments)}, code_build.worker_build()],
+        sort_keys=True, default=repr).encode()).hexdigest()
+
+
+def recipe(listing, name, shard_settings):
+    """sha256 over the shard's name, its settings (`settings`) and its listing file."""
+    h = hashlib.sha256(json.dumps([name, shard_settings]).encode())
     with files.open_read(listing) as f:
         while chunk := f.read(1 << 20):
             h.update(chunk)
     return h.hexdigest()
 
 
-def record(result, shard_recipe):
-    """The fragment metadata of a finished attempt: its recipe and ShardResult."""
-    return {RECORD_KEY: json.dumps({"recipe": shard_recipe, "result": result.to_json()})}
+def record(result, shard_recipe, shard_settings=None):
+    """The fragment metadata of a finished attempt: its recipe, settings and ShardResult."""
+    return {RECORD_KEY: json.dumps({"recipe": shard_recipe, "settings": shard_settings,
+                                    "result": result.to_json()})}
+
+
+@dataclasses.dataclass(frozen=True)
+class Finished:
+    """A shard a failed run finished: under its final name, its fragment recording it."""
+
+    vdir: str            # the failed run's version directory
+    fragment: str        # the attempt's catalog fragment (rows, and the record)
+    listing: str         # the failed run's listing of the shard (ImageRef lines)
+    settings: str        # attempts.settings of the attempt that wrote it
+    result: ShardResult  # as recorded: path is the file's name in `vdir`
+
+    @property
+    def source(self):
+        """The file as another version's manifest names it: ../VERSION/NAME."""
+        return layout.shared_path(self.vdir.rstrip("/").rsplit("/", 1)[-1], self.result.path)
+
+
+def finished(vdirs):
+    """The finished shards of the failed runs `vdirs` (newest first) -> [Finished], one per
+    file. A shard counts when its recorded attempt wrote images (a listing to compare), the
+    file has the recorded size (gs://: and crc32c, from metadata; a local file's checksum
+    is read by the task that takes it) and its index is beside it when it has one (placed
+    last: a run killed between the two left no finished shard)."""
+    found, seen = [], set()
+    for vdir in vdirs:
+        tmp = layout.tmp_dir(vdir)
+        for fragment in sorted(files.objects(layout.join(tmp, f"*{FRAGMENT_SUFFIX}"))):
+            recorded = _recorded(fragment, quiet=True)
+            if not recorded or not recorded.get("settings"):
+                continue
+            result = ShardResult.from_json(recorded["result"])
+            shard = layout.join(vdir, result.path)
+            if (vdir, result.path) in seen or not _in_place(shard, result):
+                continue
+            seen.add((vdir, result.path))
+            found.append(Finished(vdir, fragment, layout.listing_file(tmp, result.split,
+                                                                      result.shard),
+                                  recorded["settings"], result))
+    return found
+
+
+def _in_place(shard, result):
+    """The finished shard `result` recorded is at `shard`, with its index (cheap checks)."""
+    if shard.startswith("gs://"):
+        if files.size_and_crc32c(shard) != (result.num_bytes, result.crc32c):
+            return False
+    else:
+        import os
+
+        try:
+            if os.path.getsize(shard) != result.num_bytes:
+                return False
+        except OSError:
+            return False
+    return not result.index_temp or files.exists(layout.index_name(shard))
+
+
+def share(header, result, vdir):
+    """A `resume` task (`header`: the launcher's, for a Finished shard) -> its ShardResult:
+    the failed run's file shared where it is (`shared` ../VERSION/NAME), its catalog rows
+    placed in this version's shard, its recorded error records carried; or None when the
+    file is not what its fragment recorded (then the caller converts its listing again)."""
+    from beam_pipeline.job.rewrite import with_rows
+    from beam_pipeline.store import catalog
+
+    recorded = ShardResult.from_json(header["result"])
+    source = header["source"]
+    shard = layout.shard_file(vdir, source)
+    if files.size_and_crc32c(shard) != (recorded.num_bytes, recorded.crc32c) or (
+            recorded.index_temp and not files.exists(layout.index_name(shard))):
+        logging.warning("%s: not what its fragment recorded; its listing is converted again",
+                        shard)
+        return None
+    rows = [r.replace(split=result.split, shard=result.shard, file=source)
+            for r in catalog.read_rows(header["fragment"])]
+    shared = dataclasses.replace(
+        recorded, split=result.split, shard=result.shard, path=result.path, temp=shard,
+        shared=source, index_temp=None, catalog_temp=result.catalog_temp,
+        writer=result.writer, kind=result.kind, converted=0, reframed=0, repaired=0,
+        resumed=True, pixel_moments=recorded.pixel_moments)
+    return with_rows(shared, rows, False)
 
 
 def place(result, vdir):
@@ -88,8 +185,9 @@ def find_finished(vdirs, name, shard_recipe):
     return None
 
 
-def _recorded(fragment):
-    """A fragment's record (dict), or None (unreadable, or written before records)."""
+def _recorded(fragment, quiet=False):
+    """A fragment's record (dict), or None (unreadable, or written before records, or by a
+    reuse or copy task, which records none: `quiet` says nothing of those)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -100,6 +198,8 @@ def _recorded(fragment):
             metadata = pq.read_metadata(pa.BufferReader(gcs.read_bytes(fragment))).metadata
         else:
             metadata = pq.read_metadata(fragment).metadata
+        if quiet and (not metadata or RECORD_KEY.encode() not in metadata):
+            return None
         return json.loads(metadata[RECORD_KEY.encode()])
     except Exception as e:
         logging.warning("%s: not resumable (%s)", fragment, e)

@@ -99,7 +99,18 @@ class WriteShardFn(beam.DoFn):
                              kind=task.kind, origin=task.origin,
                              writer=f"{socket.gethostname()}:{os.getpid()}",  # counted by commit
                              build=code_build.worker_build())
-        if task.kind != Kind.IMAGES:  # incremental: a previous shard reused or its records copied
+        shard_settings = attempts.settings(self.label_ids, self.encode_options,
+                                           self.write_index, self.phash, self.moments)
+        listing = task.listing
+        if task.kind == Kind.RESUME:  # a failed run's finished shard, its listing unchanged
+            header = json.loads(files.read_bytes(task.listing))
+            shared = attempts.share(header, result, self.vdir)
+            if shared is not None:
+                yield shared
+                return
+            listing = header["listing"]  # not as recorded: convert that listing again
+            result = dataclasses.replace(result, kind=Kind.IMAGES)
+        elif task.kind != Kind.IMAGES:  # incremental: a previous shard reused or its records copied
             result = dataclasses.replace(result, build=self.previous_build)
             done = reuse.run(task.kind, result, task.listing, self.previous_vdir,
                              self.write_index, redo=self._redo,
@@ -108,20 +119,19 @@ class WriteShardFn(beam.DoFn):
             # attempt's (an input one of them could not read), so the first to finish wins.
             yield attempts.place(done, self.vdir) if self.direct and done.temp == temp else done
             return
-        shard_recipe = attempts.recipe(
-            task.listing, name=final, labels=self.label_ids, encode=self.encode_options,
-            index=self.write_index, phash=self.phash, moments=self.moments)
+        shard_recipe = attempts.recipe(listing, final, shard_settings)
         found = attempts.find_finished(self.resume_from, final, shard_recipe)
         resumed = found and attempts.resume(found, result, self.vdir)
         if resumed:
             yield resumed
             return
         progress = _Progress(self.progress_dir, f"{final}.{attempt}")
-        result = self._write_images(result, inputs.read_listing(task.listing), progress, shard_recipe)
+        result = self._write_images(result, inputs.read_listing(listing), progress,
+                                    (shard_recipe, shard_settings))
         progress.flush(force=True)
         yield attempts.place(result, self.vdir) if self.direct else result
 
-    def _write_images(self, result, refs, progress, shard_recipe=None):
+    def _write_images(self, result, refs, progress, recorded=(None, None)):
         """Convert `refs` in listing order (which is shard order: the output is deterministic)
         into the temp shard, its catalog fragment and index -> the finished ShardResult."""
         split, shard, final, temp = result.split, result.shard, result.path, result.temp
@@ -163,7 +173,7 @@ class WriteShardFn(beam.DoFn):
                 passed_through=passed_through, converted=converted, reframed=reframed,
                 repaired=repaired, crc32c=out.crc32c, index_temp=index_temp,
                 pixel_moments=moments)
-            out.record(attempts.record(result, shard_recipe))  # what a resume needs
+            out.record(attempts.record(result, *recorded))  # what a resume needs
         self.written.inc(out.num_examples)  # counted per shard: per image they cost ~1% of CPU
         self.passed_through.inc(passed_through)
         self.failed.inc(len(errors))

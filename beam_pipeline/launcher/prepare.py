@@ -17,8 +17,10 @@ import os
 import sys
 import tempfile
 
+from beam_pipeline.job import attempts
 from beam_pipeline.job.contracts import CommitSpec
-from beam_pipeline.launcher import checks, history, identity, incremental, listing, plan, policy
+from beam_pipeline.launcher import (checks, history, identity, incremental, listing, plan, policy,
+                                    resume)
 from beam_pipeline.launcher import options as opts
 from beam_pipeline.launcher.rules import label_ids, parse_splits
 from beam_pipeline.launcher.shard_index import write_shard_listings
@@ -78,21 +80,43 @@ def prepare(build, root):
             return UpToDate(past.version, "every input's bytes verified")
         labels = label_ids(listed.labels_present, previous.labels if previous else (),
                            label_file)
+        resumed = _resumable(build, root, labels, resolved, scratch)
+        rest = resumed.remainder  # the images no failed run's finished shard holds as listed
         shard_plan = None
         if reuse and policy.can_increment(reuse_policy, previous, labels):
             shard_plan = incremental.incremental_plan(
-                resolved, previous,
+                rest, previous,
                 incremental.IncrementConfig(build.target_shard_mb, build.max_delta_share), scratch)
+        held = {}
         if shard_plan is None:  # a full build: stored records re-framed unless --full_rebuild
-            shard_plan = plan.full_plan(resolved, plan.FullPlanConfig(
+            config = plan.FullPlanConfig(
                 build.num_shards, build.target_shard_mb, policy.reframes(reuse_policy, reuse),
-                previous.version_dir if previous else None), scratch)
+                previous.version_dir if previous else None)
+            if resumed.taken:  # the whole listing's cut; taken shards keep their slots
+                held = resumed.held(build.name, plan.cut(resolved.per_split, config))
+                config = dataclasses.replace(config, listed=resolved.per_split, held={
+                    split: frozenset(slots) for split, slots in held.items()})
+            shard_plan = plan.full_plan(rest, config, scratch)
+        shard_plan = resume.with_resumed(shard_plan, resumed, held)
         spec = _commit_spec(build, root, listed, labels, shard_plan, past)
         files.copy_local_file(errors_path, spec.listing_errors_path)
         shards_index = write_shard_listings(spec.tmp_dir, shard_plan.shards)
     return Planned(spec, shards_index, images=resolved.num_images, bytes=resolved.num_bytes,
                    rejected=listed.errors, to_convert=shard_plan.to_convert,
                    notes=policy.splits_note(reuse_policy, previous, resolved.counts["stored"]))
+
+
+def _resumable(build, root, labels, resolved, scratch):
+    """The finished shards of failed runs this build takes as they are (launcher/resume.py)
+    -> resume.Resumed. None taken with options that let commit rewrite shards, or the beam
+    sink (no shards of ours)."""
+    if build.sink != "shards" or build.drop_content_duplicates or build.drop_near_duplicate_leaks:
+        return resume.Resumed([], resolved)
+    failed = versions.failed_runs(root, versions.latest_id(root), None)
+    settings = attempts.settings({label: i for i, label in enumerate(labels)},
+                                 build.encode_options(), build.write_index,
+                                 build.near_duplicates, build.transform)
+    return resume.take(resolved, attempts.finished(failed), settings, scratch)
 
 
 def _listing_config(build, label_file):

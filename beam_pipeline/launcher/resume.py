@@ -1,0 +1,229 @@
+"""Resume whatever changed: a failed run's finished shards taken into the new plan by content.
+
+A run killed, failed or cancelled leaves finished shards under their final names, each
+with a fragment recording its settings and result (job/attempts.py). The next run's plan
+need not be the failed one's: images may have been added or deleted since, which moves
+every hash cut and every delta shard's number. So a finished shard is matched by its own
+listing, not by its name:
+
+    failed runs' finished shards (attempts.finished), with this build's settings
+      -> their listing lines spilled by key
+      -> joined with this run's resolved listing (identity.Resolved, key order):
+         a shard is taken when every line of its listing is listed again unchanged
+         (key, uri, label, split, size, stamp, md5) and no other taken shard holds its keys
+      -> Resumed: the taken shards (`resume` tasks: shared where the failed run wrote them,
+         `../VERSION/NAME`, nothing copied or converted) and the remainder, a Resolved of
+         the other images that the full or incremental plan cuts into new shards.
+
+`with_resumed` puts the taken shards first in each split (their order in the failed runs)
+and numbers the plan's own shards after them. Each taken image is in exactly one shard and
+its record is the one a full build stores (conversion is deterministic; the settings and
+code build are the same), so the version holds a full build's examples; only the cut
+differs (docs/guarantees.md).
+"""
+
+import collections
+import dataclasses
+import itertools
+import json
+from json.encoder import encode_basestring_ascii as json_string
+
+from beam_pipeline.algorithms.spill import SortedSpill
+from beam_pipeline.job import attempts
+from beam_pipeline.job.contracts import Kind, Origin, PlannedShard, ShardPlan
+from beam_pipeline.refs import LINE_KEY, LINE_MD5, LINE_SIZE, LINE_SPLIT, LINE_STAMP
+from beam_pipeline.store import files
+from dataset_format import layout
+
+SAME = slice(LINE_KEY, LINE_STAMP + 1)  # key, uri, label, split, size, stamp (then md5)
+
+
+def identity_of(fields):
+    """The fields of a listing line that say "the same input": key, uri, label, split,
+    size, stamp and the listed md5 (not the sha256 or stored frame: how the launcher
+    found out, not what the image is)."""
+    md5 = fields[LINE_MD5] if len(fields) > LINE_MD5 else None
+    return fields[SAME] + [md5]
+
+
+@dataclasses.dataclass(frozen=True)
+class Taken:
+    """A failed run's finished shard this version shares."""
+
+    split: str
+    finished: attempts.Finished
+
+
+@dataclasses.dataclass
+class Resumed:
+    """What `take` found: the shards taken whole, and a Resolved of every other image."""
+
+    taken: list          # [Taken], in the failed runs' (split, shard) order
+    remainder: object    # identity.Resolved, or the same interface (Remainder)
+
+    def held(self, name, num_shards):
+        """{split: {slot: Taken}}: the taken shards a hash cut of `num_shards` ({split: N})
+        names as the failed run did (the same slot of the same N): they keep their slot."""
+        held = {}
+        for t in self.taken:
+            r = t.finished.result
+            n = num_shards.get(t.split)
+            if (n and r.shard < n and r.origin == Origin.HASH
+                    and r.path == layout.shard_name(name, t.split, r.shard, n)):
+                held.setdefault(t.split, {})[r.shard] = t
+        return held
+
+
+def take(resolved, finished, shard_settings, spill_dir):
+    """identity.Resolved + attempts.finished's shards -> Resumed. Only shards whose settings
+    are `shard_settings` (attempts.settings of this build) are looked at."""
+    candidates = [f for f in finished if f.settings == shard_settings]
+    if not candidates:
+        return Resumed([], resolved)
+    with SortedSpill(spill_dir) as old:
+        sizes = []
+        for i, f in enumerate(candidates):
+            n = 0
+            with files.open_read(f.listing) as lines:
+                for line in lines:
+                    if line.strip():
+                        fields = json.loads(line)
+                        old.add(json_string(fields[LINE_KEY]),
+                                json.dumps([i, identity_of(fields)]))
+                        n += 1
+            sizes.append(n)
+        owner = SortedSpill(spill_dir)  # (key, shard i) of each key a candidate matches
+        matched = collections.Counter()
+        moved = collections.defaultdict(lambda: [0, 0, 0])  # i -> [images, bytes, stored]
+        for key, line, row, olds in _join(_keyed(resolved.ref_lines()), old):
+            if line is None or not olds:
+                continue
+            fields = json.loads(line)
+            same = identity_of(fields)
+            i = next((i for i, ident in olds if ident == same), None)
+            if i is None:
+                continue
+            owner.add(key, str(i))  # one shard per key: the newest failed run's first
+            matched[i] += 1
+            counts = moved[i]
+            counts[0] += 1
+            counts[1] += fields[LINE_SIZE]
+            counts[2] += row is not None
+    taken_ids = {i for i, n in enumerate(sizes) if n and matched[i] == n}
+    if not taken_ids:
+        owner.close()
+        return Resumed([], resolved)
+    taken = sorted((Taken(candidates[i].result.split, candidates[i]) for i in taken_ids),
+                   key=lambda t: (t.split, t.finished.vdir, t.finished.result.shard))
+    remainder = Remainder(resolved, owner, taken_ids)
+    for i in taken_ids:
+        split = candidates[i].result.split
+        images, size, stored = moved[i]
+        counts = remainder.per_split[split]
+        counts[0] -= images
+        counts[1] -= size
+        remainder.counts["stored"] -= stored
+    remainder.per_split = {s: c for s, c in remainder.per_split.items() if c[0] > 0}
+    return Resumed(taken, remainder)
+
+
+class Remainder:
+    """A Resolved without the images of the taken shards: what the plans read (refs,
+    ref_lines, per_split, counts, num_images, num_bytes)."""
+
+    def __init__(self, resolved, owner, taken_ids):
+        self.resolved, self.owner, self.taken_ids = resolved, owner, frozenset(taken_ids)
+        self.per_split = {s: list(c) for s, c in resolved.per_split.items()}
+        self.counts = collections.Counter(resolved.counts)
+
+    @property
+    def num_images(self):
+        return sum(c for c, _ in self.per_split.values())
+
+    @property
+    def num_bytes(self):
+        return sum(b for _, b in self.per_split.values())
+
+    def _kept(self, keyed):
+        """(key, item) in key order -> the items of keys no taken shard holds."""
+        taken = ((key, True) for key, i in self.owner if int(i) in self.taken_ids)
+        for _, item, gone in _merge(keyed, taken):
+            if item is not None and gone is None:
+                yield item
+
+    def ref_lines(self):
+        return self._kept((key, (line, row)) for key, line, row
+                          in _keyed(self.resolved.ref_lines()))
+
+    def refs(self):
+        return self._kept((json_string(ref.key), (ref, row))
+                          for ref, row in self.resolved.refs())
+
+    def close(self):
+        self.owner.close()
+
+
+def _keyed(ref_lines):
+    """(ImageRef JSON, row) in key order -> (sort key, line, row): the identity stage's
+    order (its spill's key is json_string(key))."""
+    for line, row in ref_lines:
+        yield json_string(json.loads(line)[LINE_KEY]), line, row
+
+
+def _join(keyed, old):
+    """(key, line, row) and the old spill (key, "[i, identity]") -> (key, line, row,
+    [(i, identity)] of every candidate listing the key)."""
+    grouped = ((key, [json.loads(v) for _, v in group])
+               for key, group in itertools.groupby(old, key=lambda kv: kv[0]))
+    for key, new, olds in _merge(((k, (line, row)) for k, line, row in keyed), grouped):
+        if new is not None:
+            yield key, new[0], new[1], olds or ()
+
+
+def _merge(a, b):
+    """Two (key, value) streams sorted by key, keys unique in each -> (key, a value or
+    None, b value or None)."""
+    a, b = iter(a), iter(b)
+    x, y = next(a, None), next(b, None)
+    while x is not None or y is not None:
+        if y is None or (x is not None and x[0] < y[0]):
+            yield x[0], x[1], None
+            x = next(a, None)
+        elif x is None or y[0] < x[0]:
+            yield y[0], None, y[1]
+            y = next(b, None)
+        else:
+            yield x[0], x[1], y[1]
+            x, y = next(a, None), next(b, None)
+
+
+def with_resumed(shard_plan, resumed, held=None):
+    """The plan of the other images + the taken shards -> one ShardPlan. A taken shard in
+    `held` ({split: {slot: Taken}}, Resumed.held: a full plan left that slot out) takes its
+    slot; the others go after the plan's shards, in the failed runs' order. Each is a
+    `resume` task whose listing is one header line."""
+    if not resumed.taken:
+        return shard_plan
+    held = held or {}
+    in_slots = {id(t) for slots in held.values() for t in slots.values()}
+    num_shards = dict(shard_plan.num_shards)
+    placed = []
+    for t in resumed.taken:
+        slot = next((s for s, h in held.get(t.split, {}).items() if h is t), None)
+        if slot is None:
+            slot = num_shards.get(t.split, 0)
+            num_shards[t.split] = slot + 1
+        placed.append((t, slot))
+    assert len(placed) - len(in_slots) == sum(num_shards.values()) - sum(
+        shard_plan.num_shards.values())
+
+    def shards():
+        for t, slot in placed:
+            f = t.finished
+            header = json.dumps({"source": f.source, "fragment": f.fragment,
+                                 "listing": f.listing, "result": f.result.to_json()})
+            yield PlannedShard(t.split, slot, Kind.RESUME, Origin(f.result.origin or Origin.HASH),
+                               [header])
+        yield from shard_plan.shards
+
+    return dataclasses.replace(shard_plan, num_shards=num_shards, shards=shards())
