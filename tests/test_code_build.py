@@ -2,7 +2,6 @@
 a version whose shards disagree, and reuse compares the build that wrote the previous
 version's shards (not the launcher's)."""
 
-import json
 
 import pytest
 

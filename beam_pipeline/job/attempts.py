@@ -11,18 +11,16 @@ commits one attempt's ShardResult. So:
   whose bytes differ (an input changed between the attempts) keeps its temp name, and if
   Dataflow commits that attempt, commit renames it over the final name. Either way the
   manifest's size and crc32c describe the object in the bucket.
-* The attempt's catalog fragment records, in its Parquet metadata, the recipe of the shard
-  (a digest of its name, its listing and its settings), the settings alone (everything
-  but the listing its bytes depend on: label ids, encode options, index, hashes, and the
-  worker's code build) and the attempt's ShardResult.
-* A run after a failed or cancelled one (the unpublished versions newer than LATEST) takes
-  their finished shards in two ways. The launcher (launcher/resume.py) finds them
-  (`finished`) and takes each whose settings are this build's and whose own listing is
-  unchanged, whatever else changed: a `resume` task, which shares the file where the failed
-  run wrote it (`share`: the manifest names `../VERSION/NAME`, nothing copied), once its
-  size and crc32c are the recorded ones, else converts that listing again. A shard the plan
-  lists again under the same name and recipe (`resume_from`) is copied (hard link,
-  server-side copy) instead of converted.
+* The attempt's catalog fragment records, in its Parquet metadata, the shard's settings
+  (everything but its listing that its bytes depend on: label ids, encode options, index,
+  hashes, and the worker's code build) and the attempt's ShardResult.
+* A run after a failed or cancelled one (the unpublished versions newer than LATEST) finds
+  their finished shards (`finished`, in the launcher: launcher/resume.py) and takes each
+  whose settings are this build's and whose own listing is unchanged, whatever else
+  changed, as a `resume` task: the file shared where the failed run wrote it (`share`: the
+  manifest names `../VERSION/NAME`, nothing copied) once its size and crc32c are the
+  recorded ones, else its listing converted again. Matching by name and a recipe of the
+  listing, as before, took nothing once one image was added: every cut moves.
 """
 
 import dataclasses
@@ -50,19 +48,9 @@ def settings(label_ids, encode, index, phash, moments):
         sort_keys=True, default=repr).encode()).hexdigest()
 
 
-def recipe(listing, name, shard_settings):
-    """sha256 over the shard's name, its settings (`settings`) and its listing file."""
-    h = hashlib.sha256(json.dumps([name, shard_settings]).encode())
-    with files.open_read(listing) as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def record(result, shard_recipe, shard_settings=None):
-    """The fragment metadata of a finished attempt: its recipe, settings and ShardResult."""
-    return {RECORD_KEY: json.dumps({"recipe": shard_recipe, "settings": shard_settings,
-                                    "result": result.to_json()})}
+def record(result, shard_settings=None):
+    """The fragment metadata of a finished attempt: its settings and ShardResult."""
+    return {RECORD_KEY: json.dumps({"settings": shard_settings, "result": result.to_json()})}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,23 +156,6 @@ def place(result, vdir):
     return dataclasses.replace(result, temp=final, index_temp=index)
 
 
-def find_finished(vdirs, name, shard_recipe):
-    """(version dir, recorded ShardResult, fragment path) of a finished attempt of shard
-    `name` with this recipe in one of `vdirs` (failed runs), or None."""
-    for vdir in vdirs:
-        pattern = layout.join(layout.tmp_dir(vdir), f"{name}.*{FRAGMENT_SUFFIX}")
-        for fragment in files.objects(pattern):
-            recorded = _recorded(fragment)
-            if recorded is None or recorded["recipe"] != shard_recipe:
-                continue
-            result = ShardResult.from_json(recorded["result"])
-            shard = layout.join(vdir, name)
-            if (files.size_and_crc32c(shard) == (result.num_bytes, result.crc32c)
-                    and (not result.index_temp or files.exists(layout.index_name(shard)))):
-                return vdir, result, fragment  # (killed before its index: not finished)
-    return None
-
-
 def _recorded(fragment, quiet=False):
     """A fragment's record (dict), or None (unreadable, or written before records, or by a
     reuse or copy task, which records none: `quiet` says nothing of those)."""
@@ -204,26 +175,3 @@ def _recorded(fragment, quiet=False):
     except Exception as e:
         logging.warning("%s: not resumable (%s)", fragment, e)
         return None
-
-
-def resume(found, result, vdir):
-    """Take a failed run's finished shard (`found`: find_finished's answer) into this
-    version: shard and index copied to their final names, the fragment to this attempt's.
-    -> its ShardResult, or None when this version holds other bytes under that name
-    already (then the caller converts)."""
-    from beam_pipeline.job.reuse import link_or_copy
-
-    old_vdir, recorded, fragment = found
-    final = layout.join(vdir, result.path)
-    mine = (recorded.num_bytes, recorded.crc32c)
-    if (not files.place_once(layout.join(old_vdir, result.path), final)
-            and files.size_and_crc32c(final) != mine):
-        return None
-    index = None
-    if recorded.index_temp:
-        index = layout.index_name(final)
-        files.place_once(layout.index_name(layout.join(old_vdir, result.path)), index)
-    link_or_copy(fragment, result.catalog_temp)
-    return dataclasses.replace(recorded, temp=final, index_temp=index,
-                               catalog_temp=result.catalog_temp, writer=result.writer,
-                               converted=0, reframed=0, resumed=True)

@@ -119,7 +119,6 @@ class CommitSpec:
     near_duplicates: bool = False          # group the catalog's perceptual hashes
     near_duplicate_radius: int = DEFAULT_RADIUS  # Hamming bits
     drop_near_duplicate_leaks: bool = False
-    resume_from: tuple = ()   # failed runs' version dirs whose finished shards are reused
     split_map_from: Optional[str] = None   # the split map this version was planned with
     notes: tuple = ()                      # what the launcher found and said (history.py)
     # The build that wrote the previous version's shards (its manifest's build.workers):

@@ -58,12 +58,12 @@ class WriteShardFn(beam.DoFn):
     LATEST: first attempt wins, no later one overwrites it (job/attempts.py). Only with
     `direct=False` (options that let commit rewrite any shard: dropping content duplicates
     or near-duplicate leaks) does commit rename the committed attempt's files instead.
-    A shard a failed run of the same plan finished (`resume_from`) is copied, not converted.
+    A `resume` task shares a failed run's finished shard where it is (job/attempts.py).
     """
 
     def __init__(self, tmp_dir, name, num_shards, label_ids, encode_options, write_index,
                  progress_dir=None, moments=False, previous_vdir=None, phash=False,
-                 direct=True, resume_from=(), writers_per_process=None, previous_build=None):
+                 direct=True, writers_per_process=None, previous_build=None):
         self.tmp_dir, self.name, self.num_shards = tmp_dir, name, num_shards
         self.vdir, self.direct = tmp_dir.rstrip("/").rsplit("/", 1)[0], direct
         self.phash = phash  # --near_duplicates: a perceptual hash per stored image
@@ -72,7 +72,6 @@ class WriteShardFn(beam.DoFn):
         self.label_ids = label_ids
         self.encode_options, self.write_index = encode_options, write_index
         self.progress_dir = progress_dir
-        self.resume_from = tuple(resume_from)  # failed runs' version dirs, newest first
         self.writers_per_process = writers_per_process  # --number_of_worker_harness_threads
         self.previous_build = previous_build  # what wrote the records reuse/copy tasks take
         self.written = Metrics.counter("images", "written")
@@ -119,19 +118,13 @@ class WriteShardFn(beam.DoFn):
             # attempt's (an input one of them could not read), so the first to finish wins.
             yield attempts.place(done, self.vdir) if self.direct and done.temp == temp else done
             return
-        shard_recipe = attempts.recipe(listing, final, shard_settings)
-        found = attempts.find_finished(self.resume_from, final, shard_recipe)
-        resumed = found and attempts.resume(found, result, self.vdir)
-        if resumed:
-            yield resumed
-            return
         progress = _Progress(self.progress_dir, f"{final}.{attempt}")
         result = self._write_images(result, inputs.read_listing(listing), progress,
-                                    (shard_recipe, shard_settings))
+                                    shard_settings)
         progress.flush(force=True)
         yield attempts.place(result, self.vdir) if self.direct else result
 
-    def _write_images(self, result, refs, progress, recorded=(None, None)):
+    def _write_images(self, result, refs, progress, shard_settings=None):
         """Convert `refs` in listing order (which is shard order: the output is deterministic)
         into the temp shard, its catalog fragment and index -> the finished ShardResult."""
         split, shard, final, temp = result.split, result.shard, result.path, result.temp
@@ -173,7 +166,7 @@ class WriteShardFn(beam.DoFn):
                 passed_through=passed_through, converted=converted, reframed=reframed,
                 repaired=repaired, crc32c=out.crc32c, index_temp=index_temp,
                 pixel_moments=moments)
-            out.record(attempts.record(result, *recorded))  # what a resume needs
+            out.record(attempts.record(result, shard_settings))  # what a resume needs
         self.written.inc(out.num_examples)  # counted per shard: per image they cost ~1% of CPU
         self.passed_through.inc(passed_through)
         self.failed.inc(len(errors))

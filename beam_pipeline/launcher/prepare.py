@@ -129,7 +129,6 @@ def _listing_config(build, label_file):
 
 def _commit_spec(build, root, listed, labels, shard_plan, past):
     version = versions.claim_version(root)  # unique even when two runs start in one second
-    previous = versions.latest_id(root)
     tmp_dir = CommitSpec.tmp_dir_of(root, version)
     return CommitSpec(
         root=root, version=version, name=build.name, labels=tuple(labels),
@@ -144,6 +143,5 @@ def _commit_spec(build, root, listed, labels, shard_plan, past):
         near_duplicate_radius=build.near_duplicate_radius,
         drop_near_duplicate_leaks=build.drop_near_duplicate_leaks,
         lock_token=lock.token(root), keep_superseded_hours=build.keep_superseded_hours,
-        resume_from=versions.failed_runs(root, previous, version),
         split_map_from=past.split_map and past.split_map.source, notes=past.notes,
         previous_build=policy.writer_build(past.manifest))

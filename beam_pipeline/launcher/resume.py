@@ -30,8 +30,8 @@ from json.encoder import encode_basestring_ascii as json_string
 
 from beam_pipeline.algorithms.spill import SortedSpill
 from beam_pipeline.job import attempts
-from beam_pipeline.job.contracts import Kind, Origin, PlannedShard, ShardPlan
-from beam_pipeline.refs import LINE_KEY, LINE_MD5, LINE_SIZE, LINE_SPLIT, LINE_STAMP
+from beam_pipeline.job.contracts import Kind, Origin, PlannedShard
+from beam_pipeline.refs import LINE_KEY, LINE_MD5, LINE_SIZE, LINE_STAMP
 from beam_pipeline.store import files
 from dataset_format import layout
 
