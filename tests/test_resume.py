@@ -213,3 +213,61 @@ def _keys_by_shard(vdir, names):
                 "key").to_pylist()
     assert sorted(keys) == sorted(names)
     return keys
+
+
+def test_a_failed_dataflow_job_resumes_on_gcs_after_images_were_added_and_deleted(
+        gcs, tmp_path):
+    """On gs://, as Dataflow runs it (tests/dataflow_sim.py: the real plan, shard writer and
+    commit against the GCS emulator): a job writes half its shards and fails; an image is
+    added and one deleted; the next launch shares the unchanged finished shards where the
+    failed job wrote them (no object copied) and publishes a full build's examples."""
+    from beam_pipeline.job.contracts import Kind
+    from beam_pipeline.store import lock
+    from tests.dataflow_sim import plan
+    from tests.helpers import image_bytes, make_images
+
+    bucket = gcs.create_bucket()
+    make_images(tmp_path / "in", {"cat": 8, "dog": 8})
+    src, root = f"gs://{bucket}/in", f"gs://{bucket}/out"
+    gcs.upload_tree(tmp_path / "in", src)
+    args = ["--name", "night", "--num_shards", "4", "--splits", "train=1.0", "--no_transform"]
+    failed = plan(["--input", src, "--output", root, *args])
+    done = [failed.attempt(t) for t in failed.tasks[:2]]  # then the job fails
+    lock.release_submitted(root, failed.spec.version)  # (its lock expires)
+    gone = f"{src}/{done[0].path and _first_key(gcs, done[0])}"
+    gcs.client.bucket(bucket).blob(gone.split("/", 3)[3]).delete()
+    gcs.upload_bytes(f"{src}/cat/new.jpg", image_bytes((10, 200, 60)))
+
+    again = plan(["--input", src, "--output", root, *args])
+    kinds = [t.kind for t in again.tasks]
+    assert kinds.count(Kind.RESUME) == 1  # the other finished shard lost an image
+    manifest = again.commit([again.attempt(t) for t in again.tasks])
+    shared = [s["path"] for s in manifest["splits"]["train"]["shards"]
+              if s["path"].startswith("../")]
+    assert shared == [f"../{failed.spec.version}/{done[1].path}"]
+    assert manifest["build"]["resumed_shards"] == 1
+    assert manifest["build"]["converted"] == 16 - done[1].num_examples
+    assert not gcs.exists(f"{root}/versions/{again.spec.version}/{done[1].path}")  # not copied
+    full = build(src, f"gs://{bucket}/full", *args)
+    assert _examples(gcs, root, manifest) == _examples(gcs, f"gs://{bucket}/full",
+                                                       full["manifest"])
+    assert manifest["accounting"] == full["manifest"]["accounting"]
+
+
+def _first_key(gcs, result):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(pa.BufferReader(gcs.read(result.catalog_temp)))
+    return table.column("key").to_pylist()[0]
+
+
+def _examples(gcs, root, manifest):
+    """{key: (split, label id, stored image sha256, record length)} from a version's
+    catalog."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    catalog = pq.read_table(pa.BufferReader(gcs.read(
+        f"{root}/versions/{manifest['version']}/{layout.CATALOG}"))).to_pylist()
+    return {r["key"]: (r["split"], r["label_id"], r["sha256"], r["length"]) for r in catalog}

@@ -75,21 +75,28 @@ def finished(vdirs):
     file has the recorded size (gs://: and crc32c, from metadata; a local file's checksum
     is read by the task that takes it) and its index is beside it when it has one (placed
     last: a run killed between the two left no finished shard)."""
+    from beam_pipeline.algorithms.read_ahead import threaded
+
+    fragments = [(vdir, path) for vdir in vdirs for path in sorted(
+        files.objects(layout.join(layout.tmp_dir(vdir), f"*{FRAGMENT_SUFFIX}")))]
+
+    def check(item):  # 16 at a time: on gs:// each is a round trip or two
+        vdir, fragment = item
+        recorded = _recorded(fragment, quiet=True)
+        if not recorded or not recorded.get("settings"):
+            return None
+        result = ShardResult.from_json(recorded["result"])
+        if not _in_place(layout.join(vdir, result.path), result):
+            return None
+        return Finished(vdir, fragment, layout.listing_file(layout.tmp_dir(vdir), result.split,
+                                                            result.shard),
+                        recorded["settings"], result)
+
     found, seen = [], set()
-    for vdir in vdirs:
-        tmp = layout.tmp_dir(vdir)
-        for fragment in sorted(files.objects(layout.join(tmp, f"*{FRAGMENT_SUFFIX}"))):
-            recorded = _recorded(fragment, quiet=True)
-            if not recorded or not recorded.get("settings"):
-                continue
-            result = ShardResult.from_json(recorded["result"])
-            shard = layout.join(vdir, result.path)
-            if (vdir, result.path) in seen or not _in_place(shard, result):
-                continue
-            seen.add((vdir, result.path))
-            found.append(Finished(vdir, fragment, layout.listing_file(tmp, result.split,
-                                                                      result.shard),
-                                  recorded["settings"], result))
+    for _, shard in threaded(fragments, check, 16):
+        if shard is not None and (shard.vdir, shard.result.path) not in seen:
+            seen.add((shard.vdir, shard.result.path))  # (two attempts of one shard)
+            found.append(shard)
     return found
 
 

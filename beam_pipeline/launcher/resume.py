@@ -28,6 +28,7 @@ import itertools
 import json
 from json.encoder import encode_basestring_ascii as json_string
 
+from beam_pipeline.algorithms.read_ahead import threaded
 from beam_pipeline.algorithms.spill import SortedSpill
 from beam_pipeline.job import attempts
 from beam_pipeline.job.contracts import Kind, Origin, PlannedShard
@@ -69,7 +70,8 @@ class Resumed:
             r = t.finished.result
             n = num_shards.get(t.split)
             if (n and r.shard < n and r.origin == Origin.HASH
-                    and r.path == layout.shard_name(name, t.split, r.shard, n)):
+                    and r.path == layout.shard_name(name, t.split, r.shard, n)
+                    and r.shard not in held.get(t.split, {})):
                 held.setdefault(t.split, {})[r.shard] = t
         return held
 
@@ -82,15 +84,14 @@ def take(resolved, finished, shard_settings, spill_dir):
         return Resumed([], resolved)
     with SortedSpill(spill_dir) as old:
         sizes = []
-        for i, f in enumerate(candidates):
+        listings = threaded(candidates, lambda f: files.read_bytes(f.listing), 16)
+        for i, (_, data) in enumerate(listings):  # 16 reads at a time (gs:// round trips)
             n = 0
-            with files.open_read(f.listing) as lines:
-                for line in lines:
-                    if line.strip():
-                        fields = json.loads(line)
-                        old.add(json_string(fields[LINE_KEY]),
-                                json.dumps([i, identity_of(fields)]))
-                        n += 1
+            for line in data.decode().splitlines():
+                if line.strip():
+                    fields = json.loads(line)
+                    old.add(json_string(fields[LINE_KEY]), json.dumps([i, identity_of(fields)]))
+                    n += 1
             sizes.append(n)
         owner = SortedSpill(spill_dir)  # (key, shard i) of each key a candidate matches
         matched = collections.Counter()
@@ -100,7 +101,7 @@ def take(resolved, finished, shard_settings, spill_dir):
                 continue
             fields = json.loads(line)
             same = identity_of(fields)
-            i = next((i for i, ident in olds if ident == same), None)
+            i = min((i for i, ident in olds if ident == same), default=None)
             if i is None:
                 continue
             owner.add(key, str(i))  # one shard per key: the newest failed run's first
@@ -205,7 +206,6 @@ def with_resumed(shard_plan, resumed, held=None):
     if not resumed.taken:
         return shard_plan
     held = held or {}
-    in_slots = {id(t) for slots in held.values() for t in slots.values()}
     num_shards = dict(shard_plan.num_shards)
     placed = []
     for t in resumed.taken:
@@ -214,8 +214,6 @@ def with_resumed(shard_plan, resumed, held=None):
             slot = num_shards.get(t.split, 0)
             num_shards[t.split] = slot + 1
         placed.append((t, slot))
-    assert len(placed) - len(in_slots) == sum(num_shards.values()) - sum(
-        shard_plan.num_shards.values())
 
     def shards():
         for t, slot in placed:
