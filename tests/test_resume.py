@@ -160,11 +160,12 @@ def test_a_rebuild_after_a_kill_converts_only_the_unfinished_shards(photos, full
 def test_a_rebuild_after_a_kill_and_changed_inputs_takes_every_unchanged_shard(
         photos, tmp_path):
     """Killed at half its shards; then one image added and one deleted (1% of 64, the
-    deleted one from a finished shard). The rebuild takes every finished shard whose own
-    listing is unchanged, shared where the killed run wrote it, in its slot; the changed
-    one is converted again in its slot and the new image goes where its hash puts it (a
-    new shard after the cut when that slot was taken). It converts at most 60% of the
-    images and stores exactly the examples of a full build of the same files."""
+    deleted one from a finished shard). The rebuild takes every finished shard in its slot:
+    shared where the killed run wrote it when its own listing is unchanged, its other
+    records copied (not converted) for the one that lost an image; the new image goes
+    where its hash puts it (a new shard after the cut when that slot was taken). It
+    converts at most 60% of the images and stores exactly the examples of a full build of
+    the same files."""
     src = tmp_path / "in"
     shutil.copytree(photos, src)
     root = tmp_path / "ds"
@@ -182,8 +183,8 @@ def test_a_rebuild_after_a_kill_and_changed_inputs_takes_every_unchanged_shard(
     assert shared_from(again, killed) == kept  # referenced, not copied:
     assert not set(kept) & set(os.listdir(again["version_dir"]))
     build_counts = again["manifest"]["build"]
-    assert build_counts["resumed_shards"] == len(kept)
-    resumed_images = sum(len(sharded[n]) for n in kept)
+    assert build_counts["resumed_shards"] == len(done)
+    resumed_images = sum(len(sharded[n]) for n in done) - 1
     assert build_counts["converted"] == listed - resumed_images
     assert build_counts["converted"] <= 0.6 * listed, build_counts
     shards = again["manifest"]["splits"]["train"]["shards"]
@@ -240,13 +241,14 @@ def test_a_failed_dataflow_job_resumes_on_gcs_after_images_were_added_and_delete
 
     again = plan(["--input", src, "--output", root, *args])
     kinds = [t.kind for t in again.tasks]
-    assert kinds.count(Kind.RESUME) == 1  # the other finished shard lost an image
+    assert kinds.count(Kind.RESUME) == 2  # one shared, one that lost an image copied
     manifest = again.commit([again.attempt(t) for t in again.tasks])
     shared = [s["path"] for s in manifest["splits"]["train"]["shards"]
               if s["path"].startswith("../")]
     assert shared == [f"../{failed.spec.version}/{done[1].path}"]
-    assert manifest["build"]["resumed_shards"] == 1
-    assert manifest["build"]["converted"] == 16 - done[1].num_examples
+    assert manifest["build"]["resumed_shards"] == 2
+    assert manifest["build"]["converted"] == 16 - done[1].num_examples - (
+        done[0].num_examples - 1)
     assert not gcs.exists(f"{root}/versions/{again.spec.version}/{done[1].path}")  # not copied
     full = build(src, f"gs://{bucket}/full", *args)
     assert _examples(gcs, root, manifest) == _examples(gcs, f"gs://{bucket}/full",

@@ -71,34 +71,40 @@ def test_unchanged_shards_are_taken_whatever_else_changed(tmp_path):
     assert nothing.taken == [] and nothing.remainder is resolved
 
     resumed = resume.take(resolved, finished, "S", str(tmp_path))
-    assert [t.finished.result.shard for t in resumed.taken] == [0]  # slot 2 lost an image
+    # slot 0 whole (shared); slot 2 lost an image: the rest of its records copied
+    assert [(t.finished.result.shard, t.whole) for t in resumed.taken] == [(0, True),
+                                                                           (2, False)]
     rest = resumed.remainder
-    assert rest.num_images == 41 - len(keys[0])
+    assert rest.num_images == 41 - len(keys[0]) - (len(keys[2]) - 1)
     assert sorted(ref.key for ref, _ in rest.refs()) == sorted(
-        set(r.key for r in now) - set(keys[0]))
+        set(r.key for r in now) - set(keys[0]) - set(keys[2]))
     assert sorted(json.loads(line)[0] for line, _ in rest.ref_lines()) == sorted(
         ref.key for ref, _ in rest.refs())
 
     held = resumed.held("pets", plan.cut(resolved.per_split, CONFIG))
-    assert {s: sorted(v) for s, v in held.items()} == {"train": [0]}
+    assert {s: sorted(v) for s, v in held.items()} == {"train": [0, 2]}
     config = plan.FullPlanConfig(N, 1, False, listed=resolved.per_split,
-                                 held={"train": frozenset([0])})
+                                 held={"train": frozenset([0, 2])})
     shard_plan = resume.with_resumed(plan.full_plan(rest, config, str(tmp_path)), resumed, held)
     assert shard_plan.num_shards == {"train": N + 1}
     by_slot, lines = {}, {}
     for p in shard_plan.shards:  # (lines are streamed: read each before the next)
         by_slot[p.shard], lines[p.shard] = p, list(p.lines)
     assert sorted(by_slot) == [0, 1, 2, 3, 4]  # the cut's four slots and one new shard
-    assert (by_slot[0].kind, by_slot[0].origin) == (Kind.RESUME, Origin.HASH)
-    header = json.loads(lines[0][0])
-    assert header["source"] == f"../20260101T000000Z/{layout.shard_name('pets', 'train', 0, N)}"
-    assert header["listing"] == finished[0].listing
-    lines = {s: [json.loads(line)[0] for line in lines[s]] for s in (1, 2, 3, 4)}
+    for slot in (0, 2):
+        assert (by_slot[slot].kind, by_slot[slot].origin) == (Kind.RESUME, Origin.HASH)
+        header = json.loads(lines[slot][0])
+        assert header["source"] == (f"../20260101T000000Z/"
+                                    f"{layout.shard_name('pets', 'train', slot, N)}")
+        assert header["listing"] == finished[slot // 2].listing
+        assert header["whole"] is (slot == 0)
+    assert lines[0][1:] == [] and [json.loads(k) for k in lines[2][1:]] == [gone]  # its loss
+    lines = {s: [json.loads(line)[0] for line in lines[s]] for s in (1, 3, 4)}
     assert lines[4] == [new0] and by_slot[4].origin == Origin.DELTA  # after the cut
     assert sorted(lines[1]) == sorted(keys[1] + [new1])  # slots keep their hash range
-    assert sorted(lines[2]) == sorted(set(keys[2]) - {gone})
     assert lines[3] == keys[3]
-    every = keys[0] + [k for s in (1, 2, 3, 4) for k in lines[s]]
+    every = keys[0] + [k for k in keys[2] if k != gone] + [k for s in (1, 3, 4)
+                                                           for k in lines[s]]
     assert sorted(every) == sorted(r.key for r in now)  # each image exactly once
 
 
@@ -113,5 +119,5 @@ def test_a_key_two_finished_shards_list_goes_to_one(tmp_path):
                                f.settings, f.result) for f in older]
     resolved = _resolved(refs, tmp_path / "b")
     resumed = resume.take(resolved, newer + older, "S", str(tmp_path))
-    assert [t.finished.vdir for t in resumed.taken] == [newer[0].vdir]
-    assert resumed.remainder.num_images == 12 - len(keys[1])
+    assert [t.finished.vdir for t in resumed.taken] == [newer[0].vdir]  # (the older one
+    assert resumed.remainder.num_images == 12 - len(keys[1])             # kept no key)

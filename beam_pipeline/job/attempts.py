@@ -116,17 +116,31 @@ def _in_place(shard, result):
     return not result.index_temp or files.exists(layout.index_name(shard))
 
 
-def share(header, result, vdir):
-    """A `resume` task (`header`: the launcher's, for a Finished shard) -> its ShardResult:
-    the failed run's file shared where it is (`shared` ../VERSION/NAME), its catalog rows
-    placed in this version's shard, its recorded error records carried; or None when the
-    file is not what its fragment recorded (then the caller converts its listing again)."""
-    from beam_pipeline.job.rewrite import with_rows
+def share(header, lost, result, vdir, write_index=True, redo=None):
+    """A `resume` task (`header`: the launcher's, for a Finished shard; `lost`: the keys of
+    its listing this version does not take from it) -> its ShardResult, `resumed`:
+
+    * whole: the failed run's file shared where it is (`shared` ../VERSION/NAME), its
+      catalog rows placed in this version's shard, its recorded error records carried; or
+      None when the file is not what its fragment recorded (the caller converts its
+      listing again);
+    * else the records of the other keys copied by offset into this attempt's temp shard
+      (rewrite.copy_frames: CRCs checked, a damaged one converted again through `redo`).
+    """
+    from beam_pipeline.job.rewrite import copy_frames, with_rows
     from beam_pipeline.store import catalog
 
     recorded = ShardResult.from_json(header["result"])
     source = header["source"]
     shard = layout.shard_file(vdir, source)
+    if not header.get("whole", True):
+        lost = set(lost)
+        rows = [r for r in catalog.read_rows(header["fragment"]) if r.key not in lost]
+        copied, errors, redone = copy_frames(shard, result, rows, write_index, redo)
+        return dataclasses.replace(
+            copied, errors=tuple(errors), converted=redone, repaired=redone, reframed=0,
+            passed_through=sum(r.sha256 == r.input_sha256 for r in rows), resumed=True,
+            build=recorded.build)
     if files.size_and_crc32c(shard) != (recorded.num_bytes, recorded.crc32c) or (
             recorded.index_temp and not files.exists(layout.index_name(shard))):
         logging.warning("%s: not what its fragment recorded; its listing is converted again",

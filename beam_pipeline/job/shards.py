@@ -102,10 +102,13 @@ class WriteShardFn(beam.DoFn):
                                            self.write_index, self.phash, self.moments)
         listing = task.listing
         if task.kind == Kind.RESUME:  # a failed run's finished shard, its listing unchanged
-            header = json.loads(files.read_bytes(task.listing))
-            shared = attempts.share(header, result, self.vdir)
-            if shared is not None:
-                yield shared
+            header, *lost = files.read_bytes(task.listing).decode().splitlines()
+            header = json.loads(header)
+            taken = attempts.share(header, [json.loads(k) for k in lost if k], result,
+                                   self.vdir, self.write_index, self._redo)
+            if taken is not None:  # shared where it is, or its records copied to `temp`
+                yield (attempts.place(taken, self.vdir) if self.direct and taken.temp == temp
+                       else taken)
                 return
             listing = header["listing"]  # not as recorded: convert that listing again
             result = dataclasses.replace(result, kind=Kind.IMAGES)

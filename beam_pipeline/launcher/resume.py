@@ -49,18 +49,23 @@ def identity_of(fields):
 
 @dataclasses.dataclass(frozen=True)
 class Taken:
-    """A failed run's finished shard this version shares."""
+    """A failed run's finished shard this version takes: shared as it is (`whole`), or its
+    records but those of the keys it lost (deleted, changed since, or another taken shard's)
+    copied."""
 
     split: str
     finished: attempts.Finished
+    whole: bool = True
+    number: int = 0      # its place among the candidates (the losses spill's order)
 
 
 @dataclasses.dataclass
 class Resumed:
-    """What `take` found: the shards taken whole, and a Resolved of every other image."""
+    """What `take` found: the shards taken, and a Resolved of every other image."""
 
-    taken: list          # [Taken], in the failed runs' (split, shard) order
+    taken: list          # [Taken], in the order attempts.finished found them
     remainder: object    # identity.Resolved, or the same interface (Remainder)
+    losses: object = None  # SortedSpill ("number key", key JSON): the keys each one lost
 
     def held(self, name, num_shards):
         """{split: {slot: Taken}}: the taken shards a hash cut of `num_shards` ({split: N})
@@ -78,7 +83,11 @@ class Resumed:
 
 def take(resolved, finished, shard_settings, spill_dir):
     """identity.Resolved + attempts.finished's shards -> Resumed. Only shards whose settings
-    are `shard_settings` (attempts.settings of this build) are looked at."""
+    are `shard_settings` (attempts.settings of this build) are looked at. A shard whose
+    every listed image is listed again unchanged is taken whole (shared); one that lost
+    some (deleted or changed since, ~70% of 125-image shards when 1% of the images are
+    deleted) is taken for the rest, its frames copied, when it rejected none (a rejected
+    input's error record belongs to the whole shard)."""
     candidates = [f for f in finished if f.settings == shard_settings]
     if not candidates:
         return Resumed([], resolved)
@@ -94,14 +103,18 @@ def take(resolved, finished, shard_settings, spill_dir):
                     n += 1
             sizes.append(n)
         owner = SortedSpill(spill_dir)  # (key, shard i) of each key a candidate matches
+        dropped = SortedSpill(spill_dir)  # ("i key", key) of the keys a candidate loses
         matched = collections.Counter()
         moved = collections.defaultdict(lambda: [0, 0, 0])  # i -> [images, bytes, stored]
         for key, line, row, olds in _join(_keyed(resolved.ref_lines()), old):
-            if line is None or not olds:
-                continue
-            fields = json.loads(line)
-            same = identity_of(fields)
-            i = min((i for i, ident in olds if ident == same), default=None)
+            i = None
+            if line is not None and olds:
+                fields = json.loads(line)
+                same = identity_of(fields)
+                i = min((i for i, ident in olds if ident == same), default=None)
+            for j, _ in olds:  # deleted, changed, or the key another shard takes
+                if j != i:
+                    dropped.add(f"{j:09d} {key}", key)
             if i is None:
                 continue
             owner.add(key, str(i))  # one shard per key: the newest failed run's first
@@ -110,12 +123,14 @@ def take(resolved, finished, shard_settings, spill_dir):
             counts[0] += 1
             counts[1] += fields[LINE_SIZE]
             counts[2] += row is not None
-    taken_ids = {i for i, n in enumerate(sizes) if n and matched[i] == n}
+    taken_ids = {i for i, n in enumerate(sizes)
+                 if matched[i] and (matched[i] == n or not candidates[i].result.errors)}
     if not taken_ids:
         owner.close()
+        dropped.close()
         return Resumed([], resolved)
-    taken = sorted((Taken(candidates[i].result.split, candidates[i]) for i in taken_ids),
-                   key=lambda t: (t.split, t.finished.vdir, t.finished.result.shard))
+    taken = [Taken(candidates[i].result.split, candidates[i], matched[i] == sizes[i], i)
+             for i in sorted(taken_ids)]
     remainder = Remainder(resolved, owner, taken_ids)
     for i in taken_ids:
         split = candidates[i].result.split
@@ -125,7 +140,7 @@ def take(resolved, finished, shard_settings, spill_dir):
         counts[1] -= size
         remainder.counts["stored"] -= stored
     remainder.per_split = {s: c for s, c in remainder.per_split.items() if c[0] > 0}
-    return Resumed(taken, remainder)
+    return Resumed(taken, remainder, dropped)
 
 
 class Remainder:
@@ -164,6 +179,24 @@ class Remainder:
         self.owner.close()
 
 
+def _by_number(spill):
+    """The losses spill -> losses(number): the key JSON lines of that shard's losses (ask in
+    increasing order; each one's are streamed from the one pass over the spill)."""
+    groups = itertools.groupby(spill if spill is not None else (),
+                               key=lambda kv: int(kv[0].split(" ", 1)[0]))
+    current = [next(groups, None)]
+
+    def losses(number):
+        while current[0] is not None and current[0][0] < number:
+            current[0] = next(groups, None)
+        if current[0] is None or current[0][0] != number:
+            return iter(())
+        group, current[0] = current[0][1], (number - 0.5, iter(()))  # consumed once
+        return (key for _, key in group)
+
+    return losses
+
+
 def _keyed(ref_lines):
     """(ImageRef JSON, row) in key order -> (sort key, line, row): the identity stage's
     order (its spill's key is json_string(key))."""
@@ -172,13 +205,13 @@ def _keyed(ref_lines):
 
 
 def _join(keyed, old):
-    """(key, line, row) and the old spill (key, "[i, identity]") -> (key, line, row,
-    [(i, identity)] of every candidate listing the key)."""
+    """(key, line, row) and the old spill (key, "[i, identity]") -> (key, line or None,
+    row, [(i, identity)] of every candidate listing the key): every key of either."""
     grouped = ((key, [json.loads(v) for _, v in group])
                for key, group in itertools.groupby(old, key=lambda kv: kv[0]))
     for key, new, olds in _merge(((k, (line, row)) for k, line, row in keyed), grouped):
-        if new is not None:
-            yield key, new[0], new[1], olds or ()
+        line, row = new if new is not None else (None, None)
+        yield key, line, row, olds or ()
 
 
 def _merge(a, b):
@@ -216,12 +249,16 @@ def with_resumed(shard_plan, resumed, held=None):
         placed.append((t, slot))
 
     def shards():
-        for t, slot in placed:
+        losses = _by_number(resumed.losses)
+        for t, slot in placed:  # in `number` order, as the losses spill
             f = t.finished
             header = json.dumps({"source": f.source, "fragment": f.fragment,
-                                 "listing": f.listing, "result": f.result.to_json()})
+                                 "listing": f.listing, "result": f.result.to_json(),
+                                 "whole": t.whole})
             yield PlannedShard(t.split, slot, Kind.RESUME, Origin(f.result.origin or Origin.HASH),
-                               [header])
+                               itertools.chain([header], losses(t.number)))
+        if resumed.losses is not None:
+            resumed.losses.close()
         yield from shard_plan.shards
 
     return dataclasses.replace(shard_plan, num_shards=num_shards, shards=shards())
