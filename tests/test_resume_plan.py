@@ -96,7 +96,7 @@ def test_unchanged_shards_are_taken_whatever_else_changed(tmp_path):
         header = json.loads(lines[slot][0])
         assert header["source"] == (f"../20260101T000000Z/"
                                     f"{layout.shard_name('pets', 'train', slot, N)}")
-        assert header["listing"] == finished[slot // 2].listing
+        assert header["listing_file"] == finished[slot // 2].listing
         assert header["whole"] is (slot == 0)
     assert lines[0][1:] == [] and [json.loads(k) for k in lines[2][1:]] == [gone]  # its loss
     lines = {s: [json.loads(line)[0] for line in lines[s]] for s in (1, 3, 4)}

@@ -110,7 +110,7 @@ class WriteShardFn(beam.DoFn):
                 yield (attempts.place(taken, self.vdir) if self.direct and taken.temp == temp
                        else taken)
                 return
-            listing = header["listing"]  # not as recorded: convert that listing again
+            listing = header["listing_file"]  # not as recorded: convert that listing again
             result = dataclasses.replace(result, kind=Kind.IMAGES)
         elif task.kind != Kind.IMAGES:  # incremental: a previous shard reused or its records copied
             result = dataclasses.replace(result, build=self.previous_build)

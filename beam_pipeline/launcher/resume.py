@@ -253,7 +253,7 @@ def with_resumed(shard_plan, resumed, held=None):
         for t, slot in placed:  # in `number` order, as the losses spill
             f = t.finished
             header = json.dumps({"source": f.source, "fragment": f.fragment,
-                                 "listing": f.listing, "result": f.result.to_json(),
+                                 "listing_file": f.listing, "result": f.result.to_json(),
                                  "whole": t.whole})
             yield PlannedShard(t.split, slot, Kind.RESUME, Origin(f.result.origin or Origin.HASH),
                                itertools.chain([header], losses(t.number)))
