@@ -8,18 +8,22 @@ listing, not by its name:
 
     failed runs' finished shards (attempts.finished), with this build's settings
       -> their listing lines spilled by key
-      -> joined with this run's resolved listing (identity.Resolved, key order):
-         a shard is taken when every line of its listing is listed again unchanged
-         (key, uri, label, split, size, stamp, md5) and no other taken shard holds its keys
-      -> Resumed: the taken shards (`resume` tasks: shared where the failed run wrote them,
-         `../VERSION/NAME`, nothing copied or converted) and the remainder, a Resolved of
-         the other images that the full or incremental plan cuts into new shards.
+      -> joined with this run's resolved listing (identity.Resolved, key order), each key
+         given to one shard at most (the newest failed run's):
+         every line listed again unchanged (key, uri, label, split, size, stamp, md5)
+           -> taken whole: shared where the failed run wrote it (../VERSION/NAME)
+         some lines gone or changed, no input rejected
+           -> taken for the rest: those records' frames copied (the lost keys spilled)
+      -> Resumed: the taken shards (`resume` tasks) and the remainder, a Resolved of the
+         other images that the full or incremental plan cuts.
 
-`with_resumed` puts the taken shards first in each split (their order in the failed runs)
-and numbers the plan's own shards after them. Each taken image is in exactly one shard and
-its record is the one a full build stores (conversion is deterministic; the settings and
-code build are the same), so the version holds a full build's examples; only the cut
-differs (docs/guarantees.md).
+A full plan cuts the whole listing as the failed run did; a taken shard named as a slot of
+that cut keeps the slot (`Resumed.held`), and images of the remainder hashing into it go
+to new shards after the cut (launcher/plan.py). `with_resumed` places the taken shards
+(held slots, else after the plan's own). Each image is in exactly one shard and its record
+is the one a full build stores (conversion is deterministic; the settings and code build
+are the same), so the version holds a full build's examples; the cut differs only as
+docs/guarantees.md says.
 """
 
 import collections
