@@ -116,7 +116,8 @@ def _resumable(build, root, labels, resolved, scratch):
     settings = attempts.settings({label: i for i, label in enumerate(labels)},
                                  build.encode_options(), build.write_index,
                                  build.near_duplicates, build.transform)
-    return resume.take(resolved, attempts.finished(failed), settings, scratch)
+    return resume.take(resolved, attempts.finished(failed), settings, scratch,
+                       copies=not build.transform)
 
 
 def _listing_config(build, label_file):

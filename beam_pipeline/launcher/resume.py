@@ -85,13 +85,14 @@ class Resumed:
         return held
 
 
-def take(resolved, finished, shard_settings, spill_dir):
+def take(resolved, finished, shard_settings, spill_dir, copies=True):
     """identity.Resolved + attempts.finished's shards -> Resumed. Only shards whose settings
     are `shard_settings` (attempts.settings of this build) are looked at. A shard whose
     every listed image is listed again unchanged is taken whole (shared); one that lost
     some (deleted or changed since, ~70% of 125-image shards when 1% of the images are
     deleted) is taken for the rest, its frames copied, when it rejected none (a rejected
-    input's error record belongs to the whole shard)."""
+    input's error record belongs to the whole shard) and `copies` (not with --transform:
+    copied records carry no pixel moments)."""
     candidates = [f for f in finished if f.settings == shard_settings]
     if not candidates:
         return Resumed([], resolved)
@@ -128,7 +129,8 @@ def take(resolved, finished, shard_settings, spill_dir):
             counts[1] += fields[LINE_SIZE]
             counts[2] += row is not None
     taken_ids = {i for i, n in enumerate(sizes)
-                 if matched[i] and (matched[i] == n or not candidates[i].result.errors)}
+                 if matched[i] and (matched[i] == n
+                                    or (copies and not candidates[i].result.errors))}
     if not taken_ids:
         owner.close()
         dropped.close()
