@@ -24,6 +24,7 @@ class Kind(_Text):
     IMAGES = "images"  # convert the listed images
     REUSE = "reuse"    # incremental: take a previous shard as it is (job/reuse.py)
     COPY = "copy"      # incremental: copy a previous shard's surviving records
+    RESUME = "resume"  # a failed run's finished shard, shared where it is (job/attempts.py)
 
 
 class Origin(_Text):

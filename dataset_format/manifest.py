@@ -125,15 +125,17 @@ class CatalogEntry(_Entry):
 @dataclasses.dataclass(frozen=True)
 class BuildEntry(_Entry):
     """What the build did: distinct writer processes, images decoded, records re-framed,
-    shards taken finished from a failed run, shards repaired."""
+    shards taken finished from a failed run, shards repaired; and the workers' code build."""
 
     writer_processes: int = 0
     converted: int = 0
     reframed: int = 0
     resumed_shards: int = 0
     repaired: int = 0
+    workers: Optional[Mapping] = None  # the code build that wrote every shard (None: unsaid)
     extra: Mapping = dataclasses.field(default_factory=dict)
-    _KEYS = ("writer_processes", "converted", "reframed", "resumed_shards", "repaired")
+    _KEYS = ("writer_processes", "converted", "reframed", "resumed_shards", "repaired",
+             "workers")
 
 
 @dataclasses.dataclass(frozen=True)

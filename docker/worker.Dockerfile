@@ -21,10 +21,10 @@
 #
 # Build from the repository root (BuildKit sends only the files COPY and the mount name):
 #   python docker/build_wheelhouse.py
-#   docker build -f docker/worker.Dockerfile \
-#     -t us-central1-docker.pkg.dev/PROJECT/dataflow/image-tfrecords-worker:2.77.0 .
-#   docker push us-central1-docker.pkg.dev/PROJECT/dataflow/image-tfrecords-worker:2.77.0
-# Then submit with --sdk_container_image=<that tag> (docs/dataflow.md).
+#   WORKER=us-central1-docker.pkg.dev/PROJECT/dataflow/image-tfrecords-worker:$(python docker/image_tag.py)
+#   docker build -f docker/worker.Dockerfile -t $WORKER . && docker push $WORKER
+# Then submit with --sdk_container_image=$WORKER (docs/dataflow.md): a tag derived from the
+# code and constraints (docker/image_tag.py), or the pushed digest, never a reused tag.
 FROM apache/beam_python3.11_sdk:2.77.0
 
 ARG EXTRAS=""

@@ -36,7 +36,7 @@ class Job:
                           {label: i for i, label in enumerate(spec.labels)},
                           self.encode_options, spec.write_index,
                           previous_vdir=spec.previous_vdir, phash=spec.near_duplicates,
-                          resume_from=spec.resume_from)
+                          previous_build=spec.previous_build)
         fn.setup()
         return fn
 

@@ -11,20 +11,24 @@ commits one attempt's ShardResult. So:
   whose bytes differ (an input changed between the attempts) keeps its temp name, and if
   Dataflow commits that attempt, commit renames it over the final name. Either way the
   manifest's size and crc32c describe the object in the bucket.
-* The attempt's catalog fragment records, in its Parquet metadata, the recipe of the shard
-  (a digest of its listing and of everything else its bytes depend on) and the attempt's
-  ShardResult. A run after a failed or cancelled one (`resume_from`: the unpublished
-  versions newer than LATEST) takes a shard whose fragment has the same recipe and whose
-  final file has the size and crc32c the fragment recorded: copied (hard link, server-side
-  copy) instead of converted again.
+* The attempt's catalog fragment records, in its Parquet metadata, the shard's settings
+  (everything but its listing that its bytes depend on: label ids, encode options, index,
+  hashes, and the worker's code build) and the attempt's ShardResult.
+* A run after a failed or cancelled one (the unpublished versions newer than LATEST) finds
+  their finished shards (`finished`, in the launcher: launcher/resume.py) and takes each
+  whose settings are this build's and whose own listing is unchanged, whatever else
+  changed, as a `resume` task: the file shared where the failed run wrote it (`share`: the
+  manifest names `../VERSION/NAME`, nothing copied) once its size and crc32c are the
+  recorded ones, else its listing converted again. Matching by name and a recipe of the
+  listing, as before, took nothing once one image was added: every cut moves.
 """
 
 import dataclasses
-import functools
 import hashlib
 import json
 import logging
 
+from beam_pipeline.job import code_build
 from beam_pipeline.job.contracts import ShardResult
 from beam_pipeline.store import files
 from dataset_format import layout
@@ -33,33 +37,126 @@ FRAGMENT_SUFFIX = layout.FRAGMENT_SUFFIX  # an attempt's fragment: .tmp/SHARD.AT
 RECORD_KEY = "image_tfrecords.shard"  # the fragment's Parquet metadata key
 
 
-@functools.lru_cache(maxsize=1)
-def _codecs():
-    """The software a shard's bytes depend on (as the launcher's `generator`)."""
-    import importlib.metadata as md
+def settings(label_ids, encode, index, phash, moments, fields=None):
+    """sha256 (hex) of everything but its listing that a shard's bytes depend on: the label
+    ids, the encode options, whether it has an index, perceptual hashes, pixel moments, the
+    declared fields (their JSON, vocabularies given), and this process's code build (a failed
+    run's shard written by another build is not taken). The writer and the launcher
+    (launcher/resume.py) both call this."""
+    wanted = {"labels": label_ids, "encode": encode, "index": bool(index), "phash": bool(phash),
+              "moments": bool(moments)}
+    if fields:  # absent without fields: the digest of a build without them is unchanged
+        wanted["fields"] = fields
+    return hashlib.sha256(json.dumps([wanted, code_build.worker_build()],
+                                     sort_keys=True, default=repr).encode()).hexdigest()
 
-    def version(package):
-        try:
-            return md.version(package)
-        except md.PackageNotFoundError:
+
+def record(result, shard_settings=None):
+    """The fragment metadata of a finished attempt: its settings and ShardResult."""
+    return {RECORD_KEY: json.dumps({"settings": shard_settings, "result": result.to_json()})}
+
+
+@dataclasses.dataclass(frozen=True)
+class Finished:
+    """A shard a failed run finished: under its final name, its fragment recording it."""
+
+    vdir: str            # the failed run's version directory
+    fragment: str        # the attempt's catalog fragment (rows, and the record)
+    listing: str         # the failed run's listing of the shard (ImageRef lines)
+    settings: str        # attempts.settings of the attempt that wrote it
+    result: ShardResult  # as recorded: path is the file's name in `vdir`
+
+    @property
+    def source(self):
+        """The file as another version's manifest names it: ../VERSION/NAME."""
+        return layout.shared_path(self.vdir.rstrip("/").rsplit("/", 1)[-1], self.result.path)
+
+
+def finished(vdirs):
+    """The finished shards of the failed runs `vdirs` (newest first) -> [Finished], one per
+    file. A shard counts when its recorded attempt wrote images (a listing to compare), the
+    file has the recorded size (gs://: and crc32c, from metadata; a local file's checksum
+    is read by the task that takes it) and its index is beside it when it has one (placed
+    last: a run killed between the two left no finished shard)."""
+    from beam_pipeline.algorithms.read_ahead import threaded
+
+    fragments = [(vdir, path) for vdir in vdirs for path in sorted(
+        files.objects(layout.join(layout.tmp_dir(vdir), f"*{FRAGMENT_SUFFIX}")))]
+
+    def check(item):  # 16 at a time: on gs:// each is a round trip or two
+        vdir, fragment = item
+        recorded = _recorded(fragment, quiet=True)
+        if not recorded or not recorded.get("settings"):
             return None
+        result = ShardResult.from_json(recorded["result"])
+        if not _in_place(layout.join(vdir, result.path), result):
+            return None
+        return Finished(vdir, fragment, layout.listing_file(layout.tmp_dir(vdir), result.split,
+                                                            result.shard),
+                        recorded["settings"], result)
 
-    return {p: version(p) for p in ("image-tfrecords", "apache-beam", "pillow", "simplejpeg")}
+    found, seen = [], set()
+    for _, shard in threaded(fragments, check, 16):
+        if shard is not None and (shard.vdir, shard.result.path) not in seen:
+            seen.add((shard.vdir, shard.result.path))  # (two attempts of one shard)
+            found.append(shard)
+    return found
 
 
-def recipe(listing, **settings):
-    """sha256 over the shard's listing file and `settings` (everything else its bytes depend
-    on: name, shard count, label ids, encode options...) and the codecs' versions."""
-    h = hashlib.sha256(json.dumps([settings, _codecs()], sort_keys=True, default=repr).encode())
-    with files.open_read(listing) as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
+def _in_place(shard, result):
+    """The finished shard `result` recorded is at `shard`, with its index (cheap checks)."""
+    if shard.startswith("gs://"):
+        if files.size_and_crc32c(shard) != (result.num_bytes, result.crc32c):
+            return False
+    else:
+        import os
+
+        try:
+            if os.path.getsize(shard) != result.num_bytes:
+                return False
+        except OSError:
+            return False
+    return not result.index_temp or files.exists(layout.index_name(shard))
 
 
-def record(result, shard_recipe):
-    """The fragment metadata of a finished attempt: its recipe and ShardResult."""
-    return {RECORD_KEY: json.dumps({"recipe": shard_recipe, "result": result.to_json()})}
+def share(header, lost, result, vdir, write_index=True, redo=None):
+    """A `resume` task (`header`: the launcher's, for a Finished shard; `lost`: the keys of
+    its listing this version does not take from it) -> its ShardResult, `resumed`:
+
+    * whole: the failed run's file shared where it is (`shared` ../VERSION/NAME), its
+      catalog rows placed in this version's shard, its recorded error records carried; or
+      None when the file is not what its fragment recorded (the caller converts its
+      listing again);
+    * else the records of the other keys copied by offset into this attempt's temp shard
+      (rewrite.copy_frames: CRCs checked, a damaged one converted again through `redo`).
+    """
+    from beam_pipeline.job.rewrite import copy_frames, with_rows
+    from beam_pipeline.store import catalog
+
+    recorded = ShardResult.from_json(header["result"])
+    source = header["source"]
+    shard = layout.shard_file(vdir, source)
+    if not header.get("whole", True):
+        lost = set(lost)
+        rows = [r for r in catalog.read_rows(header["fragment"]) if r.key not in lost]
+        copied, errors, redone = copy_frames(shard, result, rows, write_index, redo)
+        return dataclasses.replace(
+            copied, errors=tuple(errors), converted=redone, repaired=redone, reframed=0,
+            passed_through=sum(r.sha256 == r.input_sha256 for r in rows), resumed=True,
+            build=recorded.build)
+    if files.size_and_crc32c(shard) != (recorded.num_bytes, recorded.crc32c) or (
+            recorded.index_temp and not files.exists(layout.index_name(shard))):
+        logging.warning("%s: not what its fragment recorded; its listing is converted again",
+                        shard)
+        return None
+    rows = [r.replace(split=result.split, shard=result.shard, file=source)
+            for r in catalog.read_rows(header["fragment"])]
+    shared = dataclasses.replace(
+        recorded, split=result.split, shard=result.shard, path=result.path, temp=shard,
+        shared=source, index_temp=None, catalog_temp=result.catalog_temp,
+        writer=result.writer, kind=result.kind, converted=0, reframed=0, repaired=0,
+        resumed=True, pixel_moments=recorded.pixel_moments)
+    return with_rows(shared, rows, False)
 
 
 def place(result, vdir):
@@ -83,25 +180,9 @@ def place(result, vdir):
     return dataclasses.replace(result, temp=final, index_temp=index)
 
 
-def find_finished(vdirs, name, shard_recipe):
-    """(version dir, recorded ShardResult, fragment path) of a finished attempt of shard
-    `name` with this recipe in one of `vdirs` (failed runs), or None."""
-    for vdir in vdirs:
-        pattern = layout.join(layout.tmp_dir(vdir), f"{name}.*{FRAGMENT_SUFFIX}")
-        for fragment in files.objects(pattern):
-            recorded = _recorded(fragment)
-            if recorded is None or recorded["recipe"] != shard_recipe:
-                continue
-            result = ShardResult.from_json(recorded["result"])
-            shard = layout.join(vdir, name)
-            if (files.size_and_crc32c(shard) == (result.num_bytes, result.crc32c)
-                    and (not result.index_temp or files.exists(layout.index_name(shard)))):
-                return vdir, result, fragment  # (killed before its index: not finished)
-    return None
-
-
-def _recorded(fragment):
-    """A fragment's record (dict), or None (unreadable, or written before records)."""
+def _recorded(fragment, quiet=False):
+    """A fragment's record (dict), or None (unreadable, or written before records, or by a
+    reuse or copy task, which records none: `quiet` says nothing of those)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -112,30 +193,9 @@ def _recorded(fragment):
             metadata = pq.read_metadata(pa.BufferReader(gcs.read_bytes(fragment))).metadata
         else:
             metadata = pq.read_metadata(fragment).metadata
+        if quiet and (not metadata or RECORD_KEY.encode() not in metadata):
+            return None
         return json.loads(metadata[RECORD_KEY.encode()])
     except Exception as e:
         logging.warning("%s: not resumable (%s)", fragment, e)
         return None
-
-
-def resume(found, result, vdir):
-    """Take a failed run's finished shard (`found`: find_finished's answer) into this
-    version: shard and index copied to their final names, the fragment to this attempt's.
-    -> its ShardResult, or None when this version holds other bytes under that name
-    already (then the caller converts)."""
-    from beam_pipeline.job.reuse import link_or_copy
-
-    old_vdir, recorded, fragment = found
-    final = layout.join(vdir, result.path)
-    mine = (recorded.num_bytes, recorded.crc32c)
-    if (not files.place_once(layout.join(old_vdir, result.path), final)
-            and files.size_and_crc32c(final) != mine):
-        return None
-    index = None
-    if recorded.index_temp:
-        index = layout.index_name(final)
-        files.place_once(layout.index_name(layout.join(old_vdir, result.path)), index)
-    link_or_copy(fragment, result.catalog_temp)
-    return dataclasses.replace(recorded, temp=final, index_temp=index,
-                               catalog_temp=result.catalog_temp, writer=result.writer,
-                               converted=0, reframed=0, resumed=True)

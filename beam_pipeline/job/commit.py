@@ -19,7 +19,7 @@ from apache_beam.io.filesystems import FileSystems
 from beam_pipeline.algorithms.read_ahead import threaded
 from beam_pipeline.dedup import duplicates, leaks
 from beam_pipeline.errors import RetryWontHelp
-from beam_pipeline.job import errors_file, rewrite
+from beam_pipeline.job import code_build, errors_file, rewrite
 from beam_pipeline.job.contracts import Origin, ShardResult
 from beam_pipeline.job.label_counts import SumLabelCounts, minus_dropped, sum_label_counts
 from beam_pipeline.job.manifest import Finalized, build_manifest
@@ -37,7 +37,11 @@ class ErrorRateExceeded(RetryWontHelp):
     3: the next run fails the same way until the inputs or --max_error_rate change)."""
 
 
-DETERMINISTIC = (ErrorRateExceeded, PublishRefused)  # a retry would fail the same way
+class MixedBuilds(RuntimeError):
+    """The shards were written by two code builds (job/code_build.py)."""
+
+
+DETERMINISTIC = (ErrorRateExceeded, PublishRefused, MixedBuilds)  # a retry fails the same way
 
 
 def commit(results, spec, extra_files=(), manifest_parts=(), label_counts=None,
@@ -71,6 +75,7 @@ def finalize(results, spec, label_counts=None, error_files=()):
     Per shard this costs only what the merged catalog needs (its fragment, read 8 at a
     time): shards are already under their final names, and the counts and errors arrive
     combined."""
+    _check_one_build(results, spec)
     # Shards with a catalog fragment (not --sink beam), in split and shard order.
     cataloged = sorted((r for r in results if r.catalog_temp),
                        key=lambda r: (r.split, r.shard))
@@ -178,6 +183,31 @@ def _check_error_budget(failed, spec):
             f"{failed} of {spec.listed} inputs rejected ({rate:.1%}) exceeds --max_error_rate "
             f"{spec.max_error_rate:g}; nothing published; "
             f"see {layout.join(spec.vdir, layout.ERRORS)}"))
+
+
+def one_build(results):
+    """The code build every shard of `results` recorded (None: none recorded one); raises
+    MixedBuilds naming two builds and a shard of each when they disagree."""
+    first = None
+    for r in sorted((r for r in results if r.build), key=lambda r: (r.split, r.shard)):
+        if first is None:
+            first = r
+        elif r.build != first.build:
+            raise MixedBuilds(
+                f"shards of two code builds in one version: {first.file} was written by "
+                f"{code_build.describe(first.build)}; {r.file} by "
+                f"{code_build.describe(r.build)}; nothing published (name the worker image by "
+                "digest or by the tag docker/image_tag.py prints, and launch from the same "
+                "build)")
+    return first and first.build
+
+
+def _check_one_build(results, spec):
+    """One version, one code build: refuse (deterministically) shards of two builds."""
+    try:
+        one_build(results)
+    except MixedBuilds as e:
+        _fail(spec, e)
 
 
 def _warn_empty_classes(labels, label_counts):

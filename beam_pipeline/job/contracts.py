@@ -91,11 +91,13 @@ class CommitSpec:
     near_duplicates: bool = False          # group the catalog's perceptual hashes
     near_duplicate_radius: int = defaults.NEAR_DUPLICATE_RADIUS  # Hamming bits
     drop_near_duplicate_leaks: bool = False
-    resume_from: tuple = ()   # failed runs' version dirs whose finished shards are reused
     split_map_from: Optional[str] = None   # the split map this version was planned with
     notes: tuple = ()                      # what the launcher found and said (history.py)
     fields: Optional[dict] = None          # declared fields, vocabularies given (fields.Schema
                                            # .to_json()); None: a build without
+    # The build that wrote the previous version's shards (its manifest's build.workers):
+    # what a reuse/copy task's records were written with. None: not recorded.
+    previous_build: Optional[dict] = None
 
     @property
     def previous_vdir(self):
@@ -168,6 +170,11 @@ class ShardResult:
     # Reused as it is where an earlier version wrote it: the manifest path ../VERSION/NAME
     # (`temp` is then that file). None: the shard is this version's own file, `path`.
     shared: Optional[str] = None
+    # The code build that wrote the shard's records (job/code_build.py): the writing
+    # worker's, or for a reuse/copy task the previous version's. None: not recorded (a
+    # fragment of a failed run written before builds were). Commit refuses a version
+    # whose shards name two builds.
+    build: Optional[dict] = None
 
     @property
     def file(self):

@@ -78,7 +78,9 @@ def build_manifest(spec, done, created_at, parts=()):
                          converted=sum(r.converted for r in done.results),
                          reframed=sum(r.reframed for r in done.results),
                          resumed_shards=sum(r.resumed for r in done.results),
-                         repaired=sum(r.repaired for r in done.results)),
+                         repaired=sum(r.repaired for r in done.results),
+                         # the one build every shard recorded (commit checked)
+                         workers=next((r.build for r in done.results if r.build), None)),
         sections=sections)
     return manifest.with_sections(*parts)
 

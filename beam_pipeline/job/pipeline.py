@@ -62,7 +62,7 @@ class ImagesToTFRecords(beam.PTransform):
                            # commit may rewrite shards: each attempt writes a temp name
                            direct=not (spec.drop_content_duplicates
                                        or spec.drop_near_duplicate_leaks),
-                           resume_from=spec.resume_from,
+                           previous_build=spec.previous_build,
                            writers_per_process=self.writers_per_process,
                            fields=spec.fields and field_types.from_json(spec.fields)))
                        .with_output_types(ShardResult))

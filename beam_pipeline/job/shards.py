@@ -21,7 +21,8 @@ from apache_beam.metrics import Metrics
 
 from beam_pipeline.store import catalog, files, gcs
 from beam_pipeline.dedup import perceptual
-from beam_pipeline.job import attempts, images, inputs, records, reframe, reuse, workers
+from beam_pipeline.job import (attempts, code_build, images, inputs, records, reframe, reuse,
+                               workers)
 from beam_pipeline.errors import error_record
 from beam_pipeline.job.contracts import Kind, PixelMoments, ShardResult
 from beam_pipeline.job.shard_file import ShardFile
@@ -58,12 +59,12 @@ class WriteShardFn(beam.DoFn):
     LATEST: first attempt wins, no later one overwrites it (job/attempts.py). Only with
     `direct=False` (options that let commit rewrite any shard: dropping content duplicates
     or near-duplicate leaks) does commit rename the committed attempt's files instead.
-    A shard a failed run of the same plan finished (`resume_from`) is copied, not converted.
+    A `resume` task shares a failed run's finished shard where it is (job/attempts.py).
     """
 
     def __init__(self, tmp_dir, name, num_shards, label_ids, encode_options, write_index,
                  progress_dir=None, moments=False, previous_vdir=None, phash=False,
-                 direct=True, resume_from=(), writers_per_process=None, fields=None):
+                 direct=True, writers_per_process=None, previous_build=None, fields=None):
         self.tmp_dir, self.name, self.num_shards = tmp_dir, name, num_shards
         self.vdir, self.direct = tmp_dir.rstrip("/").rsplit("/", 1)[0], direct
         self.phash = phash  # --near_duplicates: a perceptual hash per stored image
@@ -72,10 +73,10 @@ class WriteShardFn(beam.DoFn):
         self.label_ids = label_ids
         self.encode_options, self.write_index = encode_options, write_index
         self.progress_dir = progress_dir
-        self.resume_from = tuple(resume_from)  # failed runs' version dirs, newest first
         self.writers_per_process = writers_per_process  # --number_of_worker_harness_threads
         self.fields = fields  # declared fields (fields.Schema, vocabularies given), or None
         self.catalog_schema = catalog.schema_of(fields)  # the fragments' columns
+        self.previous_build = previous_build  # what wrote the records reuse/copy tasks take
         self.written = Metrics.counter("images", "written")
         self.failed = Metrics.counter("images", "failed")
         self.passed_through = Metrics.counter("images", "passed_through")
@@ -98,8 +99,25 @@ class WriteShardFn(beam.DoFn):
         result = ShardResult(split=task.split, shard=task.shard, path=final, temp=temp,
                              catalog_temp=temp + attempts.FRAGMENT_SUFFIX,
                              kind=task.kind, origin=task.origin,
-                             writer=f"{socket.gethostname()}:{os.getpid()}")  # counted by commit
-        if task.kind != Kind.IMAGES:  # incremental: a previous shard reused or its records copied
+                             writer=f"{socket.gethostname()}:{os.getpid()}",  # counted by commit
+                             build=code_build.worker_build())
+        shard_settings = attempts.settings(self.label_ids, self.encode_options,
+                                           self.write_index, self.phash, self.moments,
+                                           self.fields.to_json() if self.fields else None)
+        listing = task.listing
+        if task.kind == Kind.RESUME:  # a failed run's finished shard, its listing unchanged
+            header, *lost = files.read_bytes(task.listing).decode().splitlines()
+            header = json.loads(header)
+            taken = attempts.share(header, [json.loads(k) for k in lost if k], result,
+                                   self.vdir, self.write_index, self._redo)
+            if taken is not None:  # shared where it is, or its records copied to `temp`
+                yield (attempts.place(taken, self.vdir) if self.direct and taken.temp == temp
+                       else taken)
+                return
+            listing = header["listing_file"]  # not as recorded: convert that listing again
+            result = dataclasses.replace(result, kind=Kind.IMAGES)
+        elif task.kind != Kind.IMAGES:  # incremental: a previous shard reused or its records copied
+            result = dataclasses.replace(result, build=self.previous_build)
             done = reuse.run(task.kind, result, task.listing, self.previous_vdir,
                              self.write_index, redo=self._redo,
                              vdir=self.vdir if self.direct else None,
@@ -108,21 +126,13 @@ class WriteShardFn(beam.DoFn):
             # attempt's (an input one of them could not read), so the first to finish wins.
             yield attempts.place(done, self.vdir) if self.direct and done.temp == temp else done
             return
-        shard_recipe = attempts.recipe(
-            task.listing, name=final, labels=self.label_ids, encode=self.encode_options,
-            index=self.write_index, phash=self.phash, moments=self.moments,
-            **({"fields": self.fields.to_json()} if self.fields else {}))
-        found = attempts.find_finished(self.resume_from, final, shard_recipe)
-        resumed = found and attempts.resume(found, result, self.vdir)
-        if resumed:
-            yield resumed
-            return
         progress = _Progress(self.progress_dir, f"{final}.{attempt}")
-        result = self._write_images(result, inputs.read_listing(task.listing), progress, shard_recipe)
+        result = self._write_images(result, inputs.read_listing(listing), progress,
+                                    shard_settings)
         progress.flush(force=True)
         yield attempts.place(result, self.vdir) if self.direct else result
 
-    def _write_images(self, result, refs, progress, shard_recipe=None):
+    def _write_images(self, result, refs, progress, shard_settings=None):
         """Convert `refs` in listing order (which is shard order: the output is deterministic)
         into the temp shard, its catalog fragment and index -> the finished ShardResult."""
         split, shard, final, temp = result.split, result.shard, result.path, result.temp
@@ -164,7 +174,7 @@ class WriteShardFn(beam.DoFn):
                 passed_through=passed_through, converted=converted, reframed=reframed,
                 repaired=repaired, crc32c=out.crc32c, index_temp=index_temp,
                 pixel_moments=moments)
-            out.record(attempts.record(result, shard_recipe))  # what a resume needs
+            out.record(attempts.record(result, shard_settings))  # what a resume needs
         self.written.inc(out.num_examples)  # counted per shard: per image they cost ~1% of CPU
         self.passed_through.inc(passed_through)
         self.failed.inc(len(errors))

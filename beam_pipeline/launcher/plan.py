@@ -5,16 +5,18 @@ identity.Resolved (every image with its split and the previous record it may reu
 record is re-framed (its listing line carries it) unless the build re-converts everything.
 """
 
+import collections
 import dataclasses
 import itertools
 import json
+import math
 from typing import Optional
 
 from beam_pipeline.algorithms.spill import SortedSpill
 from beam_pipeline.job.contracts import Kind, Origin, PlannedShard, ShardPlan
 from beam_pipeline.launcher import identity
 from beam_pipeline.launcher.rules import position_of, shard_counts, shard_sort_key
-from beam_pipeline.refs import LINE_KEY, LINE_SPLIT, ImageRef
+from beam_pipeline.refs import LINE_KEY, LINE_SIZE, LINE_SPLIT, ImageRef
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,17 +27,69 @@ class FullPlanConfig:
     target_shard_mb: float                # --target_shard_mb
     reframe: bool                         # re-frame stored records (not --full_rebuild)
     previous_vdir: Optional[str] = None   # where the stored records are
+    # A resumed build (launcher/resume.py): the whole listing's {split: [count, bytes]}, which
+    # the shard counts come from (the plan's own images are the rest), and {split: slots}
+    # that a failed run's finished shard holds as it is. Images of the rest that hash into
+    # a held slot (added since) go to new shards after the cut: no other shard moves.
+    listed: Optional[dict] = None
+    held: dict = dataclasses.field(default_factory=dict)
+
+
+def cut(per_split, config):
+    """split -> N of the hash cut (rules.shard_counts of the listing's counts and bytes)."""
+    return shard_counts(per_split, config.num_shards, config.target_shard_mb)
 
 
 def full_plan(resolved, config, spill_dir):
     """identity.Resolved -> ShardPlan of a full build (shards cut by hash)."""
-    num_shards = shard_counts(resolved.per_split, config.num_shards, config.target_shard_mb)
+    num_shards = cut(config.listed or resolved.per_split, config)
     lines = _full_build_lines(resolved, config.reframe, config.previous_vdir)
     by_position = by_shard_position(lines, spill_dir)
-    shards = (PlannedShard(split, shard, Kind.IMAGES, Origin.HASH, lines)
-              for split, shard, lines in iter_shards(by_position, num_shards))
     to_convert = resolved.num_images - (resolved.counts["stored"] if config.reframe else 0)
-    return ShardPlan(num_shards, shards, to_convert)
+    if not config.held:
+        shards = (PlannedShard(split, shard, Kind.IMAGES, Origin.HASH, lines)
+                  for split, shard, lines in iter_shards(by_position, num_shards))
+        return ShardPlan(num_shards, shards, to_convert)
+    around, extra = _around_held(by_position, num_shards, config, spill_dir)
+    return ShardPlan({split: n + extra.get(split, 0) for split, n in num_shards.items()},
+                     around, to_convert)
+
+
+def _around_held(by_position, num_shards, config, spill_dir):
+    """The cut with the held slots left out -> (PlannedShard stream, {split: new shards}).
+
+    Images hashing into a held slot are spilled aside (one pass) and cut into new shards
+    of ~--target_shard_mb numbered from N, after the cut's own slots, which keep theirs."""
+    held = config.held
+    aside, sizes = SortedSpill(spill_dir), collections.defaultdict(lambda: [0, 0])
+    for sort_key, line in by_position:
+        split, position = position_of(sort_key)
+        if _slot(position, num_shards[split]) in held.get(split, ()):
+            aside.add(sort_key, line)
+            sizes[split][0] += 1
+            sizes[split][1] += json.loads(line)[LINE_SIZE]
+    extra = {split: min(count, max(1, math.ceil(size / (config.target_shard_mb * 2**20))))
+             for split, (count, size) in sizes.items()}
+
+    def outside():
+        for sort_key, line in by_position:
+            split, position = position_of(sort_key)
+            if _slot(position, num_shards[split]) not in held.get(split, ()):
+                yield sort_key, line
+
+    def shards():
+        for split, shard, lines in iter_shards(outside(), num_shards):
+            yield PlannedShard(split, shard, Kind.IMAGES, Origin.HASH, lines)
+        for split, shard, lines in iter_shards(aside, extra):
+            yield PlannedShard(split, num_shards[split] + shard, Kind.IMAGES, Origin.DELTA,
+                               lines)
+        aside.close()
+
+    return shards(), extra
+
+
+def _slot(position, n):
+    return min(int(position * n), n - 1)
 
 
 def _full_build_lines(resolved, reframe, previous_vdir):

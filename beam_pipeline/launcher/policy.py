@@ -11,6 +11,7 @@ import importlib.metadata as md
 from typing import Optional
 
 from beam_pipeline import __version__
+from beam_pipeline.job import code_build
 from beam_pipeline.launcher import options as opts
 from beam_pipeline.launcher.rules import parse_splits
 from dataset_format import fields, layout
@@ -31,13 +32,27 @@ class ReusePolicy:
 def can_reuse(policy, previous):
     """The previous version's records are what this build would store (the same
     options.RECORD_OPTIONS, the same software: stored bytes depend on the codecs), so they may
-    be reused or re-framed."""
+    be reused or re-framed. The software compared is the build that wrote its shards (its
+    manifest's build.workers) against the one this build's shards will be written with
+    (this process's: launch from the worker image's build; commit refuses a version whose
+    shards disagree); a version written before workers' builds were recorded is compared
+    by its launcher's `generator`, as it was then."""
     if previous is None or policy.resplit or not previous.has_catalog:
         return False
+    written_by = writer_build(previous)
+    same_code = (written_by == code_build.worker_build() if written_by is not None
+                 else previous.generator == generator())
     return (not opts.changed(previous.config, policy.config, opts.RECORD_OPTIONS)
-            and previous.key_scheme == layout.KEY_SCHEME
-            and previous.generator == generator()
+            and previous.key_scheme == layout.KEY_SCHEME and same_code
             and fields.keeps_records(previous.manifest.get("fields"), policy.fields))
+
+
+def writer_build(previous):
+    """The code build that wrote the shards of `previous` (a DatasetInfo): its manifest's
+    build.workers, or None (written before builds were recorded, or no previous version)."""
+    if previous is None:
+        return None
+    return (previous.manifest.get("build") or {}).get("workers")
 
 
 def can_increment(policy, previous, labels, schema=None):

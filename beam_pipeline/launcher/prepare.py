@@ -17,9 +17,10 @@ import os
 import sys
 import tempfile
 
+from beam_pipeline.job import attempts
 from beam_pipeline.job.contracts import CommitSpec
 from beam_pipeline.launcher import (checks, history, identity, incremental, listing, manifests,
-                                    plan, policy)
+                                    plan, policy, resume)
 from beam_pipeline.launcher import options as opts
 from beam_pipeline.launcher.rules import label_ids, parse_splits
 from beam_pipeline.launcher.shard_index import write_shard_listings
@@ -83,21 +84,45 @@ def prepare(build, root):
         labels = label_ids(listed.labels_present, previous.labels if previous else (),
                            label_file)
         schema = with_vocabularies(schema, listed.classes_present, previous)
+        resumed = _resumable(build, root, labels, resolved, scratch, schema)
+        rest = resumed.remainder  # the images no failed run's finished shard holds as listed
         shard_plan = None
         if reuse and policy.can_increment(reuse_policy, previous, labels, schema):
             shard_plan = incremental.incremental_plan(
-                resolved, previous,
+                rest, previous,
                 incremental.IncrementConfig(build.target_shard_mb, build.max_delta_share), scratch)
+        held = {}
         if shard_plan is None:  # a full build: stored records re-framed unless --full_rebuild
-            shard_plan = plan.full_plan(resolved, plan.FullPlanConfig(
+            config = plan.FullPlanConfig(
                 build.num_shards, build.target_shard_mb, policy.reframes(reuse_policy, reuse),
-                previous.version_dir if previous else None), scratch)
+                previous.version_dir if previous else None)
+            if resumed.taken:  # the whole listing's cut; taken shards keep their slots
+                held = resumed.held(build.name, plan.cut(resolved.per_split, config))
+                config = dataclasses.replace(config, listed=resolved.per_split, held={
+                    split: frozenset(slots) for split, slots in held.items()})
+            shard_plan = plan.full_plan(rest, config, scratch)
+        shard_plan = resume.with_resumed(shard_plan, resumed, held)
         spec = _commit_spec(build, root, listed, labels, shard_plan, past, schema)
         files.copy_local_file(errors_path, spec.listing_errors_path)
         shards_index = write_shard_listings(spec.tmp_dir, shard_plan.shards)
     return Planned(spec, shards_index, images=resolved.num_images, bytes=resolved.num_bytes,
                    rejected=listed.errors, to_convert=shard_plan.to_convert,
                    notes=policy.splits_note(reuse_policy, previous, resolved.counts["stored"]))
+
+
+def _resumable(build, root, labels, resolved, scratch, schema=None):
+    """The finished shards of failed runs this build takes as they are (launcher/resume.py)
+    -> resume.Resumed. None taken with options that let commit rewrite shards, or the beam
+    sink (no shards of ours)."""
+    if build.sink != "shards" or build.drop_content_duplicates or build.drop_near_duplicate_leaks:
+        return resume.Resumed([], resolved)
+    failed = versions.failed_runs(root, versions.latest_id(root), None)
+    settings = attempts.settings({label: i for i, label in enumerate(labels)},
+                                 build.encode_options(), build.write_index,
+                                 build.near_duplicates, build.transform,
+                                 schema.to_json() if schema else None)
+    return resume.take(resolved, attempts.finished(failed), settings, scratch,
+                       copies=not build.transform)
 
 
 def _listing_config(build, label_file, schema=None):
@@ -143,7 +168,6 @@ def with_vocabularies(schema, present, previous):
 
 def _commit_spec(build, root, listed, labels, shard_plan, past, schema=None):
     version = versions.claim_version(root)  # unique even when two runs start in one second
-    previous = versions.latest_id(root)
     tmp_dir = CommitSpec.tmp_dir_of(root, version)
     return CommitSpec(
         root=root, version=version, name=build.name, labels=tuple(labels),
@@ -158,6 +182,6 @@ def _commit_spec(build, root, listed, labels, shard_plan, past, schema=None):
         near_duplicate_radius=build.near_duplicate_radius,
         drop_near_duplicate_leaks=build.drop_near_duplicate_leaks,
         lock_token=lock.token(root), keep_superseded_hours=build.keep_superseded_hours,
-        resume_from=versions.failed_runs(root, previous, version),
         split_map_from=past.split_map and past.split_map.source, notes=past.notes,
-        fields=schema.to_json() if schema else None)
+        fields=schema.to_json() if schema else None,
+        previous_build=policy.writer_build(past.manifest))

@@ -21,6 +21,10 @@ the scheduler parses this file:
   image_tfrecords_input          gs://BUCKET/images (directory, glob or CSV/JSONL manifest)
   image_tfrecords_output         gs://BUCKET/datasets/images (the dataset root)
   image_tfrecords_temp_location  gs://BUCKET/tmp
+  image_tfrecords_worker_image   REGION-docker.pkg.dev/PROJECT/dataflow/image-tfrecords-worker
+                                 @sha256:… (by digest, or by the tag docker/image_tag.py
+                                 derives from the code and constraints; never a reused tag
+                                 like :2.77.0, which a push can move while a job runs)
 
 Copy this file into the environment's dags/ folder:
   gcloud composer environments storage dags import --environment ENV --location REGION \
@@ -82,10 +86,11 @@ EXECUTION_TIMEOUT = datetime.timedelta(hours=float(TEMPLATE_PARAMETERS["max_hour
 
 # FlexTemplateRuntimeEnvironment: where the job's temp files go, and labels. Machine type,
 # worker counts, disk and experiments come from configs/dataflow.yaml in the launcher image
-# (the one place for them); add "machineType", "numWorkers", "maxWorkers" or
-# "sdkContainerImage" here only to override it for this DAG.
+# (the one place for them); add "machineType", "numWorkers" or "maxWorkers" here only to
+# override it for this DAG. The worker image is named here, immutably (the Variable above).
 ENVIRONMENT = {
     "tempLocation": "{{ var.value.image_tfrecords_temp_location }}",
+    "sdkContainerImage": "{{ var.value.image_tfrecords_worker_image }}",
     "additionalUserLabels": {"dataset": "image-tfrecords"},
 }
 
