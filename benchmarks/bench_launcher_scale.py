@@ -27,8 +27,10 @@ first night's.
 
 import argparse
 import base64
+import contextlib
 import datetime
 import hashlib
+import io
 import json
 import os
 import pickle
@@ -252,7 +254,8 @@ def main():
                       f"| {f['cpu'] / f['images'] * 1e6:.0f} | {f['wall']:,.0f} | "
                       f"{f['peak_rss'] / 2**20:,.0f} MiB | {f['scratch_peak'] / 2**30:.2f} GiB | "
                       f"{f['listings'] / 2**30:.2f} GiB | {f['download']:,} |", flush=True)
-                record.save({"runs": runs})  # a long run keeps the nights it finished
+                with contextlib.redirect_stdout(io.StringIO()):  # a long run keeps the
+                    record.save({"runs": runs})                  # nights it finished
         finally:
             shutil.rmtree(work, ignore_errors=True)
     print(f"load {os.getloadavg()[0]:.1f}")

@@ -1,0 +1,178 @@
+"""The previous version's catalog as the identity stage reads it: a compact record per row,
+spilled by key (and by uri, size and content when some listed key is new), and full rows
+read back from catalog.parquet by row number, in file order, only for the images that
+keep a stored record.
+
+Why not the rows themselves: a catalog row as JSON is ~640 bytes, so four sorted spills of
+them plus the resolved listing's copy came to ~26 + 8 GB of launcher scratch at 10M images
+(estimated). A `Stored` record holds the seven fields identity decides with (~150 bytes as
+JSON); the uri, size and content spills hold a sort key and where the record is (a byte
+offset and length into one file of records), not the record.
+"""
+
+import json
+import os
+from json.encoder import encode_basestring_ascii as json_string  # = json.dumps(a str)
+from typing import NamedTuple, Optional
+
+from beam_pipeline.algorithms.spill import SortedSpill
+
+# What identity decides with, read column-wise from the catalog.
+IDENTITY_COLUMNS = ("key", "uri", "label", "split", "input_size", "input_stamp",
+                    "input_sha256", "input_md5")
+
+
+class Stored(NamedTuple):
+    """A previous catalog row, as much of it as identity needs (JSON: a short list)."""
+
+    row: int                      # its number in catalog.parquet (file order, from 0)
+    input_size: int
+    input_stamp: Optional[str]
+    input_sha256: Optional[str]
+    input_md5: Optional[str]
+    label: str
+    split: str
+
+    @classmethod
+    def from_json(cls, text):
+        return cls(*json.loads(text))
+
+
+class CatalogRows:
+    """A catalog.parquet read again as often as needed: identity columns for the spills,
+    full rows (as catalog.iter_rows gives them) by row number."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def identity(self):
+        """(row number, {column: value} of IDENTITY_COLUMNS), in file order."""
+        from beam_pipeline.store import catalog
+
+        number = 0
+        for table in catalog.iter_tables(self.path, columns=list(IDENTITY_COLUMNS)):
+            columns = table.to_pydict()
+            for values in zip(*(columns[c] for c in IDENTITY_COLUMNS)):
+                yield number, dict(zip(IDENTITY_COLUMNS, values))
+                number += 1
+
+    def full(self, wanted):
+        """Ascending row numbers (repeats allowed) -> (number, full row dict), reading only
+        the row groups that hold one."""
+        import base64
+
+        import pyarrow.parquet as pq
+
+        from beam_pipeline.store import files
+        from dataset_format.catalog_schema import DESCRIPTOR
+
+        wanted = iter(wanted)
+        number = next(wanted, None)
+        if number is None:
+            return
+        with files.open_seekable(self.path) as f:
+            source = pq.ParquetFile(f)
+            start = 0
+            for group in range(source.num_row_groups):
+                end = start + source.metadata.row_group(group).num_rows
+                if number < end:
+                    rows = source.read_row_group(group).to_pylist()
+                    while number is not None and number < end:
+                        row = rows[number - start]
+                        if row.get(DESCRIPTOR) is not None and not isinstance(
+                                row[DESCRIPTOR], str):
+                            row[DESCRIPTOR] = base64.b64encode(row[DESCRIPTOR]).decode()
+                        yield number, dict(row)
+                        number = next(wanted, None)
+                    if number is None:
+                        return
+                start = end
+
+
+class RowList:
+    """Rows given as dicts (tests; a version without a catalog file): the same interface."""
+
+    def __init__(self, rows):
+        self.rows = [json.loads(json.dumps(r)) for r in rows]  # as spilled JSON gave them
+
+    def identity(self):
+        for number, row in enumerate(self.rows):
+            yield number, row
+
+    def full(self, wanted):
+        for number in wanted:
+            yield number, json.loads(json.dumps(self.rows[number]))
+
+    def __iter__(self):
+        return iter(self.rows)
+
+
+def stored(number, row):
+    return Stored(number, row["input_size"], row.get("input_stamp"), row.get("input_sha256"),
+                  row.get("input_md5"), row["label"], row["split"])
+
+
+class Previous:
+    """The previous catalog's records spilled by key; by uri, size and content only when
+    some listed key is new (`others`)."""
+
+    def __init__(self, spill_dir, rows):
+        self.spill_dir, self.spills, self.rows = spill_dir, [], rows
+        self.records = None
+        self.by_key = self._spill()
+        for number, row in rows.identity():
+            self.by_key.add(json_string(row["key"]), json.dumps(stored(number, row)))
+
+    def _spill(self):
+        self.spills.append(SortedSpill(self.spill_dir))
+        return self.spills[-1]
+
+    def others(self):
+        """-> (by uri, sizes, by input sha256, by (md5, size), sizes of rows without an md5)
+        spills, built once. By uri the line is where the record is ("offset length" in
+        the records file: `record`); by content {"key", "at": [offset, length]}: the key
+        for same_bytes.best_matches, the record by `record`."""
+        if self.records is None:
+            self.by_uri, self.sizes, self.by_sha, self.by_md5, self.md5_less = (
+                self._spill() for _ in range(5))
+            fd, self.records_path = _temp(self.spill_dir)
+            self.records = os.fdopen(fd, "w+b")
+            offset = 0
+            for number, row in self.rows.identity():
+                data = (json.dumps(stored(number, row)) + "\n").encode()
+                self.records.write(data)
+                at = f"{offset} {len(data)}"
+                offset += len(data)
+                size = f"{row['input_size']:020d}"
+                self.by_uri.add(json_string(row["uri"]), at)
+                self.sizes.add(size, "")
+                if row.get("input_sha256"):
+                    line = f'{{"key": {json_string(row["key"])}, "at": [{at.replace(" ", ", ")}]}}'
+                    self.by_sha.add(row["input_sha256"], line)  # ties: by line text ~ key
+                    if row.get("input_md5"):
+                        self.by_md5.add(f"{row['input_md5']} {size}", line)
+                    else:
+                        self.md5_less.add(size, "")
+            self.records.flush()
+        return self.by_uri, self.sizes, self.by_sha, self.by_md5, self.md5_less
+
+    def record(self, at):
+        """Where a record is ("offset length" or [offset, length]) -> Stored."""
+        offset, length = map(int, at.split()) if isinstance(at, str) else at
+        return Stored.from_json(os.pread(self.records.fileno(), length, offset).decode())
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for spill in self.spills:
+            spill.close()
+        if self.records is not None:
+            self.records.close()
+            os.remove(self.records_path)
+
+
+def _temp(directory):
+    import tempfile
+
+    return tempfile.mkstemp(prefix="records-", suffix=".jsonl", dir=directory)
