@@ -20,6 +20,8 @@ from beam_pipeline.algorithms.read_ahead import threaded
 from beam_pipeline.algorithms.spill import SortedSpill
 
 STAT_THREADS = 32          # manifest uris on gs:// checked at once
+BATCH_ROWS = 1000          # rows stat'ed together, in uri order: one folder listing a batch
+BATCHES_AHEAD = 4          # batches stat'ed at once (each lists its folders in parallel)
 ROWS_PER_PAGE = 100        # a folder's listing may take a page (1,000 names) per 100 rows
 SPLIT_PATTERN = re.compile(r"[a-z][a-z0-9_]*")  # split names become file and folder names
 
@@ -77,9 +79,14 @@ def _absolute(path):
 
 
 def list_manifest(path):
+    """Rows are checked as read, then stat'ed in uri order (a spill on disk): a batch of
+    BATCH_ROWS neighbouring names is one or two folder listings whatever the row order. In
+    file order, 200k shuffled rows over 20 folders of 10k objects cost ~0.9 requests a
+    row (each batch held ~50 rows of every folder, spread over its names); sorted, ~0.001."""
     base = posixpath.dirname(_absolute(path)) if "://" not in path else posixpath.dirname(path)
-    batch, any_row = [], False
-    with SortedSpill() as by_key:  # one key, two uris: found after the last row
+    any_row = False
+    # one key, two uris: found after the last row
+    with SortedSpill() as by_key, SortedSpill() as by_uri:
         for n, row in _manifest_rows(path):
             any_row = True
             uri, label = str(row.get("uri") or "").strip(), str(row.get("label") or "").strip()
@@ -94,14 +101,26 @@ def list_manifest(path):
                 full = posixpath.normpath(full)
             key = manifest_key(uri, full, base)
             by_key.add(json.dumps(key), json.dumps([full, n]))
-            batch.append((key, full, label, split, f"{path}:{n}"))
-            if len(batch) >= 1000:
-                yield from _stat_batch(batch)
-                batch = []
-        yield from _stat_batch(batch)
+            by_uri.add(json.dumps(full), json.dumps([key, label, split, n]))
         if not any_row:
             raise UserError(f"--input {path}: manifest has no rows")
+        for _, refs in threaded(_batches(path, by_uri), lambda b: list(_stat_batch(b)),
+                                BATCHES_AHEAD):
+            yield from refs
         _check_unique_keys(path, by_key)
+
+
+def _batches(path, by_uri):
+    """The rows in uri order -> lists of BATCH_ROWS (key, uri, label, split, "file:line")."""
+    batch = []
+    for full, line in by_uri:
+        key, label, split, n = json.loads(line)
+        batch.append((key, json.loads(full), label, split, f"{path}:{n}"))
+        if len(batch) >= BATCH_ROWS:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
 
 
 def _check_row(path, n, uri, label, split):
