@@ -104,9 +104,15 @@ def list_manifest(path):
             by_uri.add(json.dumps(full), json.dumps([key, label, split, n]))
         if not any_row:
             raise UserError(f"--input {path}: manifest has no rows")
-        for _, refs in threaded(_batches(path, by_uri), lambda b: list(_stat_batch(b)),
-                                BATCHES_AHEAD):
-            yield from refs
+        with SortedSpill() as errors:  # not_found records, yielded in the manifest's order
+            for batch, items in threaded(_batches(path, by_uri),
+                                         lambda b: list(_stat_batch(b)), BATCHES_AHEAD):
+                for (*_, where), item in zip(batch, items):  # one item per row
+                    if isinstance(item, dict):
+                        errors.add(f"{int(where.rsplit(':', 1)[1]):012d}", json.dumps(item))
+                    else:
+                        yield item
+            yield from (json.loads(line) for _, line in errors)
         _check_unique_keys(path, by_key)
 
 
