@@ -263,7 +263,11 @@ def _new_keys(out, refs, kinds, previous, smap, splits, spill_dir, reuse, verify
                                     sha256=ref.sha256 or row.input_sha256),
                 row.row if reuse else None, kinds[0])
 
-    by_uri, sizes, by_sha, stored_md5, md5_less = previous.others()
+    wanted = _wanted(refs, verify) if len(refs) <= FILTER_MAX else None
+    if wanted is None:
+        by_uri, sizes, by_sha, stored_md5, md5_less = previous.others()
+    else:
+        by_uri, stored_md5 = previous.matching(*wanted)
     with SortedSpill(spill_dir) as rest, SortedSpill(spill_dir) as rehash:
         for line, at in first_match(refs, by_uri):  # 1. the same file
             ref, row = ImageRef.from_json(line), at and previous.record(at)
@@ -281,6 +285,8 @@ def _new_keys(out, refs, kinds, previous, smap, splits, spill_dir, reuse, verify
             else:
                 rest.add(f"{ref.size:020d}", ref.to_json())
         plain, missed = by_md5(rest, stored_md5, spill_dir, moved, verify)
+        if wanted is not None:
+            sizes, by_sha, md5_less = previous.by_size(_sizes(plain), _sizes(missed))
         with plain, missed, by_content(out, [(plain, sizes), (missed, md5_less)], by_sha,
                                         spill_dir, moved, _worth_hashing(smap, verify)
                                         ) as unmatched:
@@ -291,6 +297,27 @@ def _new_keys(out, refs, kinds, previous, smap, splits, spill_dir, reuse, verify
                 out.add(dataclasses.replace(
                     ref, split=ref.split or known or rules.assign_split(ref.key, splits)),
                     None, kinds[1] if known else kinds[2])
+
+
+FILTER_MAX = 200_000  # new or changed keys up to which the stored rows spilled for them
+                      # are only those they could match (~40 MB of sets at the most)
+
+
+def _wanted(refs, verify):
+    """New or changed keys (a spill of ImageRef JSON) -> (their uris, their (md5, size as
+    20 digits) keys): the stored rows they can match by file or by md5."""
+    uris, md5s = set(), set()
+    for _, line in refs:
+        ref = Listed._make(json.loads(line))
+        uris.add(ref.uri)
+        if ref.md5 and not verify:
+            md5s.add((ref.md5, f"{ref.size:020d}"))
+    return uris, md5s
+
+
+def _sizes(spill):
+    """A spill keyed by size (20 digits) -> its sizes, as ints."""
+    return {int(size) for size, _ in spill}
 
 
 def _worth_hashing(smap, verify):

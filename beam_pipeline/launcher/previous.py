@@ -118,7 +118,7 @@ class Previous:
 
     def __init__(self, spill_dir, rows):
         self.spill_dir, self.spills, self.rows = spill_dir, [], rows
-        self.records = None
+        self.records = None  # written by the spills below, when first built
         self.by_key = self._spill()
         for number, row in rows.identity():
             self.by_key.add(json_string(row["key"]), json.dumps(stored(number, row)))
@@ -129,32 +129,71 @@ class Previous:
 
     def others(self):
         """-> (by uri, sizes, by input sha256, by (md5, size), sizes of rows without an md5)
-        spills, built once. By uri the line is where the record is ("offset length" in
-        the records file: `record`); by content {"key", "at": [offset, length]}: the key
-        for same_bytes.best_matches, the record by `record`."""
+        spills of every row, built once. By uri the line is where the record is ("offset
+        length" in the records file: `record`); by content {"key", "at": [offset,
+        length]}: the key for same_bytes.best_matches, the record by `record`."""
+        if not hasattr(self, "_others"):
+            self._others = self._spills(None, None, None)
+        return self._others
+
+    def matching(self, uris, md5s):
+        """(by uri, by (md5, size)) spills of only the rows whose uri is in `uris` or whose
+        (md5, "size as 20 digits") is in `md5s`: what the new keys can match by file or
+        by md5. A night of 1% new keys spilled every stored row five times (~1.4 GB at
+        10M rows, most of the identity stage's CPU) to look up 1% of them."""
+        by_uri, _, _, by_md5, _ = self._spills((uris, md5s), None, None)
+        return by_uri, by_md5
+
+    def by_size(self, plain, missed):
+        """(sizes, by input sha256, sizes of rows without an md5) spills of only the rows a
+        ref could match by content: sizes in `plain` (refs hashed or to hash: any stored
+        row of their size), sizes in `missed` (refs with an md5 no row had: only rows
+        without one, whose bytes the md5 cannot rule out)."""
+        _, sizes, by_sha, _, md5_less = self._spills(None, plain, missed)
+        return sizes, by_sha, md5_less
+
+    def _spills(self, matching, plain, missed):
+        every = matching is None and plain is None
+        spills = [self._spill() for _ in range(5)]
+        by_uri, sizes, by_sha, by_md5, md5_less = spills
         if self.records is None:
-            self.by_uri, self.sizes, self.by_sha, self.by_md5, self.md5_less = (
-                self._spill() for _ in range(5))
             fd, self.records_path = _temp(self.spill_dir)
-            self.records = os.fdopen(fd, "w+b")
-            offset = 0
-            for number, row in self.rows.identity():
-                data = (json.dumps(stored(number, row)) + "\n").encode()
-                self.records.write(data)
-                at = f"{offset} {len(data)}"
-                offset += len(data)
-                size = f"{row['input_size']:020d}"
-                self.by_uri.add(json_string(row["uri"]), at)
-                self.sizes.add(size, "")
-                if row.get("input_sha256"):
-                    line = f'{{"key": {json_string(row["key"])}, "at": [{at.replace(" ", ", ")}]}}'
-                    self.by_sha.add(row["input_sha256"], line)  # ties: by line text ~ key
-                    if row.get("input_md5"):
-                        self.by_md5.add(f"{row['input_md5']} {size}", line)
-                    else:
-                        self.md5_less.add(size, "")
-            self.records.flush()
-        return self.by_uri, self.sizes, self.by_sha, self.by_md5, self.md5_less
+            self.records, self.records_end = os.fdopen(fd, "w+b"), 0
+        uris, md5s = matching or ((), ())
+        for number, row in self.rows.identity():
+            size, sha, md5 = row["input_size"], row.get("input_sha256"), row.get("input_md5")
+            size_key = f"{size:020d}"
+            to_uri = every or row["uri"] in uris
+            to_md5 = bool(sha and md5) and (every or (md5, size_key) in md5s)
+            to_size = every or (plain is not None and size in plain)
+            md5_less_row = bool(sha) and not md5
+            to_sha = bool(sha) and (to_size or (missed is not None and md5_less_row
+                                                and size in missed))
+            if not (to_uri or to_md5 or to_size or to_sha):
+                continue
+            at = self._write(number, row)
+            if to_uri:
+                by_uri.add(json_string(row["uri"]), at)
+            if to_size:
+                sizes.add(size_key, "")
+            if to_sha or to_md5:
+                line = f'{{"key": {json_string(row["key"])}, "at": [{at.replace(" ", ", ")}]}}'
+            if to_sha:
+                by_sha.add(sha, line)  # ties: by line text ~ key
+            if to_md5:
+                by_md5.add(f"{md5} {size_key}", line)
+            if md5_less_row and (every or (missed is not None and size in missed)):
+                md5_less.add(size_key, "")
+        self.records.flush()
+        return spills
+
+    def _write(self, number, row):
+        """Appends the row's record to the records file -> "offset length"."""
+        data = (json.dumps(stored(number, row)) + "\n").encode()
+        offset = self.records_end
+        self.records.write(data)
+        self.records_end += len(data)
+        return f"{offset} {len(data)}"
 
     def record(self, at):
         """Where a record is ("offset length" or [offset, length]) -> Stored."""
