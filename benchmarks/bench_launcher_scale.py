@@ -13,8 +13,9 @@ Each night runs `prepare.prepare` in a fresh process into a local root, as a Fle
 launcher does before it submits the job: history, listing, fingerprint, identity, the
 incremental or full plan, one listing file per shard. Measured per night: CPU seconds of
 that process (user + system), its peak RSS, the peak bytes of its scratch directory
-(TMPDIR, polled every 0.2 s) plus what it writes under the root (the new version's shard
-listings), and the objects it would download (`Planned.to_convert`: images the job decodes,
+(TMPDIR, polled every 0.2 s: the launcher's disk when the root is on gs://), the same with
+what it writes under the local root (the new version's shard listings, which a gs:// root
+keeps in the bucket), and the objects it would download (`Planned.to_convert`: images the job decodes,
 read from gs://; the rest are stored records reused or re-framed).
 
 Between nights, outside the measured process, a stand-in for the job publishes the
@@ -198,11 +199,13 @@ def night(n, k, work):
     spec_path = os.path.join(work, "spec.pickle")
     env = dict(os.environ, TMPDIR=scratch, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
     before = du(root)  # the published versions: not this night's scratch
-    peak, done = [0], threading.Event()
+    peak, done = [0, 0], threading.Event()  # TMPDIR; TMPDIR + what the night wrote to root
 
     def poll():
         while not done.wait(0.2):
-            peak[0] = max(peak[0], du(scratch) + du(root) - before)
+            tmp = du(scratch)
+            peak[0] = max(peak[0], tmp)
+            peak[1] = max(peak[1], tmp + du(root) - before)
 
     poller = threading.Thread(target=poll, daemon=True)
     poller.start()
@@ -212,7 +215,7 @@ def night(n, k, work):
         done.set()
         poller.join()
     figures = json.loads(stdout.strip().splitlines()[-1])
-    figures["scratch_peak"] = peak[0]
+    figures["scratch_peak"], figures["disk_peak"] = peak
     figures["listings"] = du(root) - before
     start = time.perf_counter()
     run(["--publish", spec_path], env)
@@ -240,8 +243,8 @@ def main():
     print(f"load {os.getloadavg()[0]:.1f}; stub gs:// listing, local root; nights after the "
           "first: +1% new, -0.5% deleted, 0.5% renamed")
     print("| listed objects | night | plan | CPU s | x night 1 | us/object | wall s | peak RSS "
-          "| peak scratch | shard listings | would download |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| peak scratch (TMPDIR) | with the root's growth | shard listings | would download |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for n in args.objects:
         work = tempfile.mkdtemp(prefix="bench-launcher-scale-")
         try:
@@ -253,6 +256,7 @@ def main():
                 print(f"| {n:,} | {k} | {f['kind']} | {f['cpu']:,.0f} | {f['cpu'] / first:.2f} "
                       f"| {f['cpu'] / f['images'] * 1e6:.0f} | {f['wall']:,.0f} | "
                       f"{f['peak_rss'] / 2**20:,.0f} MiB | {f['scratch_peak'] / 2**30:.2f} GiB | "
+                      f"{f['disk_peak'] / 2**30:.2f} GiB | "
                       f"{f['listings'] / 2**30:.2f} GiB | {f['download']:,} |", flush=True)
                 with contextlib.redirect_stdout(io.StringIO()):  # a long run keeps the
                     record.save({"runs": runs})                  # nights it finished
