@@ -263,7 +263,7 @@ def main():
         finally:
             shutil.rmtree(work, ignore_errors=True)
     print(f"load {os.getloadavg()[0]:.1f}")
-    print(f"record: {record.save({'runs': runs})}")
+    record.save({"runs": runs})
 
 
 if __name__ == "__main__":
