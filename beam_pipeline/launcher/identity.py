@@ -26,7 +26,9 @@ content the split map knows the md5 of; otherwise only a size some published inp
 input to decide identity unless the root once published local files or composite objects
 (no md5) of the same size. --verify_inputs hashes every input whatever its stamp or md5.
 Streams and external sorts only, plus the split map's numpy arrays (41 bytes per published
-content).
+content). The previous catalog is spilled as compact records, not rows (previous.py), and
+the rows an image keeps are read back from catalog.parquet by row number when the plan
+asks for them (Resolved.refs).
 
 Why the md5 is enough: see same_bytes.py.
 """
@@ -37,11 +39,12 @@ import json
 from json.encoder import encode_basestring_ascii as json_string  # = json.dumps(a str)
 
 from beam_pipeline.launcher import rules
+from beam_pipeline.launcher.previous import (CatalogRows, Previous, RowList, Stored,
+                                             fields_digest)
 from beam_pipeline.launcher.same_bytes import (  # noqa: F401 (input_sha256: tests)
     by_content, by_md5, first_match, hashed, input_sha256)
 from beam_pipeline.refs import LINE_KEY, LINE_SIZE, LINE_SPLIT, ImageRef, Listed, StoredFrame
 from beam_pipeline.algorithms.spill import SortedSpill
-from beam_pipeline.store import catalog
 from dataset_format import layout
 
 KINDS = ("unchanged", "changed", "added", "moved", "restored", "removed")
@@ -51,9 +54,13 @@ KINDS = ("unchanged", "changed", "added", "moved", "restored", "removed")
 class Resolved:
     """Every listed image with its final split, and the previous record it may reuse."""
 
-    by_key: SortedSpill           # (key, [ImageRef fields, previous catalog row or None])
+    # Images with a stored record first, in catalog row order (so their full rows are read
+    # back in one pass over catalog.parquet), then the others in key order:
+    # (sort key, [ImageRef fields, previous catalog row number or None]).
+    by_key: SortedSpill
     per_split: dict = dataclasses.field(default_factory=dict)  # split -> [count, bytes]
     counts: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    rows: object = None           # previous.CatalogRows / RowList: the rows numbered
 
     @property
     def num_images(self):
@@ -68,23 +75,47 @@ class Resolved:
         return any(self.counts[k] for k in KINDS if k != "unchanged")
 
     def refs(self):
-        """(ImageRef with its split, previous catalog row dict or None), in key order."""
-        for _, line in self.by_key:
-            fields, row = json.loads(line)
+        """(ImageRef with its split, previous catalog row dict or None): images with a
+        stored record in catalog order, then the others in key order."""
+        for fields, row in self._with_rows(json.loads(line) for _, line in self.by_key):
             yield ImageRef.from_fields(fields), row
 
     def ref_lines(self):
-        """(ImageRef JSON, previous catalog row dict or None), in key order: an image with no
-        row is passed on as the text it was spilled as, never parsed."""
-        for _, line in self.by_key:
-            if line.endswith(NO_ROW):  # a row is a JSON object: its line ends with "}]"
-                yield line[1:-len(NO_ROW)], None
-            else:
-                fields, row = json.loads(line)
-                yield ImageRef.from_fields(fields).to_json(), row
+        """(ImageRef JSON, previous catalog row dict or None), in refs() order: an image with
+        no row is passed on as the text it was spilled as, never parsed."""
+        def items():
+            for _, line in self.by_key:
+                if line.endswith(NO_ROW):  # else its line ends with a row number and "]"
+                    yield line[1:-len(NO_ROW)], None
+                else:
+                    fields, number = json.loads(line)
+                    yield ImageRef.from_fields(fields).to_json(), number
+        yield from self._with_rows(items())
+
+    def _with_rows(self, items):
+        """(x, row number or None) in by_key order -> (x, full row or None): the numbered
+        rows (all before the first None) read from the catalog in one pass."""
+        items, waiting, rest = iter(items), collections.deque(), []
+
+        def numbers():
+            for x, number in items:
+                if number is None:
+                    rest.append(x)
+                    return
+                waiting.append(x)
+                yield number
+
+        if self.rows is not None:
+            for _, row in self.rows.full(numbers()):
+                yield waiting.popleft(), row
+            if waiting:
+                raise RuntimeError(f"{len(waiting)} resolved images name rows past the end "
+                                   "of the previous catalog")
+        yield from ((x, None) for x in rest)
+        yield from ((x, None) for x, _ in items)
 
     def add(self, ref, row, kind):
-        """One resolved image; `row`: the previous catalog row's JSON text, or None."""
+        """One resolved image; `row`: the previous catalog row number to reuse, or None."""
         self.add_line(ref.key, ref.split, ref.size, ref.to_json(), row, kind)
 
     def add_line(self, key, split, size, ref_json, row, kind):
@@ -94,17 +125,21 @@ class Resolved:
         counts[1] += size
         self.counts[kind] += 1
         self.counts["stored"] += row is not None  # a record to reuse or re-frame
-        self.by_key.add(json_string(key), f"[{ref_json},{row or 'null'}]")
+        if row is None:
+            self.by_key.add(json_string(key), f"[{ref_json},null]")
+        else:  # "!" sorts before '"', the first character of a key as JSON
+            self.by_key.add(f"!{row:012d}", f"[{ref_json},{row}]")
 
 
-NO_ROW = ",null]"  # the end of a Resolved line without a previous row
+NO_ROW = ",null]"  # the end of a Resolved line without a previous row number
 
 
 def resolve(by_key, rows, splits, spill_dir, reuse=True, verify=False, split_map=None):
     """Listed refs (key order; split only where fixed) + the previous catalog's rows and
     the root's split map -> Resolved.
 
-    rows and split_map both None: no history (a new root, --resplit). rows None with a map:
+    `rows`: previous.CatalogRows (the catalog, read again by row number), or the rows as
+    dicts. rows and split_map both None: no history (a new root, --resplit). rows None with a map:
     the previous catalog is unreadable, so nothing is reused and inputs are hashed to find
     their splits. A map None with rows: the rows' own (a version written before split maps).
     `reuse`: the previous records may be reused (same options and software); otherwise
@@ -112,14 +147,14 @@ def resolve(by_key, rows, splits, spill_dir, reuse=True, verify=False, split_map
     """
     from beam_pipeline.store import split_map as split_maps
 
-    out = Resolved(by_key=SortedSpill(spill_dir))
     if rows is None and split_map is None:
-        return _all_added(out, by_key, splits)
-    rows = () if rows is None else rows
+        return _all_added(Resolved(by_key=SortedSpill(spill_dir)), by_key, splits)
+    if not isinstance(rows, CatalogRows):
+        rows = RowList(() if rows is None else rows)
     if split_map is None:
-        rows = list(rows)
-        split_map = split_maps.from_rows(rows)
-    previous = _Previous(spill_dir, rows)
+        split_map = split_maps.from_rows(row for _, row in rows.identity())
+    out = Resolved(by_key=SortedSpill(spill_dir), rows=rows)
+    previous = Previous(spill_dir, rows)
     with (previous, SortedSpill(spill_dir) as orphans, SortedSpill(spill_dir) as changed,
           SortedSpill(spill_dir) as rehash):
         for _, line, old in join_by_key(by_key, previous.by_key):
@@ -130,20 +165,21 @@ def resolve(by_key, rows, splits, spill_dir, reuse=True, verify=False, split_map
             if old is None:
                 orphans.add(json_string(ref.uri), line)
                 continue
-            row = json.loads(old)
+            row = Stored.from_json(old)
             if _must_hash(ref, row, verify):
                 rehash.add(json_string(ref.key), f"[{line},{old}]")
             elif _same_stamp(ref, row) or _same_md5(ref, row):
-                split = ref.split or row["split"]
-                ref = ref._replace(split=split, sha256=row.get("input_sha256"))
-                out.add_line(ref.key, split, ref.size, json.dumps(ref), old if reuse else None,
+                split = ref.split or row.split
+                ref = ref._replace(split=split, sha256=row.input_sha256)
+                out.add_line(ref.key, split, ref.size, json.dumps(ref),
+                             row.row if reuse else None,
                              _same_bytes(ref, row))  # a Listed is a tuple: the same JSON
             else:  # other bytes, which may have been published before
                 changed.add(json_string(ref.uri), line)
-        for (ref, row, old), same in _hashed_pairs(out, rehash):
+        for (ref, row), same in _hashed_pairs(out, rehash):
             if same:
-                ref = dataclasses.replace(ref, split=ref.split or row["split"])
-                out.add(ref, old if reuse else None, _same_bytes(ref, row))
+                ref = dataclasses.replace(ref, split=ref.split or row.split)
+                out.add(ref, row.row if reuse else None, _same_bytes(ref, row))
             elif ref.sha256 is None:  # unreadable now: the job rejects it, saying why
                 _unknown(out, ref, splits, "changed")
             else:
@@ -168,88 +204,47 @@ def _all_added(out, by_key, splits):
     return out
 
 
-class _Previous:
-    """The previous catalog's rows, spilled by key; by uri, size and content only when
-    some listed key is new (`others`)."""
-
-    def __init__(self, spill_dir, rows):
-        self.spill_dir, self.spills = spill_dir, []
-        self.by_key = self._spill()
-        for row in rows or ():
-            self.by_key.add(json_string(row["key"]), json.dumps(row))
-
-    def _spill(self):
-        self.spills.append(SortedSpill(self.spill_dir))
-        return self.spills[-1]
-
-    def others(self):
-        """-> (by uri, sizes, by input sha256, by (md5, size), sizes of rows without an md5)
-        spills, built from by_key once."""
-        if not hasattr(self, "by_uri"):
-            self.by_uri, self.sizes, self.by_sha, self.by_md5, self.md5_less = (
-                self._spill() for _ in range(5))
-            for _, line in self.by_key:
-                row = json.loads(line)
-                size = f"{row['input_size']:020d}"
-                self.by_uri.add(json_string(row["uri"]), line)
-                self.sizes.add(size, "")
-                if row.get("input_sha256"):
-                    self.by_sha.add(row["input_sha256"], line)  # ties: by row text ~ key
-                    if row.get("input_md5"):
-                        self.by_md5.add(f"{row['input_md5']} {size}", line)
-                    else:
-                        self.md5_less.add(size, "")
-        return self.by_uri, self.sizes, self.by_sha, self.by_md5, self.md5_less
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        for spill in self.spills:
-            spill.close()
-
-
 def _same_bytes(ref, row):
     """Same key, same bytes: unchanged, or changed when its label, split or declared fields
     moved (a manifest row relabelled, a caption or box edited: its record is then
     re-framed)."""
-    return "unchanged" if ((ref.label, ref.split) == (row["label"], row["split"])
-                           and (ref.fields or None) == (row.get("fields") or None)) else "changed"
+    return "unchanged" if ((ref.label, ref.split) == (row.label, row.split)
+                           and fields_digest(ref.fields) == row.fields) else "changed"
 
 
 def _same_stamp(ref, row):
-    return ref.size == row["input_size"] and ref.stamp == row.get("input_stamp")
+    return ref.size == row.input_size and ref.stamp == row.input_stamp
 
 
 def _md5_decides(ref, row):
     """Both the listing and the stored row carry the input's md5Hash: it tells same bytes
     from other bytes without a read."""
-    return bool(ref.md5) and bool(row.get("input_md5"))
+    return bool(ref.md5) and bool(row.input_md5)
 
 
 def _same_md5(ref, row):
-    return (_md5_decides(ref, row) and ref.size == row["input_size"]
-            and ref.md5 == row["input_md5"])
+    return (_md5_decides(ref, row) and ref.size == row.input_size
+            and ref.md5 == row.input_md5)
 
 
 def _must_hash(ref, row, verify):
     """Same size, and neither stamp nor md5 says (changed, or --verify_inputs): read it."""
-    return (ref.size == row["input_size"] and bool(row.get("input_sha256"))
+    return (ref.size == row.input_size and bool(row.input_sha256)
             and (verify or not (_same_stamp(ref, row) or _md5_decides(ref, row))))
 
 
 def _hashed_pairs(out, spill):
-    """A spill of [ref, row] pairs -> ((ref with its sha256, row, row JSON), same bytes as
-    the row's input?), inputs read HASH_THREADS at a time."""
+    """A spill of [ref, Stored] pairs -> ((ref with its sha256, Stored), same bytes as the
+    row's input?), inputs read HASH_THREADS at a time."""
     def items():
         for _, line in spill:
             fields, row = json.loads(line)
-            yield ImageRef.from_fields(fields), row
+            yield ImageRef.from_fields(fields), Stored(*row)
 
     for (ref, row), digest in hashed(items()):
         out.counts["hashed"] += 1
         ref = dataclasses.replace(ref, sha256=digest)
-        yield (ref, row, json.dumps(row)), digest is not None and digest == row["input_sha256"]
+        yield (ref, row), digest is not None and digest == row.input_sha256
 
 
 NEW = ("moved", "restored", "added")        # kinds of a new key: bytes matched, in the
@@ -262,28 +257,39 @@ def _new_keys(out, refs, kinds, previous, smap, splits, spill_dir, reuse, verify
     or bytes some version published (moved, renamed, renumbered, swapped, relabelled,
     copied, restored) keep the split those bytes were published in; new content is split
     by its key hash."""
-    def moved(ref, row, old):
-        out.add(dataclasses.replace(ref, split=ref.split or row["split"]),
-                old if reuse else None, kinds[0])
+    def moved(ref, row, _=None):
+        """`row`: a Stored, or a by-content spill's {"key", "at"} (same_bytes: the ref's
+        sha256 set when it was hashed, else None: the record's)."""
+        if not isinstance(row, Stored):
+            row = previous.record(row["at"])
+        out.add(dataclasses.replace(ref, split=ref.split or row.split,
+                                    sha256=ref.sha256 or row.input_sha256),
+                row.row if reuse else None, kinds[0])
 
-    by_uri, sizes, by_sha, stored_md5, md5_less = previous.others()
+    wanted = _wanted(refs, verify) if len(refs) <= FILTER_MAX else None
+    if wanted is None:
+        by_uri, sizes, by_sha, stored_md5, md5_less = previous.others()
+    else:
+        by_uri, stored_md5 = previous.matching(*wanted)
     with SortedSpill(spill_dir) as rest, SortedSpill(spill_dir) as rehash:
-        for line, old in first_match(refs, by_uri):  # 1. the same file
-            ref, row = ImageRef.from_json(line), old and json.loads(old)
+        for line, at in first_match(refs, by_uri):  # 1. the same file
+            ref, row = ImageRef.from_json(line), at and previous.record(at)
             if kinds is NEW and row and _must_hash(ref, row, verify):
-                rehash.add(json_string(ref.uri), f"[{ref.to_json()},{old}]")
+                rehash.add(json_string(ref.uri), f"[{ref.to_json()},{json.dumps(row)}]")
             elif kinds is NEW and row and (_same_stamp(ref, row) or _same_md5(ref, row)):
-                moved(dataclasses.replace(ref, sha256=row.get("input_sha256")), row, old)
+                moved(dataclasses.replace(ref, sha256=row.input_sha256), row)
             else:
                 rest.add(f"{ref.size:020d}", line)
-        for (ref, row, old), same in _hashed_pairs(out, rehash):
+        for (ref, row), same in _hashed_pairs(out, rehash):
             if same:
-                moved(ref, row, old)
+                moved(ref, row)
             elif ref.sha256 is None:
                 _unknown(out, ref, splits, kinds[2])
             else:
                 rest.add(f"{ref.size:020d}", ref.to_json())
         plain, missed = by_md5(rest, stored_md5, spill_dir, moved, verify)
+        if wanted is not None:
+            sizes, by_sha, md5_less = previous.by_size(_sizes(plain), _sizes(missed))
         with plain, missed, by_content(out, [(plain, sizes), (missed, md5_less)], by_sha,
                                         spill_dir, moved, _worth_hashing(smap, verify)
                                         ) as unmatched:
@@ -294,6 +300,27 @@ def _new_keys(out, refs, kinds, previous, smap, splits, spill_dir, reuse, verify
                 out.add(dataclasses.replace(
                     ref, split=ref.split or known or rules.assign_split(ref.key, splits)),
                     None, kinds[1] if known else kinds[2])
+
+
+FILTER_MAX = 200_000  # new or changed keys up to which the stored rows spilled for them
+                      # are only those they could match (~40 MB of sets at the most)
+
+
+def _wanted(refs, verify):
+    """New or changed keys (a spill of ImageRef JSON) -> (their uris, their (md5, size as
+    20 digits) keys): the stored rows they can match by file or by md5."""
+    uris, md5s = set(), set()
+    for _, line in refs:
+        ref = Listed._make(json.loads(line))
+        uris.add(ref.uri)
+        if ref.md5 and not verify:
+            md5s.add((ref.md5, f"{ref.size:020d}"))
+    return uris, md5s
+
+
+def _sizes(spill):
+    """A spill keyed by size (20 digits) -> its sizes, as ints."""
+    return {int(size) for size, _ in spill}
 
 
 def _worth_hashing(smap, verify):
@@ -350,6 +377,6 @@ class IdentityConfig:
 def resolve_listing(listing, past, config, spill_dir):
     """The identity stage: the listing's refs (by key) against what the build starts from
     (history.History: the previous catalog when intact, the split map) -> Resolved."""
-    rows = catalog.iter_rows(past.catalog) if past.catalog and not config.resplit else None
+    rows = CatalogRows(past.catalog) if past.catalog and not config.resplit else None
     return resolve(listing.by_key, rows, config.splits, spill_dir, reuse=config.reuse,
                    verify=config.verify, split_map=past.split_map)

@@ -22,6 +22,8 @@ from beam_pipeline.algorithms.spill import SortedSpill
 from dataset_format import fields as field_types
 
 STAT_THREADS = 32          # manifest uris on gs:// checked at once
+BATCH_ROWS = 1000          # rows stat'ed together, in uri order: one folder listing a batch
+BATCHES_AHEAD = 4          # batches stat'ed at once (each lists its folders in parallel)
 ROWS_PER_PAGE = 100        # a folder's listing may take a page (1,000 names) per 100 rows
 SPLIT_PATTERN = re.compile(r"[a-z][a-z0-9_]*")  # split names become file and folder names
 
@@ -114,13 +116,18 @@ def _absolute(path):
 
 
 def list_manifest(path, schema=None):
-    """A manifest -> ImageRefs and error records. With a `schema` (fields.Schema) each row's
-    further columns are checked: a bad value is an error record (bad_field) naming the
+    """A manifest -> ImageRefs and error records. Rows are checked as read, then stat'ed in
+    uri order (a spill on disk): a batch of BATCH_ROWS neighbouring names is one or two
+    folder listings whatever the row order. In file order, 200k shuffled rows over 20
+    folders of 10k objects cost ~0.9 requests a row (each batch held ~50 rows of every
+    folder, spread over its names); sorted, ~0.001. With a `schema` (fields.Schema) each
+    row's further columns are checked: a bad value is an error record (bad_field) naming the
     column and the value; the ref carries the checked values."""
     base = posixpath.dirname(_absolute(path)) if "://" not in path else posixpath.dirname(path)
-    batch, any_row, values = [], False, {}
+    any_row = False
     text = not path.lower().endswith(".jsonl")
-    with SortedSpill() as by_key:  # one key, two uris: found after the last row
+    # one key, two uris: found after the last row
+    with SortedSpill() as by_key, SortedSpill() as by_uri:
         for n, row in _manifest_rows(path, schema):
             any_row = True
             uri, label = str(row.get("uri") or "").strip(), str(row.get("label") or "").strip()
@@ -133,31 +140,44 @@ def list_manifest(path, schema=None):
             full = uri if "://" in uri or uri.startswith("/") else posixpath.join(base, uri)
             if "://" not in full:  # one key per local file: data/./a.jpg, x/../data/a.jpg
                 full = posixpath.normpath(full)
+            values = None
             if schema:
                 try:
-                    values[full] = field_types.check_row(schema, row, text=text)
+                    values = field_types.check_row(schema, row, text=text)
                 except field_types.FieldError as e:
                     yield error_record(full, "read", "bad_field", f"{path}:{n}: {e}")
                     continue
             key = manifest_key(uri, full, base)
             by_key.add(json.dumps(key), json.dumps([full, n]))
-            batch.append((key, full, label, split, f"{path}:{n}"))
-            if len(batch) >= 1000:
-                yield from _with_fields(_stat_batch(batch), values)
-                batch = []
-        yield from _with_fields(_stat_batch(batch), values)
+            by_uri.add(json.dumps(full), json.dumps([key, label, split, n, values]))
         if not any_row:
             raise UserError(f"--input {path}: manifest has no rows")
+        with SortedSpill() as errors:  # not_found records, yielded in the manifest's order
+            for (batch, values), items in threaded(_batches(path, by_uri),
+                                                   lambda b: list(_stat_batch(b[0])),
+                                                   BATCHES_AHEAD):
+                for (*_, where), fields, item in zip(batch, values, items):  # one a row
+                    if isinstance(item, dict):
+                        errors.add(f"{int(where.rsplit(':', 1)[1]):012d}", json.dumps(item))
+                    else:
+                        yield item if fields is None else dataclasses.replace(item, fields=fields)
+            yield from (json.loads(line) for _, line in errors)
         _check_unique_keys(path, by_key)
 
 
-def _with_fields(items, values):
-    """The batch's refs with their rows' checked field values (`values`, by uri, emptied)."""
-    for item in items:
-        if values and isinstance(item, ImageRef):
-            item = dataclasses.replace(item, fields=values.pop(item.uri, {}))
-        yield item
-    values.clear()
+def _batches(path, by_uri):
+    """The rows in uri order -> (BATCH_ROWS (key, uri, label, split, "file:line"), their
+    rows' checked field values or None)."""
+    batch, values = [], []
+    for full, line in by_uri:
+        key, label, split, n, fields = json.loads(line)
+        batch.append((key, json.loads(full), label, split, f"{path}:{n}"))
+        values.append(fields)
+        if len(batch) >= BATCH_ROWS:
+            yield batch, values
+            batch, values = [], []
+    if batch:
+        yield batch, values
 
 
 def _check_row(path, n, uri, label, split):

@@ -36,7 +36,7 @@ from beam_pipeline.algorithms.read_ahead import threaded
 from beam_pipeline.algorithms.spill import SortedSpill
 from beam_pipeline.job import attempts
 from beam_pipeline.job.contracts import Kind, Origin, PlannedShard
-from beam_pipeline.refs import LINE_KEY, LINE_MD5, LINE_SIZE, LINE_STAMP
+from beam_pipeline.refs import LINE_KEY, LINE_MD5, LINE_SIZE, LINE_STAMP, ImageRef
 from beam_pipeline.store import files
 from dataset_format import layout
 
@@ -111,7 +111,7 @@ def take(resolved, finished, shard_settings, spill_dir, copies=True):
         dropped = SortedSpill(spill_dir)  # ("i key", key) of the keys a candidate loses
         matched = collections.Counter()
         moved = collections.defaultdict(lambda: [0, 0, 0])  # i -> [images, bytes, stored]
-        for key, line, row, olds in _join(_keyed(resolved.ref_lines()), old):
+        for key, line, row, olds in _join(_keyed(resolved.ref_lines(), spill_dir), old):
             i = None
             if line is not None and olds:
                 fields = json.loads(line)
@@ -137,7 +137,7 @@ def take(resolved, finished, shard_settings, spill_dir, copies=True):
         return Resumed([], resolved)
     taken = [Taken(candidates[i].result.split, candidates[i], matched[i] == sizes[i], i)
              for i in sorted(taken_ids)]
-    remainder = Remainder(resolved, owner, taken_ids)
+    remainder = Remainder(resolved, owner, taken_ids, spill_dir)
     for i in taken_ids:
         split = candidates[i].result.split
         images, size, stored = moved[i]
@@ -153,8 +153,9 @@ class Remainder:
     """A Resolved without the images of the taken shards: what the plans read (refs,
     ref_lines, per_split, counts, num_images, num_bytes)."""
 
-    def __init__(self, resolved, owner, taken_ids):
+    def __init__(self, resolved, owner, taken_ids, spill_dir=None):
         self.resolved, self.owner, self.taken_ids = resolved, owner, frozenset(taken_ids)
+        self.spill_dir = spill_dir  # where the images are sorted by key again (_keyed)
         self.per_split = {s: list(c) for s, c in resolved.per_split.items()}
         self.counts = collections.Counter(resolved.counts)
 
@@ -174,12 +175,14 @@ class Remainder:
                 yield item
 
     def ref_lines(self):
+        """(ImageRef JSON, row) of the images no taken shard holds, in key order."""
         return self._kept((key, (line, row)) for key, line, row
-                          in _keyed(self.resolved.ref_lines()))
+                          in _keyed(self.resolved.ref_lines(), self.spill_dir))
 
     def refs(self):
-        return self._kept((json_string(ref.key), (ref, row))
-                          for ref, row in self.resolved.refs())
+        """(ImageRef, row) of the images no taken shard holds, in key order."""
+        for line, row in self.ref_lines():
+            yield ImageRef.from_json(line), row
 
     def close(self):
         self.owner.close()
@@ -203,11 +206,17 @@ def _by_number(spill):
     return losses
 
 
-def _keyed(ref_lines):
-    """(ImageRef JSON, row) in key order -> (sort key, line, row): the identity stage's
-    order (its spill's key is json_string(key))."""
-    for line, row in ref_lines:
-        yield json_string(json.loads(line)[LINE_KEY]), line, row
+def _keyed(ref_lines, spill_dir):
+    """(ImageRef JSON, row) -> (sort key, line, row) in key order (json_string(key), as the
+    old spill is keyed). The identity stage gives the images with a stored record in
+    catalog order first (one pass over catalog.parquet), so they are sorted again here, on
+    disk: only when a failed run left finished shards to take."""
+    with SortedSpill(spill_dir) as spill:
+        for line, row in ref_lines:
+            spill.add(json_string(json.loads(line)[LINE_KEY]), json.dumps([line, row]))
+        for key, value in spill:
+            line, row = json.loads(value)
+            yield key, line, row
 
 
 def _join(keyed, old):

@@ -204,7 +204,12 @@ def _present_arrow(table):
 
 def _merge(old, parts):
     """`old` plus the (digests, sizes, (split names, codes), md5 words) `parts`, in one
-    sort; a content's md5 is any of its rows' (the same bytes have the same md5)."""
+    sort; a content's md5 is any of its rows' (the same bytes have the same md5).
+
+    `parts` is emptied as its columns are joined, and each column is put in order and
+    deduplicated on its own, the unordered one dropped at once: ~70 bytes a row at the
+    peak, against ~125 when every column and its sorted copy lived together (commit's
+    peak RSS grew ~120 bytes a stored image: 258 MB at 50k tiny images, 317 at 400k)."""
     old = old or EMPTY
     names = tuple(sorted(set(old.names).union(*(p[2][0] for p in parts))))
 
@@ -212,24 +217,45 @@ def _merge(old, parts):
         rank = np.array([names.index(n) for n in local], np.uint8)
         return rank[codes] if len(codes) else np.empty(0, np.uint8)
 
-    old_codes = recoded(old.names, old.codes)
-    new_codes = np.concatenate([recoded(*p[2]) for p in parts] or [np.empty(0, np.uint8)])
-    contents = np.concatenate([old.contents] + [p[0] for p in parts])
-    sizes = np.concatenate([old.sizes] + [p[1] for p in parts])
-    codes = np.concatenate([old_codes, new_codes])
-    md5 = np.concatenate([old.md5_words()] + [p[3] for p in parts])
+    def joined(first, column):
+        if not len(first) and len(parts) == 1:  # nothing to join: no copy
+            piece = column(parts[0])
+            parts[0] = parts[0][:column.slot] + (None,) + parts[0][column.slot + 1:]
+            return piece
+        pieces = [first]
+        for i, part in enumerate(parts):
+            pieces.append(column(part))
+            parts[i] = part[:column.slot] + (None,) + part[column.slot + 1:]
+        return np.concatenate(pieces)
+
+    def slot(i, get):
+        get.slot = i
+        return get
+
+    new_codes = joined(np.empty(0, np.uint8), slot(2, lambda p: recoded(*p[2])))
+    codes = np.concatenate([recoded(old.names, old.codes), new_codes])
     # first the old row, then the new rows in split-name order: each content's first wins
     priority = np.concatenate([np.zeros(len(old), np.int16), 1 + new_codes.astype(np.int16)])
-    words = contents.view(">u8").reshape(-1, 2).astype(np.uint64)  # compared as integers:
-    order = np.lexsort((priority, words[:, 1], words[:, 0]))       # "S16" ones cost ~10x
-    words, codes, sizes, md5 = words[order], codes[order], sizes[order], md5[order]
+    del new_codes
+    words = joined(old.contents, slot(0, lambda p: p[0])).view(">u8").reshape(-1, 2).astype(
+        np.uint64)  # compared as integers: "S16" ones cost ~10x
+    order = np.lexsort((priority, words[:, 1], words[:, 0]))
+    del priority
+    words = words[order]
     first = np.ones(len(words), bool)
     first[1:] = (words[1:] != words[:-1]).any(axis=1)
     contents = np.ascontiguousarray(words[first].astype(">u8")).view("S16").ravel()
+    del words
+    codes = codes[order][first]
+    sizes = joined(old.sizes, slot(1, lambda p: p[1]))[order][first]
+    md5 = joined(old.md5_words(), slot(3, lambda p: p[3]))[order]
+    parts.clear()
+    del order
     known = md5.any(axis=1)
     md5s = np.zeros((len(contents), 2), np.uint64)
     md5s[(np.cumsum(first) - 1)[known]] = md5[known]
-    return SplitMap(contents, sizes[first], codes[first], names,
+    del md5
+    return SplitMap(contents, sizes, codes, names,
                     md5s=np.ascontiguousarray(md5s.astype(">u8")).view("S16").ravel())
 
 
@@ -243,12 +269,32 @@ def from_rows(rows):
 
 def add_catalog(old, catalog_path):
     """`old` (None: a new map) plus the contents of a catalog.parquet, read column-wise one
-    row group at a time (16 + 8 + 16 bytes and a split name kept per row), merged in one
-    sort."""
-    from beam_pipeline.store import catalog
+    row group at a time into arrays allocated once for every row (16 + 8 + 1 + 16 bytes a
+    row: a list of per-row-group arrays, concatenated, held ~50 more at commit's peak),
+    merged in one sort."""
+    import pyarrow.parquet as pq
 
-    parts = [_present_arrow(table) for table in catalog.iter_tables(
-        catalog_path, columns=["input_sha256", "input_size", "split", "input_md5"])]
+    from beam_pipeline.store import catalog, files
+
+    with files.open_seekable(catalog_path) as f:
+        total = pq.ParquetFile(f).metadata.num_rows
+    contents, sizes = np.empty(total, "S16"), np.empty(total, np.int64)
+    codes, md5 = np.empty(total, np.uint8), np.empty((total, 2), np.uint64)
+    names, filled = [], 0
+    for table in catalog.iter_tables(
+            catalog_path, columns=["input_sha256", "input_size", "split", "input_md5"]):
+        part_contents, part_sizes, (local, local_codes), part_md5 = _present_arrow(table)
+        end = filled + len(part_contents)
+        names += [n for n in local if n not in names]
+        rank = np.array([names.index(n) for n in local], np.uint8)
+        contents[filled:end], sizes[filled:end], md5[filled:end] = (
+            part_contents, part_sizes, part_md5)
+        codes[filled:end] = rank[local_codes] if len(local_codes) else codes[filled:end]
+        filled = end
+    by_name = np.array([sorted(names).index(n) for n in names] or [0], np.uint8)
+    parts = [(contents[:filled], sizes[:filled], (sorted(names), by_name[codes[:filled]]),
+              md5[:filled])]
+    del contents, sizes, codes, md5
     return _merge(old, parts)
 
 

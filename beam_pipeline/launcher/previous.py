@@ -1,0 +1,237 @@
+"""The previous version's catalog as the identity stage reads it: a compact record per row,
+spilled by key (and by uri, size and content when some listed key is new), and full rows
+read back from catalog.parquet by row number, in file order, only for the images that
+keep a stored record.
+
+Why not the rows themselves: a catalog row as JSON is ~640 bytes, so four sorted spills of
+them plus the resolved listing's copy came to ~26 + 8 GB of launcher scratch at 10M images
+(estimated). A `Stored` record holds the seven fields identity decides with (~150 bytes as
+JSON); the uri, size and content spills hold a sort key and where the record is (a byte
+offset and length into one file of records), not the record.
+"""
+
+import json
+import os
+from json.encoder import encode_basestring_ascii as json_string  # = json.dumps(a str)
+from typing import NamedTuple, Optional
+
+from beam_pipeline.algorithms.spill import SortedSpill
+
+# What identity decides with, read column-wise from the catalog.
+IDENTITY_COLUMNS = ("key", "uri", "label", "split", "input_size", "input_stamp",
+                    "input_sha256", "input_md5")
+
+
+class Stored(NamedTuple):
+    """A previous catalog row, as much of it as identity needs (JSON: a short list)."""
+
+    row: int                      # its number in catalog.parquet (file order, from 0)
+    input_size: int
+    input_stamp: Optional[str]
+    input_sha256: Optional[str]
+    input_md5: Optional[str]
+    label: str
+    split: str
+    fields: Optional[str] = None  # fields_digest of its declared fields (None: none)
+
+    @classmethod
+    def from_json(cls, text):
+        return cls(*json.loads(text))
+
+
+def fields_digest(fields):
+    """A short digest of declared field values, so a compact record can tell an edited
+    caption or box (a re-frame) from unchanged values without holding them. None: none."""
+    if not fields:
+        return None
+    import hashlib
+
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class CatalogRows:
+    """A catalog.parquet read again as often as needed: identity columns for the spills,
+    full rows (as catalog.iter_rows gives them) by row number."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def identity(self):
+        """(row number, {column: value} of IDENTITY_COLUMNS and, with declared fields, the
+        fields under "fields"), in file order."""
+        import pyarrow.parquet as pq
+
+        from beam_pipeline.store import catalog, files
+        from dataset_format import catalog_schema
+
+        with files.open_seekable(self.path) as f:
+            names = pq.ParquetFile(f).schema_arrow.names
+        wanted = list(IDENTITY_COLUMNS) + [n for n in names if n not in catalog_schema.COLUMNS]
+        number = 0
+        for table in catalog.iter_tables(self.path, columns=wanted):
+            columns = table.to_pydict()
+            for values in zip(*(columns[c] for c in wanted)):
+                yield number, catalog_schema.nest_fields(dict(zip(wanted, values)))
+                number += 1
+
+    def full(self, wanted):
+        """Ascending row numbers (repeats allowed) -> (number, full row dict), reading only
+        the row groups that hold one."""
+        import base64
+
+        import pyarrow.parquet as pq
+
+        from beam_pipeline.store import files
+        from dataset_format import catalog_schema
+        from dataset_format.catalog_schema import DESCRIPTOR
+
+        wanted = iter(wanted)
+        number = next(wanted, None)
+        if number is None:
+            return
+        with files.open_seekable(self.path) as f:
+            source = pq.ParquetFile(f)
+            start = 0
+            for group in range(source.num_row_groups):
+                end = start + source.metadata.row_group(group).num_rows
+                if number < end:
+                    rows = source.read_row_group(group).to_pylist()
+                    while number is not None and number < end:
+                        row = rows[number - start]
+                        if row.get(DESCRIPTOR) is not None and not isinstance(
+                                row[DESCRIPTOR], str):
+                            row[DESCRIPTOR] = base64.b64encode(row[DESCRIPTOR]).decode()
+                        yield number, catalog_schema.nest_fields(dict(row))
+                        number = next(wanted, None)
+                    if number is None:
+                        return
+                start = end
+
+
+class RowList:
+    """Rows given as dicts (tests; a version without a catalog file): the same interface."""
+
+    def __init__(self, rows):
+        self.rows = [json.loads(json.dumps(r)) for r in rows]  # as spilled JSON gave them
+
+    def identity(self):
+        for number, row in enumerate(self.rows):
+            yield number, row
+
+    def full(self, wanted):
+        for number in wanted:
+            yield number, json.loads(json.dumps(self.rows[number]))
+
+    def __iter__(self):
+        return iter(self.rows)
+
+
+def stored(number, row):
+    return Stored(number, row["input_size"], row.get("input_stamp"), row.get("input_sha256"),
+                  row.get("input_md5"), row["label"], row["split"],
+                  fields_digest(row.get("fields")))
+
+
+class Previous:
+    """The previous catalog's records spilled by key; by uri, size and content only when
+    some listed key is new (`others`)."""
+
+    def __init__(self, spill_dir, rows):
+        self.spill_dir, self.spills, self.rows = spill_dir, [], rows
+        self.records = None  # written by the spills below, when first built
+        self.by_key = self._spill()
+        for number, row in rows.identity():
+            self.by_key.add(json_string(row["key"]), json.dumps(stored(number, row)))
+
+    def _spill(self):
+        self.spills.append(SortedSpill(self.spill_dir))
+        return self.spills[-1]
+
+    def others(self):
+        """-> (by uri, sizes, by input sha256, by (md5, size), sizes of rows without an md5)
+        spills of every row, built once. By uri the line is where the record is ("offset
+        length" in the records file: `record`); by content {"key", "at": [offset,
+        length]}: the key for same_bytes.best_matches, the record by `record`."""
+        if not hasattr(self, "_others"):
+            self._others = self._spills(None, None, None)
+        return self._others
+
+    def matching(self, uris, md5s):
+        """(by uri, by (md5, size)) spills of only the rows whose uri is in `uris` or whose
+        (md5, "size as 20 digits") is in `md5s`: what the new keys can match by file or
+        by md5. A night of 1% new keys spilled every stored row five times (~1.4 GB at
+        10M rows, most of the identity stage's CPU) to look up 1% of them."""
+        by_uri, _, _, by_md5, _ = self._spills((uris, md5s), None, None)
+        return by_uri, by_md5
+
+    def by_size(self, plain, missed):
+        """(sizes, by input sha256, sizes of rows without an md5) spills of only the rows a
+        ref could match by content: sizes in `plain` (refs hashed or to hash: any stored
+        row of their size), sizes in `missed` (refs with an md5 no row had: only rows
+        without one, whose bytes the md5 cannot rule out)."""
+        _, sizes, by_sha, _, md5_less = self._spills(None, plain, missed)
+        return sizes, by_sha, md5_less
+
+    def _spills(self, matching, plain, missed):
+        every = matching is None and plain is None
+        spills = [self._spill() for _ in range(5)]
+        by_uri, sizes, by_sha, by_md5, md5_less = spills
+        if self.records is None:
+            fd, self.records_path = _temp(self.spill_dir)
+            self.records, self.records_end = os.fdopen(fd, "w+b"), 0
+        uris, md5s = matching or ((), ())
+        for number, row in self.rows.identity():
+            size, sha, md5 = row["input_size"], row.get("input_sha256"), row.get("input_md5")
+            size_key = f"{size:020d}"
+            to_uri = every or row["uri"] in uris
+            to_md5 = bool(sha and md5) and (every or (md5, size_key) in md5s)
+            to_size = every or (plain is not None and size in plain)
+            md5_less_row = bool(sha) and not md5
+            to_sha = bool(sha) and (to_size or (missed is not None and md5_less_row
+                                                and size in missed))
+            if not (to_uri or to_md5 or to_size or to_sha):
+                continue
+            at = self._write(number, row)
+            if to_uri:
+                by_uri.add(json_string(row["uri"]), at)
+            if to_size:
+                sizes.add(size_key, "")
+            if to_sha or to_md5:
+                line = f'{{"key": {json_string(row["key"])}, "at": [{at.replace(" ", ", ")}]}}'
+            if to_sha:
+                by_sha.add(sha, line)  # ties: by line text ~ key
+            if to_md5:
+                by_md5.add(f"{md5} {size_key}", line)
+            if md5_less_row and (every or (missed is not None and size in missed)):
+                md5_less.add(size_key, "")
+        self.records.flush()
+        return spills
+
+    def _write(self, number, row):
+        """Appends the row's record to the records file -> "offset length"."""
+        data = (json.dumps(stored(number, row)) + "\n").encode()
+        offset = self.records_end
+        self.records.write(data)
+        self.records_end += len(data)
+        return f"{offset} {len(data)}"
+
+    def record(self, at):
+        """Where a record is ("offset length" or [offset, length]) -> Stored."""
+        offset, length = map(int, at.split()) if isinstance(at, str) else at
+        return Stored.from_json(os.pread(self.records.fileno(), length, offset).decode())
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for spill in self.spills:
+            spill.close()
+        if self.records is not None:
+            self.records.close()
+            os.remove(self.records_path)
+
+
+def _temp(directory):
+    import tempfile
+
+    return tempfile.mkstemp(prefix="records-", suffix=".jsonl", dir=directory)
