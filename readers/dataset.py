@@ -22,6 +22,7 @@ from readers import images
 from readers import native
 from readers import pipeline
 from readers import spec as spec_lib
+from readers import transform as transform_lib
 
 CROP_FRACTION = images.CROP_FRACTION
 
@@ -169,7 +170,6 @@ def _version(path, version, hold):
 def _output(ds_info, dtype, value_range, transform):
     if not transform:
         return images.Output(dtype, value_range)
-    from readers import transform as transform_lib
 
     mean, std = transform_lib.statistics_of(ds_info)
     return images.Output(dtype, mean=mean, std=std)

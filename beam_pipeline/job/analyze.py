@@ -34,6 +34,7 @@ import logging
 import apache_beam as beam
 from tensorflow_transform.beam.experimental import PTransformAnalyzer  # loads TensorFlow
 
+from beam_pipeline.store import files
 from dataset_format import layout, schema
 from dataset_format import transform_assets
 
@@ -170,7 +171,6 @@ def _write_asset(temp_dir, name, text):
 
     import numpy as np
 
-    from beam_pipeline.store import files
 
     path = "/".join([temp_dir, uuid.uuid4().hex, name])
     files.write_bytes(path, text.encode())

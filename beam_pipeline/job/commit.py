@@ -19,6 +19,7 @@ from apache_beam.io.filesystems import FileSystems
 from beam_pipeline.algorithms.read_ahead import threaded
 from beam_pipeline.dedup import duplicates, leaks
 from beam_pipeline.errors import RetryWontHelp
+from beam_pipeline.job import beam_sink
 from beam_pipeline.job import code_build, errors_file, rewrite
 from beam_pipeline.job.contracts import Origin, ShardResult
 from beam_pipeline.job.label_counts import SumLabelCounts, minus_dropped, sum_label_counts
@@ -288,8 +289,6 @@ def _write_split_map(spec, catalog_rows):
     contents (store/split_map.py) -> its manifest entry. Without a catalog (--sink beam)
     the contents come from the file the sink wrote (job/beam_sink.py), so the splits it
     decided hold in later builds; None when there is neither."""
-    from beam_pipeline.job import beam_sink
-
     contents = layout.join(spec.vdir, layout.CATALOG)
     if catalog_rows is None:
         contents = layout.join(spec.tmp_dir, beam_sink.CONTENTS)

@@ -23,9 +23,11 @@ from typing import Optional
 from beam_pipeline import __version__
 from beam_pipeline.algorithms.spill import SortedSpill
 from beam_pipeline.errors import UserError, error_record
+from beam_pipeline.launcher import walk
 from beam_pipeline.launcher.folders import GLOB_CHARS, glob_root, list_directory, list_glob
 from beam_pipeline.launcher.manifests import list_manifest
 from beam_pipeline.refs import ImageRef, Listed
+from beam_pipeline.store.gcs import gcs_blob
 from dataset_format import fields as field_types
 
 
@@ -116,9 +118,6 @@ def check_exist(specs):
 
 def _gcs_any(uri, exact):
     """The object `uri` exists (exact), or some object lies under the prefix."""
-    from beam_pipeline.launcher import walk
-    from beam_pipeline.store.gcs import gcs_blob
-
     bucket, name = gcs_blob(uri)
     try:
         if exact:

@@ -10,6 +10,8 @@ import time
 
 from beam_pipeline.manifest_text import class_table, near_duplicates_line
 from beam_pipeline.refs import split_order
+from beam_pipeline.store import files
+from beam_pipeline.store import retention
 from dataset_format import layout
 
 # TensorFlow decodes a 4032x3024 JPEG in 31.7 ms here (19.5 ms even at ratio=8: entropy
@@ -86,7 +88,6 @@ def leftover_versions(root, manifest):
     delete as of the manifest's writing (so not a version that only became due since)."""
     import datetime
 
-    from beam_pipeline.store import retention
 
     config = manifest.get("config", {})
     written = datetime.datetime.strptime(manifest["created_at"], "%Y-%m-%dT%H:%M:%SZ").replace(
@@ -141,8 +142,6 @@ class ProgressPrinter:
         self.thread.join(timeout=2)
 
     def done(self):
-        from beam_pipeline.store import files
-
         total = 0
         for p in files.objects(self.directory + "/*"):  # one listing, one GET per file
             try:

@@ -8,7 +8,13 @@ the job's last step publishes, so the launcher may exit.
 import dataclasses
 import time
 
+from beam_pipeline.errors import UserError
+from beam_pipeline.job.pipeline import ImagesToTFRecords
+from beam_pipeline.launcher.report import ProgressPrinter
+from beam_pipeline.store import files
 from beam_pipeline.store import lock
+from dataset_format import layout
+from dataset_format.manifest import Manifest
 
 SMALL_JOB = 2000  # images to convert below which local worker processes are not started
 # Images to convert from which worker threads give way to worker processes: processes cost
@@ -100,11 +106,6 @@ def launch(pipeline_options, build, planned, runner, waits):
     import apache_beam as beam
     from apache_beam.options.pipeline_options import SetupOptions
 
-    from beam_pipeline.job.pipeline import ImagesToTFRecords
-    from beam_pipeline.launcher.report import ProgressPrinter
-    from beam_pipeline.store import files
-    from dataset_format import layout
-    from dataset_format.manifest import Manifest
 
     spec = planned.spec
     pipeline_options.view_as(SetupOptions).save_main_session = False
@@ -178,7 +179,6 @@ def refuse_classic_template(pipeline_options):
     at once; its image sets FLEX_LAUNCHER_ENV."""
     import os
 
-    from beam_pipeline.errors import UserError
 
     template = pipeline_options.get_all_options().get("template_location")
     if template and not os.environ.get(FLEX_LAUNCHER_ENV):

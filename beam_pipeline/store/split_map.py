@@ -22,6 +22,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from beam_pipeline.store import catalog
+
+from beam_pipeline.store import files
+
+from beam_pipeline.store import files, transient
+
+from beam_pipeline.store import transient
+
 DIGEST_BYTES = 16  # of the input sha256: collisions ~ n^2 / 2^129, nil at any real n
 _HEX = np.full(256, 255, np.uint8)
 _HEX[np.frombuffer(b"0123456789abcdef", np.uint8)] = np.arange(16, dtype=np.uint8)
@@ -245,8 +253,6 @@ def add_catalog(old, catalog_path):
     """`old` (None: a new map) plus the contents of a catalog.parquet, read column-wise one
     row group at a time (16 + 8 + 16 bytes and a split name kept per row), merged in one
     sort."""
-    from beam_pipeline.store import catalog
-
     parts = [_present_arrow(table) for table in catalog.iter_tables(
         catalog_path, columns=["input_sha256", "input_size", "split", "input_md5"])]
     return _merge(old, parts)
@@ -259,8 +265,6 @@ SCHEMA = pa.schema([("content", pa.binary(DIGEST_BYTES)), ("size", pa.int64()),
 
 def write(path, smap):
     """`smap` -> a Parquet file at `path` (complete or absent)."""
-    from beam_pipeline.store import files
-
     n = len(smap)
     contents = pa.FixedSizeBinaryArray.from_buffers(
         pa.binary(DIGEST_BYTES), n, [None, pa.py_buffer(smap.contents.tobytes())])
@@ -279,8 +283,6 @@ def write(path, smap):
 
 def read(path):
     """A split_map.parquet -> SplitMap; SplitMapUnreadable naming the file otherwise."""
-    from beam_pipeline.store import files, transient
-
     try:
         data = transient.retrying(lambda: files.read_bytes(path), path)
         table = pq.read_table(pa.BufferReader(data)).combine_chunks()
@@ -315,8 +317,6 @@ def _md5_column(table):
 
 def read_catalog(path):
     """A version written before split maps: its catalog.parquet is its map."""
-    from beam_pipeline.store import transient
-
     try:
         smap = transient.retrying(lambda: add_catalog(None, path), path)
     except Exception as e:
@@ -326,8 +326,6 @@ def read_catalog(path):
 
 def _unreadable(path, e):
     """SplitMapUnreadable for proven damage; StorageUnavailable for anything else."""
-    from beam_pipeline.store import transient
-
     if isinstance(e, transient.StorageUnavailable):
         return e
     if not transient.is_damage(e):
