@@ -45,13 +45,9 @@ def run(argv=None):
 
 def _run(pipeline_options, build, held):
     # lazy: `--help` answers before the launcher (Beam) loads
-    from beam_pipeline.launcher import checks, listing, prepare, report, runner as runners
+    from beam_pipeline.launcher import checks, prepare, report, runner as runners
 
-    runners.refuse_classic_template(pipeline_options)  # before anything is created
-    checks.require_tensorflow(build)
-    listing.check_exist(build.input)  # before the output root is created
-    root = build.output.rstrip("/")
-    checks.check_writable(root)
+    root = checks.preflight(pipeline_options, build)  # a command's mistakes: exit 2, nothing made
     held.append(lock.acquire(root, wait=build.wait))  # one build per root: exit 2 if held
     planned = prepare.prepare(build, root)
     if isinstance(planned, prepare.UpToDate):

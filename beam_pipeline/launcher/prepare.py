@@ -5,7 +5,9 @@ options) and returns a typed value.
     listing.list_inputs           -> Listing (deduplicated, fingerprinted, spilled by key)
     "up to date"?                 -> UpToDate
     identity.resolve_listing      -> Resolved (splits, what is unchanged)
+    resume.take                   -> Resumed (failed runs' finished shards taken as they are)
     incremental.incremental_plan  -> ShardPlan, or None: then plan.full_plan -> ShardPlan
+    versions.claim_version        -> the version this build writes (its VDIR is its own)
     shard_index.write_shard_listings  one listing file per shard task under VDIR/.tmp/
 
 The rules they apply are in rules.py, the reuse policy in policy.py, the input checks in
@@ -102,7 +104,8 @@ def prepare(build, root):
                     split: frozenset(slots) for split, slots in held.items()})
             shard_plan = plan.full_plan(rest, config, scratch)
         shard_plan = resume.with_resumed(shard_plan, resumed, held)
-        spec = _commit_spec(build, root, listed, labels, shard_plan, past, schema)
+        version = versions.claim_version(root)  # this build's version, unique in the root
+        spec = _commit_spec(build, root, version, listed, labels, shard_plan, past, schema)
         files.copy_local_file(errors_path, spec.listing_errors_path)
         shards_index = write_shard_listings(spec.tmp_dir, shard_plan.shards)
     return Planned(spec, shards_index, images=resolved.num_images, bytes=resolved.num_bytes,
@@ -166,8 +169,8 @@ def with_vocabularies(schema, present, previous):
     return schema.with_classes(vocabularies)
 
 
-def _commit_spec(build, root, listed, labels, shard_plan, past, schema=None):
-    version = versions.claim_version(root)  # unique even when two runs start in one second
+def _commit_spec(build, root, version, listed, labels, shard_plan, past, schema=None):
+    """What the job carries: the build's options and this plan, for `version`."""
     tmp_dir = CommitSpec.tmp_dir_of(root, version)
     return CommitSpec(
         root=root, version=version, name=build.name, labels=tuple(labels),

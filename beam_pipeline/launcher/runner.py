@@ -169,25 +169,6 @@ def bound_runtime(pipeline_options, runner):
         ] + [f"max_workflow_runtime_walltime_seconds={seconds}"]
 
 
-FLEX_LAUNCHER_ENV = "FLEX_TEMPLATE_PYTHON_PY_FILE"  # set in every Flex Template launcher image
-
-
-def refuse_classic_template(pipeline_options):
-    """--template_location outside the Flex launcher writes a classic template: its listing
-    and version are fixed now, and the next build's cleanup deletes them, so a later launch
-    would fail. The Flex launcher passes --template_location too, for the job it submits
-    at once; its image sets FLEX_LAUNCHER_ENV."""
-    import os
-
-
-    template = pipeline_options.get_all_options().get("template_location")
-    if template and not os.environ.get(FLEX_LAUNCHER_ENV):
-        raise UserError(f"--template_location {template}: classic templates are not supported "
-                        "(the listing they carry is deleted by the next build); use the Flex "
-                        "Template in configs/flex_template/ (docs/scheduling.md), which lists "
-                        "the inputs at each launch")
-
-
 def write_no_op_job(pipeline_options, version):
     """Up to date under a job file location (a Flex Template launch): write a one-step job
     there anyway. The Flex launcher fails a launch whose program wrote no job file, and
