@@ -142,7 +142,8 @@ def _publish(spec, manifest):
                                    "published"))
     # Never fails a published job: a delete refused (a retention policy) is logged, and the
     # launcher's summary names what is left (report.print_summary).
-    retention.prune(spec.root, spec.version, spec.keep_versions, spec.keep_superseded_hours)
+    retention.prune(spec.root, spec.version, spec.retention.keep_versions,
+                    spec.retention.keep_superseded_hours)
     _release_lock(spec)
     try:  # after LATEST moved: readers need not wait for it
         files.delete_tree(spec.tmp_dir)
@@ -178,11 +179,11 @@ def _release_lock(spec):
 
 def _check_error_budget(failed, spec):
     """Too many rejected inputs: the version stays unpublished (errors.jsonl says why)."""
-    rate = failed / max(spec.listed, 1)
+    rate = failed / max(spec.listed.listed, 1)
     if rate > spec.max_error_rate:
         _fail(spec, ErrorRateExceeded(
-            f"{failed} of {spec.listed} inputs rejected ({rate:.1%}) exceeds --max_error_rate "
-            f"{spec.max_error_rate:g}; nothing published; "
+            f"{failed} of {spec.listed.listed} inputs rejected ({rate:.1%}) exceeds "
+            f"--max_error_rate {spec.max_error_rate:g}; nothing published; "
             f"see {layout.join(spec.vdir, layout.ERRORS)}"))
 
 
@@ -252,8 +253,8 @@ def _content_duplicates(ordered, spec):
     if not ordered:
         return ordered, None, 0
     entry, extras = duplicates.report([r.catalog_temp for r in ordered], spec.vdir,
-                                      collect_extras=spec.drop_content_duplicates)
-    if not spec.drop_content_duplicates:
+                                      collect_extras=spec.dedup.drop_content_duplicates)
+    if not spec.dedup.drop_content_duplicates:
         return ordered, entry, 0
     kept = [rewrite.keep_rows(r, extras[r.file], spec.write_index) if r.file in extras else r
             for r in ordered]
@@ -264,7 +265,7 @@ def _near_duplicates(ordered, spec):
     """Group near-duplicate stored images (near_duplicates.jsonl); with
     --drop_near_duplicate_leaks, rewrite the evaluation shards holding leaks.
     -> (results, manifest entry or None, number of leaks dropped)."""
-    if not ordered or not spec.near_duplicates:
+    if not ordered or not spec.dedup.near_duplicates:
         return ordered, None, 0
     entry, drop = leaks.report(ordered, spec)
     kept = [rewrite.keep_rows(r, drop[r.path], spec.write_index) if r.path in drop else r

@@ -58,10 +58,9 @@ class ImagesToTFRecords(beam.PTransform):
                            self.encode_options, spec.write_index, self.progress_dir,
                            moments=bool(self.transform_image_size),
                            previous_vdir=spec.previous_vdir,
-                           phash=spec.near_duplicates,
+                           phash=spec.dedup.near_duplicates,
                            # commit may rewrite shards: each attempt writes a temp name
-                           direct=not (spec.drop_content_duplicates
-                                       or spec.drop_near_duplicate_leaks),
+                           direct=not spec.dedup.rewrites,
                            previous_build=spec.previous_build,
                            writers_per_process=self.writers_per_process,
                            fields=spec.fields and field_types.from_json(spec.fields)))

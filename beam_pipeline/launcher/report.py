@@ -31,7 +31,7 @@ def print_plan(root, planned, notes=True):
     print(f"Building {root} version {spec.version}: {planned.images} images "
           f"({planned.bytes / 2**20:.1f} MiB) in "
           f"{', '.join(f'{s}: {n} shard(s)' for s, n in sorted(spec.num_shards.items()))}; "
-          f"{planned.rejected} rejected while listing, {spec.duplicates} duplicate(s).",
+          f"{planned.rejected} rejected while listing, {spec.listed.duplicates} duplicate(s).",
           flush=True)
     for note in planned.notes if notes else ():
         print(f"  note: {note}", flush=True)
