@@ -33,6 +33,7 @@ NO_RETRY_NAMES = ("ErrorRateExceeded",)
 def run(argv=None):
     """Build one dataset version -> Published, Submitted or UpToDate (launcher/ types),
     within --max_hours (launcher/time_bound.py)."""
+    # lazy: `--help` answers before the launcher (Beam) loads
     from beam_pipeline.launcher import options as opts, time_bound
 
     pipeline_options, build = opts.parse(argv)
@@ -43,13 +44,10 @@ def run(argv=None):
 
 
 def _run(pipeline_options, build, held):
-    from beam_pipeline.launcher import checks, listing, prepare, report, runner as runners
+    # lazy: `--help` answers before the launcher (Beam) loads
+    from beam_pipeline.launcher import checks, prepare, report, runner as runners
 
-    runners.refuse_classic_template(pipeline_options)  # before anything is created
-    checks.require_tensorflow(build)
-    listing.check_exist(build.input)  # before the output root is created
-    root = build.output.rstrip("/")
-    checks.check_writable(root)
+    root = checks.preflight(pipeline_options, build)  # a command's mistakes: exit 2, nothing made
     held.append(lock.acquire(root, wait=build.wait))  # one build per root: exit 2 if held
     planned = prepare.prepare(build, root)
     if isinstance(planned, prepare.UpToDate):
@@ -71,11 +69,14 @@ def main(argv=None):
     help)."""
     argv = sys.argv[1:] if argv is None else argv
     if "-h" in argv or "--help" in argv:  # answer before Beam and TensorFlow load
+        # lazy: `--help` answers before the launcher (Beam) loads
         from beam_pipeline.launcher.flags import help_parser
 
         help_parser().print_help()
         return 0
+    # lazy: `--help` answers before the launcher (Beam) loads
     from beam_pipeline.launcher.flags import wants_verbose
+    # lazy: `--help` answers before the launcher (Beam) loads
     import tf_quiet
 
     verbose = wants_verbose(argv)
@@ -89,6 +90,7 @@ def main(argv=None):
         logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
         # So do Beam's own threads when an SDK worker process dies: same line.
         threading.excepthook = lambda a: logging.debug("thread %s: %r", a.thread, a.exc_value)
+    # lazy: `--help` answers before the launcher (Beam) loads
     from beam_pipeline.launcher.quiet_stderr import without_tracebacks
 
     try:
@@ -128,6 +130,7 @@ def console(argv=None):
     but only when this call loaded TensorFlow: a process that had it before (a test runner)
     exits as usual.
     """
+    # lazy: `--help` answers before the launcher (Beam) loads
     from beam_pipeline.launcher import time_bound
 
     loaded_before = "tensorflow" in sys.modules  # e.g. a test runner calling this in-process

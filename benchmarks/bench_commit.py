@@ -72,7 +72,7 @@ def child(args):
     except ImportError:
         deletes = gcs
     deletes.DELETE_PARALLEL, catalog.FRAGMENTS_AHEAD = 1, 4
-    from beam_pipeline.job.contracts import CommitSpec, ShardResult
+    from beam_pipeline.job.contracts import CommitSpec, Listed, ShardResult
     from dataset_format import frames, layout
 
     new = hasattr(ShardResult, "slim")
@@ -92,10 +92,10 @@ def child(args):
             catalog_temp=f"{vdir}/.tmp/{final}.attempt.catalog.parquet"))
     spec = CommitSpec(
         root=root, version="20260101T000000Z", name=NAME,
-        labels=tuple(f"c{i}" for i in range(LABELS)), num_shards={"train": n}, listed=n,
-        duplicates=0, listing_errors_path=f"{vdir}/.tmp/listing_errors.jsonl",
+        labels=tuple(f"c{i}" for i in range(LABELS)), num_shards={"train": n},
+        listed=Listed(n, 0, f"{vdir}/.tmp/listing_errors.jsonl"),
         input_fingerprint="sha256:b", config={}, generator={}, max_error_rate=1.0,
-        keep_versions=0, write_index=False)
+        write_index=False)
     kwargs = {}
     if new:  # what the job's other commit steps would hand over
         counts = label_counts.SumLabelCounts()

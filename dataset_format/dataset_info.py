@@ -10,7 +10,7 @@ import json
 import posixpath
 from typing import Dict, Optional, Tuple
 
-from dataset_format import layout, refs, removal, storage
+from dataset_format import holds, layout, refs, removal, storage
 from dataset_format.manifest import Manifest
 from dataset_format.layout import (FORMAT_VERSION, LATEST, MANIFEST, READABLE_FORMAT_VERSIONS,
                                    VERSIONS, join, version_dir)
@@ -136,8 +136,6 @@ def info(path, version=None, hold=False):
     if version and not refs.is_version_id(version) and found.version != version:
         found = dataclasses.replace(found, tag=version)
     if hold:
-        from dataset_format import holds
-
         holds.hold(found, hold)
     return found
 

@@ -24,7 +24,9 @@ import math
 import re
 from typing import Optional
 
+from dataset_format import storage
 from dataset_format.catalog_schema import COLUMNS
+from dataset_format.examples import ListFeature
 
 SCALARS = ("int", "float", "string")
 LISTS = ("list[int]", "list[float]", "list[string]")
@@ -197,8 +199,6 @@ def load(path):
     """A YAML or JSON schema file -> Schema (ValueError naming the file and the problem)."""
     import yaml
 
-    from dataset_format import storage
-
     try:
         obj = yaml.safe_load(storage.read_bytes(str(path)).decode("utf-8"))
     except OSError as e:
@@ -343,8 +343,6 @@ def features(schema, values):
     """Checked values ({name: value}, check_row's) -> their Example features ({key:
     examples.ListFeature}). An absent field has no feature; box class ids start at
     BOX_ID_OFFSET, a classes field's at 0 (as the class label's)."""
-    from dataset_format.examples import ListFeature
-
     out = {}
     for f in schema.fields:
         value = values.get(f.name)

@@ -9,16 +9,16 @@ __all__ = ["Fields", "Position", "info", "make_dataset"]
 
 def __getattr__(name):
     if name == "info":
-        from dataset_format.dataset_info import info
+        from dataset_format.dataset_info import info  # lazy: no TF at import
         return info
     if name == "make_dataset":
-        from readers.dataset import make_dataset
+        from readers.dataset import make_dataset  # lazy: no TF at import
         return make_dataset
     if name == "Fields":
-        from readers.fields import Fields
+        from readers.fields import Fields  # lazy: no TF at import
         return Fields
     if name == "Position":
-        from readers.order import Position
+        from readers.order import Position  # lazy: no TF at import
         return Position
     raise AttributeError(f"module 'readers' has no attribute {name!r}")
 

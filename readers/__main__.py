@@ -4,6 +4,7 @@ import argparse
 import re
 import time
 
+import readers
 import tf_quiet
 
 
@@ -44,8 +45,6 @@ def _op_error_line(e):
 
 def _read_one_batch(args):
     import numpy as np
-
-    import readers
 
     ds_info = readers.info(args.path, args.version)  # one manifest read; pins the version
     start = time.monotonic()

@@ -7,6 +7,8 @@ Pure functions of the values: no TensorFlow until a dtype is named.
 
 import numbers
 
+from readers.order import Position
+
 FOREVER = 0  # epochs: repeat=True or -1
 
 
@@ -144,8 +146,6 @@ def dtype(value):
 
 def start(value):
     """None, a global step (an int >= 0), a readers.Position, a callable or a variable."""
-    from readers.order import Position
-
     if value is None or isinstance(value, Position) or callable(value) or hasattr(
             value, "numpy"):
         return value

@@ -19,7 +19,7 @@ filter and map after the decode cost ~100-140 us of CPU a record (bench_reader -
 import numpy as np
 import tensorflow as tf
 
-from dataset_format import layout, removal
+from dataset_format import examples, frames, layout, removal, schema
 from readers import shards
 from readers.ranged import Skips
 
@@ -221,8 +221,6 @@ class Names:
 
 def _key(path, position):
     """The key of record `position` of a shard (read again: only when it failed), or "?"."""
-    from dataset_format import examples, frames, schema
-
     try:
         offset = _offset(path, position)
         with tf.io.gfile.GFile(path, "rb") as f:
@@ -235,8 +233,6 @@ def _key(path, position):
 
 
 def _offset(path, position):
-    from dataset_format import frames
-
     index = layout.index_name(path)
     if tf.io.gfile.exists(index):
         with tf.io.gfile.GFile(index, "rb") as f:

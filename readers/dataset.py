@@ -13,15 +13,9 @@ import dataclasses
 
 import tensorflow as tf
 
-from dataset_format import dataset_info as info_lib
-from dataset_format import holds, removal
-from readers import arguments as args
-from readers import fields as fields_lib
-from readers import hosts as hosts_lib
-from readers import images
-from readers import native
-from readers import pipeline
-from readers import spec as spec_lib
+from dataset_format import dataset_info as info_lib, holds, removal
+from readers import (arguments as args, fields as fields_lib, hosts as hosts_lib, images, native,
+                     pipeline, spec as spec_lib, transform as transform_lib)
 
 CROP_FRACTION = images.CROP_FRACTION
 
@@ -169,7 +163,6 @@ def _version(path, version, hold):
 def _output(ds_info, dtype, value_range, transform):
     if not transform:
         return images.Output(dtype, value_range)
-    from readers import transform as transform_lib
 
     mean, std = transform_lib.statistics_of(ds_info)
     return images.Output(dtype, mean=mean, std=std)

@@ -20,8 +20,7 @@ import dataclasses
 
 import tensorflow as tf
 
-from dataset_format import fields as field_types
-from dataset_format import schema
+from dataset_format import fields as field_types, schema
 from readers import images
 
 

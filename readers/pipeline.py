@@ -10,15 +10,8 @@ import logging
 
 import tensorflow as tf
 
-from readers import checked
-from readers import fields as fields_lib
-from readers import hosts as hosts_lib
-from readers import images
-from readers import native
-from readers import order as order_lib
-from readers import records as records_lib
-from readers import resumable
-from readers import shards
+from readers import (checked, fields as fields_lib, hosts as hosts_lib, images, native,
+                     order as order_lib, records as records_lib, resumable, shards)
 from readers.spec import FOREVER
 
 log = logging.getLogger(__name__)

@@ -17,9 +17,7 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
-from readers import images, offset_records
-from readers import order as order_lib
-from readers import ranged
+from readers import images, offset_records, order as order_lib, ranged
 from readers.checked import fused_batch
 from readers.shards import sentinel_record
 

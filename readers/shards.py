@@ -23,7 +23,8 @@ import sys
 import numpy as np
 import tensorflow as tf
 
-from readers import offset_records
+from dataset_format import examples, frames, layout, schema
+from readers import offset_records, ranged
 from readers.ranged import size_problem
 
 RESYNC_READ = 256  # skip_corrupt with .index files: records per ranged read
@@ -53,8 +54,6 @@ def record_offsets(paths, file_records):
     """{path: [byte offset of each record]} from the `.index` files beside the shards (one
     read each, in parallel), or None when a file has none (built with --write_index false).
     An index whose line count is not the manifest's record count raises, naming it."""
-    from dataset_format import frames, layout
-
     def offsets(item):
         path, count = item
         index = layout.index_name(path)
@@ -94,8 +93,6 @@ def sentinel_record():
     """A valid serialized Example (an 8x8 grey JPEG, label 0) standing in for a record that
     could not be read: it decodes like any record, so it passes the decode map without a
     per-record branch, and the check after decoding turns its negative id into the error."""
-    from dataset_format import examples, schema
-
     jpeg = tf.io.encode_jpeg(tf.fill([8, 8, 3], tf.constant(128, tf.uint8))).numpy()
     return examples.serialize_example({schema.ENCODED: jpeg, schema.LABEL: 0})
 
@@ -153,9 +150,6 @@ def resyncing_reader(pieces, skips=None):
     Python), so a damaged record is skipped alone (warning naming it) and reading goes on at
     the next record's offset; a TFRecordDataset cannot resync, it loses the rest of the
     file. Returns None when a file has no `.index` (the caller then uses `reader`)."""
-    from dataset_format import layout
-    from readers import ranged
-
     if not all(tf.io.gfile.exists(layout.index_name(p.path)) for p in pieces):
         return None
     firsts = [sum(q.file_records for q in pieces[:i]) for i in range(len(pieces))]

@@ -6,10 +6,8 @@ assembles the tf.data pipeline. No TensorFlow ops are made here.
 import dataclasses
 from typing import Any, Optional
 
-from dataset_format import dataset_info as info_lib
-from dataset_format import slices
-from readers import hosts as hosts_lib
-from readers import images
+from dataset_format import dataset_info as info_lib, slices
+from readers import hosts as hosts_lib, images
 from readers.arguments import FOREVER  # noqa: F401 - re-exported: DatasetSpec.epochs
 
 

@@ -20,7 +20,7 @@ importing tensorflow_transform sets TF_USE_LEGACY_KERAS=1 (its layer is a Keras 
 model), so build the model that embeds the layer with `tf_keras`.
 """
 
-from dataset_format import layout
+from dataset_format import dataset_info as info_lib, layout, schema
 from dataset_format.transform_assets import (IMAGE, LABEL, LABEL_VOCABULARY,  # noqa: F401
                                              STATISTICS, read_label_vocabulary,
                                              read_statistics)
@@ -30,8 +30,6 @@ _SERVING_KEYS = ("image/encoded",)      # what a served request has to carry
 def load(path):
     """A `tft.TFTransformOutput` for a dataset root, version dir or `readers.info()` result."""
     import tensorflow_transform as tft
-
-    from dataset_format import dataset_info as info_lib
 
     ds_info = path if isinstance(path, info_lib.DatasetInfo) else info_lib.info(path)
     if not ds_info.manifest.get("transform"):
@@ -70,8 +68,6 @@ def record_fn(tft_output, label_shift=0):
     """
     import tensorflow as tf
 
-    from dataset_format import schema
-
     layer = tft_output.transform_features_layer()
     spec = schema.feature_spec((schema.ENCODED, schema.LABEL))
 
@@ -87,8 +83,6 @@ def record_fn(tft_output, label_shift=0):
 def transform_jpegs(tft_output, jpegs):
     """Apply the saved transform by hand to raw JPEG bytes -> dict of transformed tensors."""
     import tensorflow as tf
-
-    from dataset_format import schema
 
     return tft_output.transform_raw_features(
         {schema.ENCODED: tf.constant(list(jpegs), tf.string)}, drop_unused_features=True)
@@ -119,8 +113,6 @@ def serving_signatures(model, tft_output):
     output for the transformed image. The layer is attached to `model` so it is saved with it.
     """
     import tensorflow as tf
-
-    from dataset_format import schema
 
     model.tft_layer = tft_output.transform_features_layer()
     spec = schema.feature_spec(_SERVING_KEYS)

@@ -35,7 +35,7 @@ class Job:
         fn = WriteShardFn(spec.tmp_dir, spec.name, spec.num_shards,
                           {label: i for i, label in enumerate(spec.labels)},
                           self.encode_options, spec.write_index,
-                          previous_vdir=spec.previous_vdir, phash=spec.near_duplicates,
+                          previous_vdir=spec.previous_vdir, phash=spec.dedup.near_duplicates,
                           previous_build=spec.previous_build)
         fn.setup()
         return fn

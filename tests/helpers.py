@@ -226,3 +226,19 @@ def same_arrays(first, again):
 
     first, again = list(first), list(again)
     return len(first) == len(again) and all(np.array_equal(a, b) for a, b in zip(first, again))
+
+
+def assert_dead_run_gone_or_shared(root, published, killed):
+    """After the next build: the killed run's directory is deleted, or (it finished shards
+    the next build took, shared where they are) left incomplete, holding only files the
+    latest manifest names."""
+    from beam_pipeline.store import versions
+    from dataset_format import dataset_info
+
+    listed = versions.list_versions(root)
+    assert {v: True for v in published}.items() <= listed.items(), listed
+    assert set(listed) - published <= {killed} and listed.get(killed) in (None, False), listed
+    if killed in listed:
+        _, manifest = dataset_info.load_manifest(root)
+        named = {sh["path"] for s in manifest["splits"].values() for sh in s["shards"]}
+        assert any(p.startswith(f"../{killed}/") for p in named), named

@@ -11,7 +11,7 @@ from apache_beam.testing import test_pipeline as beam_test
 from apache_beam.testing.util import BeamAssertException, assert_that
 
 from beam_pipeline.job.commit import Commit
-from beam_pipeline.job.contracts import CommitSpec
+from beam_pipeline.job.contracts import CommitSpec, Dedup, Listed
 from beam_pipeline.job.contracts import ShardResult
 from beam_pipeline.job.manifest import Finalized, build_manifest
 from beam_pipeline.store import catalog, files
@@ -24,9 +24,9 @@ VERSION = "20260401T000000Z"
 def _spec(root, **kw):
     return CommitSpec(**dict(
         root=str(root), version=VERSION, name="c", labels=("cat", "dog"),
-        num_shards={"train": 2, "test": 1}, listed=5, duplicates=1, listing_errors_path=None,
+        num_shards={"train": 2, "test": 1}, listed=Listed(5, 1, None),
         input_fingerprint="sha256:f", config={"k": 1}, generator={"package": "x"},
-        max_error_rate=1.0, keep_versions=0, write_index=False), **kw)
+        max_error_rate=1.0, write_index=False), **kw)
 
 
 def test_build_manifest_is_a_function_of_spec_and_finalized_values():
@@ -93,7 +93,7 @@ def _temp_shard(tmp, split, shard, payloads):
 
 
 def test_commit_transform_drops_content_duplicates_and_publishes(tmp_path):
-    spec = _spec(tmp_path / "root", drop_content_duplicates=True)
+    spec = _spec(tmp_path / "root", dedup=Dedup(drop_content_duplicates=True))
     os.makedirs(spec.tmp_dir)
     results = [_temp_shard(spec.tmp_dir, "train", 0, [b"a", b"b"]),
                _temp_shard(spec.tmp_dir, "train", 1, [b"c", b"a"]),  # b"a" again: dropped

@@ -160,7 +160,7 @@ def test_commit_retried_after_failed_manifest_write_keeps_listing_errors(
         gcs, gcs_bucket, monkeypatch):
     """A retried commit (the manifest write failed once) must publish the same accounting."""
     from beam_pipeline.job import commit
-    from beam_pipeline.job.contracts import CommitSpec, ShardResult
+    from beam_pipeline.job.contracts import CommitSpec, Listed, ShardResult
     from beam_pipeline.store import files
 
     root, version = f"gs://{gcs_bucket}/ds", "20260105T000000Z"
@@ -175,8 +175,8 @@ def test_commit_retried_after_failed_manifest_write_keeps_listing_errors(
                          passed_through=1)]
     spec = CommitSpec(
         root=root, version=version, name="p", labels=("cat",), num_shards={"train": 1},
-        listed=2, duplicates=0, listing_errors_path=listing_errors, input_fingerprint="sha256:x",
-        config={}, generator={}, max_error_rate=1.0, keep_versions=0, write_index=False)
+        listed=Listed(2, 0, listing_errors), input_fingerprint="sha256:x",
+        config={}, generator={}, max_error_rate=1.0, write_index=False)
 
     real_write_whole, calls = files.write_whole, []
 

@@ -7,12 +7,14 @@ rooms at the top of `beam_pipeline/` (refs, errors, defaults, kinds, manifest_te
 import that points up is a back-edge: it makes two rooms one, and this test names it.
 
 An import inside a function hides a dependency from the top of the file. Inside the
-package it is allowed only with a one-line reason, a comment on its line (e.g. `# --help
-answers without Beam`): a cost that importing at the top would add, or a cycle.
+package it is allowed only with a one-line reason, a comment on its line or the line above
+(e.g. `# lazy: --help answers before Beam loads`): a cost that importing at the top would
+add, or a cycle.
 """
 
 import ast
 import pathlib
+import re
 
 import pytest
 
@@ -57,7 +59,8 @@ def _modules():
 
 
 def _imports(module, path):
-    """(imported module, line number, inside a function, the line's text) for the package's own."""
+    """(imported module, line number, inside a function, its line, the line above) for each
+    import of the project's own packages."""
     source = path.read_text()
     lines = source.splitlines()
     tree = ast.parse(source)
@@ -79,7 +82,8 @@ def _imports(module, path):
             continue
         for target in targets:
             if target.split(".")[0] in PACKAGES:
-                yield target, node.lineno, id(node) in in_function, lines[node.lineno - 1]
+                yield (target, node.lineno, id(node) in in_function, lines[node.lineno - 1],
+                       lines[node.lineno - 2] if node.lineno > 1 else "")
 
 
 ALL = [(m, p, *imp) for m, p in _modules() for imp in _imports(m, p)]
@@ -87,9 +91,17 @@ ALL = [(m, p, *imp) for m, p in _modules() for imp in _imports(m, p)]
 
 def test_every_arrow_points_down():
     back = [f"{p.relative_to(REPO)}:{line}: {room(m)} -> {room(t)} ({t})"
-            for m, p, t, line, _, _ in ALL
+            for m, p, t, line, _, _, _ in ALL
             if room(m) != room(t) and room(t) not in ALLOWED[room(m)]]
     assert back == [], "back-edges:\n" + "\n".join(back)
+
+
+def test_a_function_local_import_of_the_package_says_why():
+    silent = [f"{p.relative_to(REPO)}:{line}: {text.strip()}"
+              for m, p, t, line, local, text, above in ALL
+              if local and "#" not in text and not above.strip().startswith("#")]
+    assert silent == [], ("imports inside functions without a reason on their line or the "
+                          "line above (import at the top, or say why not):\n" + "\n".join(silent))
 
 
 @pytest.mark.parametrize("name", sorted(ALLOWED))
@@ -102,3 +114,15 @@ def test_the_rule_sees_a_back_edge():
     assert room("beam_pipeline.dedup.leaks") == "dedup"
     assert "job" not in ALLOWED["dedup"] and "launcher" not in ALLOWED["tools"]
     assert "readers" not in ALLOWED["job"] and "beam_pipeline" not in ALLOWED["readers"]
+
+
+def test_the_tests_index_lists_every_module_and_only_real_test_files():
+    """tests/README.md: a module's tests are found by its row there."""
+    index = (REPO / "tests" / "README.md").read_text()
+    rows = dict(re.findall(r"^\| `([^`]+\.py)` \| (.+) \|$", index, re.M))
+    modules = {str(p.relative_to(REPO)) for _, p in _modules()
+               if p.name != "__main__.py" and (p.name != "__init__.py" or p.parent.name == "tf_quiet")}
+    assert sorted(modules - set(rows)) == [], "modules missing from tests/README.md"
+    assert sorted(set(rows) - modules) == [], "tests/README.md lists modules that are gone"
+    named = {name for cell in rows.values() for name in re.findall(r"`(test_[^`]+\.py)`", cell)}
+    assert named and sorted(n for n in named if not (REPO / "tests" / n).exists()) == []

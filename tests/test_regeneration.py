@@ -17,7 +17,8 @@ from beam_pipeline import cli
 from beam_pipeline.job import commit, contracts
 from beam_pipeline.store import files, retention, versions
 from dataset_format import dataset_info, layout, schema
-from tests.helpers import REPO, build, image_bytes, make_images, read_records
+from tests.helpers import (REPO, assert_dead_run_gone_or_shared, build, image_bytes,
+                           make_images, read_records)
 
 # Two splits of one shard each, so every image visibly lands in a split and a move would show.
 ARGS = ["--name", "regen", "--num_shards", "1", "--splits", "train=0.5,validation=0.5",
@@ -142,10 +143,11 @@ def test_killed_run_keeps_latest_readers_read_old_version_and_it_is_cleaned_up(t
 
     # A FIFO nobody writes to: reading it blocks, so the run hangs inside a shard writer with
     # its temp shard open, which is the moment to kill it (deterministic, however fast it is).
+    # The listing rejects special files, so the image becomes one once it has been listed.
     stuck = src / "cat" / "stuck.jpg"
-    os.mkfifo(stuck)
+    stuck.write_bytes(image_bytes((200, 10, 10)))
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               TF_CPP_MIN_LOG_LEVEL="2")
+               TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
     log = tmp_path / "run.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
@@ -153,6 +155,14 @@ def test_killed_run_keeps_latest_readers_read_old_version_and_it_is_cleaned_up(t
             + ARGS, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True)
     try:
+        deadline = time.monotonic() + 90
+        while "Building " not in log.read_text() and time.monotonic() < deadline:
+            assert proc.poll() is None, f"the run ended early:\n{log.read_text()[-3000:]}"
+            time.sleep(0.01)
+        stamp = os.stat(stuck).st_mtime_ns
+        stuck.unlink()
+        os.mkfifo(stuck)
+        os.utime(stuck, ns=(stamp, stamp))
         deadline, shard = time.monotonic() + 90, None
         while shard is None and time.monotonic() < deadline:
             assert proc.poll() is None, f"the run ended early:\n{log.read_text()[-3000:]}"
@@ -183,7 +193,7 @@ def test_killed_run_keeps_latest_readers_read_old_version_and_it_is_cleaned_up(t
     make_images(src, {"dog": {"new.jpg": image_bytes((1, 2, 3))}})
     v3 = build(src, root, *ARGS)["version"]
     assert v3 > killed and latest_version(root) == v3
-    assert versions.list_versions(str(root)) == {v1: True, v3: True}
+    assert_dead_run_gone_or_shared(str(root), {v1, v3}, killed)
 
 
 # --- retention and the publish guard -------------------------------------------------------
@@ -224,9 +234,10 @@ def test_an_older_version_is_never_published_over_a_newer_one(tmp_path):
 
     # The job's commit stage raises, so the run fails; its version is complete, unpublished.
     spec = contracts.CommitSpec(
-        root=root, version=old, name="regen", labels=("cat",), num_shards={}, listed=0,
-        duplicates=0, listing_errors_path="", input_fingerprint="sha256:0", config={},
-        generator={}, max_error_rate=1.0, keep_versions=1, write_index=False)
+        root=root, version=old, name="regen", labels=("cat",), num_shards={},
+        listed=contracts.Listed(0, 0, ""), input_fingerprint="sha256:0", config={},
+        generator={}, max_error_rate=1.0, retention=contracts.Retention(keep_versions=1),
+        write_index=False)
     with pytest.raises(commit.PublishRefused, match=new):
         commit.commit([], spec)
     assert latest_version(root) == new

@@ -27,7 +27,7 @@ from beam_pipeline.store import files, lock, lock_base, lock_gcs, versions
 from beam_pipeline.store.gcs import gcs_blob
 from dataset_format import layout
 from tests.faults import FaultProxy
-from tests.helpers import REPO, build, image_bytes, make_images
+from tests.helpers import REPO, assert_dead_run_gone_or_shared, build, image_bytes, make_images
 
 pytestmark = pytest.mark.slow
 
@@ -495,8 +495,8 @@ def commit_inputs(root, version):
                                  label_counts={"cat": 1}, passed_through=1))
     spec = contracts.CommitSpec(
         root=root, version=version, name="rel", labels=("cat",), num_shards={"train": 2},
-        listed=3, duplicates=0, listing_errors_path=listing_errors, input_fingerprint="sha256:x",
-        config={}, generator={}, max_error_rate=1.0, keep_versions=0, write_index=True)
+        listed=contracts.Listed(3, 0, listing_errors), input_fingerprint="sha256:x",
+        config={}, generator={}, max_error_rate=1.0, write_index=True)
     return stats, spec
 
 
@@ -651,7 +651,8 @@ def test_worker_process_killed_mid_shard_fails_cleanly_and_the_next_run_succeeds
 
     fifo.unlink()
     result = build(src, root, *ARGS)
-    assert versions.list_versions(root) == {result["version"]: True}
+    killed = [v for v in versions.list_versions(root) if v != result["version"]]
+    assert_dead_run_gone_or_shared(root, {result["version"]}, killed[0] if killed else None)
 
 
 def descendants(pid):

@@ -33,10 +33,8 @@ import tempfile
 
 from apache_beam.io.filesystems import FileSystems
 
-from beam_pipeline.dedup import descriptor
-from beam_pipeline.dedup import band_plan
+from beam_pipeline.dedup import band_plan, descriptor, near_duplicates as grouping
 from beam_pipeline.store import catalog, files
-from beam_pipeline.dedup import near_duplicates as grouping
 from beam_pipeline.kinds import Kind
 from dataset_format import layout
 
@@ -50,19 +48,19 @@ def report(results, spec):
     """ShardResults (cataloged, in order) -> (manifest entry, {shard file: positions to drop}).
 
     Writes VDIR/near_duplicates.jsonl and VDIR/near_duplicates_rejected.jsonl. Positions are
-    collected only with spec.drop_near_duplicate_leaks.
+    collected only with spec.dedup.drop_near_duplicate_leaks.
     """
     known = _previous_pairs(spec)
     incremental = known is not None
     plans = []  # the search plan: exact to its exact_radius (a multi-probe plan past a budget)
-    pairs = grouping.near_pairs(_rows(results, incremental), spec.near_duplicate_radius,
+    pairs = grouping.near_pairs(_rows(results, incremental), spec.dedup.near_duplicate_radius,
                                 known=known or (), on_plan=plans.append)  # own scratch dir
-    radius = spec.near_duplicate_radius
+    radius = spec.dedup.near_duplicate_radius
     exact = plans[0].exact_radius if plans else radius  # no plan: no new rows to search
     found = round(band_plan.found_share(plans[0], radius), 3) if exact < radius else 1.0
     confirmed = [p for p in pairs if p.confirmed]
     leaks = {k for p in confirmed if (k := p.leak(TRAIN)) is not None}
-    excluded = leaks if spec.drop_near_duplicate_leaks else set()
+    excluded = leaks if spec.dedup.drop_near_duplicate_leaks else set()
     _write(spec.vdir, layout.NEAR_DUPLICATES,
            (p.to_json(excluded=[k for k in p.keys if k in excluded]) for p in confirmed))
     _write(spec.vdir, layout.NEAR_DUPLICATES_REJECTED,

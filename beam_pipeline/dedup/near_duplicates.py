@@ -38,8 +38,7 @@ import tempfile
 import numpy as np
 
 from beam_pipeline import defaults
-from beam_pipeline.dedup import descriptor
-from beam_pipeline.dedup import band_plan, multi_index
+from beam_pipeline.dedup import band_plan, descriptor, multi_index
 
 BITS = 64
 DEFAULT_RADIUS = defaults.NEAR_DUPLICATE_RADIUS

@@ -34,8 +34,8 @@ import logging
 import apache_beam as beam
 from tensorflow_transform.beam.experimental import PTransformAnalyzer  # loads TensorFlow
 
-from dataset_format import layout, schema
-from dataset_format import transform_assets
+from beam_pipeline.store import files
+from dataset_format import layout, schema, transform_assets
 
 MOMENTS = "shard/pixel_moments"    # int64 [7]: count, sums (r, g, b), sums of squares (r, g, b)
 LABEL_COUNTS = "shard/label_counts"  # int64 [K]: images per label id
@@ -169,8 +169,6 @@ def _write_asset(temp_dir, name, text):
     import uuid
 
     import numpy as np
-
-    from beam_pipeline.store import files
 
     path = "/".join([temp_dir, uuid.uuid4().hex, name])
     files.write_bytes(path, text.encode())

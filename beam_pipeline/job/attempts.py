@@ -28,9 +28,11 @@ import hashlib
 import json
 import logging
 
+from beam_pipeline.algorithms.read_ahead import threaded
 from beam_pipeline.job import code_build
 from beam_pipeline.job.contracts import ShardResult
-from beam_pipeline.store import files
+from beam_pipeline.job.rewrite import copy_frames, with_rows
+from beam_pipeline.store import catalog, files, gcs
 from dataset_format import layout
 
 FRAGMENT_SUFFIX = layout.FRAGMENT_SUFFIX  # an attempt's fragment: .tmp/SHARD.ATTEMPT + this
@@ -78,8 +80,6 @@ def finished(vdirs):
     file has the recorded size (gs://: and crc32c, from metadata; a local file's checksum
     is read by the task that takes it) and its index is beside it when it has one (placed
     last: a run killed between the two left no finished shard)."""
-    from beam_pipeline.algorithms.read_ahead import threaded
-
     fragments = [(vdir, path) for vdir in vdirs for path in sorted(
         files.objects(layout.join(layout.tmp_dir(vdir), f"*{FRAGMENT_SUFFIX}")))]
 
@@ -130,9 +130,6 @@ def share(header, lost, result, vdir, write_index=True, redo=None):
     * else the records of the other keys copied by offset into this attempt's temp shard
       (rewrite.copy_frames: CRCs checked, a damaged one converted again through `redo`).
     """
-    from beam_pipeline.job.rewrite import copy_frames, with_rows
-    from beam_pipeline.store import catalog
-
     recorded = ShardResult.from_json(header["result"])
     source = header["source"]
     shard = layout.shard_file(vdir, source)
@@ -188,8 +185,6 @@ def _recorded(fragment, quiet=False):
 
     try:
         if fragment.startswith("gs://"):
-            from beam_pipeline.store import gcs
-
             metadata = pq.read_metadata(pa.BufferReader(gcs.read_bytes(fragment))).metadata
         else:
             metadata = pq.read_metadata(fragment).metadata

@@ -20,6 +20,7 @@ from beam_pipeline.job import images, records
 from beam_pipeline.errors import error_record
 from beam_pipeline.job.contracts import ShardResult
 from beam_pipeline.job.inputs import fetch
+from beam_pipeline.store import files
 from dataset_format import frames, layout, schema
 
 
@@ -56,8 +57,6 @@ def write_contents(rows, path):
     ShardResult that orders it before commit."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-
-    from beam_pipeline.store import files
 
     rows = sorted(rows)
     table = pa.table({"input_sha256": pa.array([r[0] for r in rows], pa.string()),

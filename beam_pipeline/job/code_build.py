@@ -10,6 +10,8 @@ build that wrote them is the one that will write this version's (launcher/policy
 import functools
 import importlib.metadata as md
 
+from beam_pipeline import __version__
+
 # The fields, in the order messages name them (docs/format.md, `build.workers`).
 FIELDS = ("image_tfrecords", "apache_beam", "pillow", "libjpeg_turbo", "simplejpeg")
 
@@ -17,8 +19,6 @@ FIELDS = ("image_tfrecords", "apache_beam", "pillow", "libjpeg_turbo", "simplejp
 @functools.lru_cache(maxsize=1)
 def worker_build():
     """{field: version or None} of this process (read once: a process runs one build)."""
-    from beam_pipeline import __version__
-
     def version(package):
         try:
             return md.version(package)

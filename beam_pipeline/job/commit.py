@@ -19,7 +19,7 @@ from apache_beam.io.filesystems import FileSystems
 from beam_pipeline.algorithms.read_ahead import threaded
 from beam_pipeline.dedup import duplicates, leaks
 from beam_pipeline.errors import RetryWontHelp
-from beam_pipeline.job import code_build, errors_file, rewrite
+from beam_pipeline.job import beam_sink, code_build, errors_file, rewrite
 from beam_pipeline.job.contracts import Origin, ShardResult
 from beam_pipeline.job.label_counts import SumLabelCounts, minus_dropped, sum_label_counts
 from beam_pipeline.job.manifest import Finalized, build_manifest
@@ -141,7 +141,8 @@ def _publish(spec, manifest):
                                    "published"))
     # Never fails a published job: a delete refused (a retention policy) is logged, and the
     # launcher's summary names what is left (report.print_summary).
-    retention.prune(spec.root, spec.version, spec.keep_versions, spec.keep_superseded_hours)
+    retention.prune(spec.root, spec.version, spec.retention.keep_versions,
+                    spec.retention.keep_superseded_hours)
     _release_lock(spec)
     try:  # after LATEST moved: readers need not wait for it
         files.delete_tree(spec.tmp_dir)
@@ -177,11 +178,11 @@ def _release_lock(spec):
 
 def _check_error_budget(failed, spec):
     """Too many rejected inputs: the version stays unpublished (errors.jsonl says why)."""
-    rate = failed / max(spec.listed, 1)
+    rate = failed / max(spec.listed.listed, 1)
     if rate > spec.max_error_rate:
         _fail(spec, ErrorRateExceeded(
-            f"{failed} of {spec.listed} inputs rejected ({rate:.1%}) exceeds --max_error_rate "
-            f"{spec.max_error_rate:g}; nothing published; "
+            f"{failed} of {spec.listed.listed} inputs rejected ({rate:.1%}) exceeds "
+            f"--max_error_rate {spec.max_error_rate:g}; nothing published; "
             f"see {layout.join(spec.vdir, layout.ERRORS)}"))
 
 
@@ -251,8 +252,8 @@ def _content_duplicates(ordered, spec):
     if not ordered:
         return ordered, None, 0
     entry, extras = duplicates.report([r.catalog_temp for r in ordered], spec.vdir,
-                                      collect_extras=spec.drop_content_duplicates)
-    if not spec.drop_content_duplicates:
+                                      collect_extras=spec.dedup.drop_content_duplicates)
+    if not spec.dedup.drop_content_duplicates:
         return ordered, entry, 0
     kept = [rewrite.keep_rows(r, extras[r.file], spec.write_index) if r.file in extras else r
             for r in ordered]
@@ -263,7 +264,7 @@ def _near_duplicates(ordered, spec):
     """Group near-duplicate stored images (near_duplicates.jsonl); with
     --drop_near_duplicate_leaks, rewrite the evaluation shards holding leaks.
     -> (results, manifest entry or None, number of leaks dropped)."""
-    if not ordered or not spec.near_duplicates:
+    if not ordered or not spec.dedup.near_duplicates:
         return ordered, None, 0
     entry, drop = leaks.report(ordered, spec)
     kept = [rewrite.keep_rows(r, drop[r.path], spec.write_index) if r.path in drop else r
@@ -288,8 +289,6 @@ def _write_split_map(spec, catalog_rows):
     contents (store/split_map.py) -> its manifest entry. Without a catalog (--sink beam)
     the contents come from the file the sink wrote (job/beam_sink.py), so the splits it
     decided hold in later builds; None when there is neither."""
-    from beam_pipeline.job import beam_sink
-
     contents = layout.join(spec.vdir, layout.CATALOG)
     if catalog_rows is None:
         contents = layout.join(spec.tmp_dir, beam_sink.CONTENTS)

@@ -67,6 +67,38 @@ class ShardPlan:
 
 
 @dataclasses.dataclass(frozen=True)
+class Listed:
+    """What listing counted before the job: every input once (docs/format.md, accounting)."""
+
+    listed: int = 0
+    duplicates: int = 0       # the same file listed twice (by path)
+    errors_path: str = ""     # errors found while listing, a JSONL file in the temp dir
+
+
+@dataclasses.dataclass(frozen=True)
+class Dedup:
+    """--drop_content_duplicates and --near_duplicates*: what commit groups and drops."""
+
+    drop_content_duplicates: bool = False
+    near_duplicates: bool = False          # group the catalog's perceptual hashes
+    near_duplicate_radius: int = defaults.NEAR_DUPLICATE_RADIUS  # Hamming bits
+    drop_near_duplicate_leaks: bool = False
+
+    @property
+    def rewrites(self):
+        """Whether commit may rewrite shards (so each attempt writes a temp name)."""
+        return self.drop_content_duplicates or self.drop_near_duplicate_leaks
+
+
+@dataclasses.dataclass(frozen=True)
+class Retention:
+    """--keep_versions and --keep_superseded_hours: what publishing prunes."""
+
+    keep_versions: int = 0
+    keep_superseded_hours: float = defaults.KEEP_SUPERSEDED_HOURS
+
+
+@dataclasses.dataclass(frozen=True)
 class CommitSpec:
     """What the launcher knew: everything the manifest needs besides the ShardResults."""
 
@@ -75,22 +107,16 @@ class CommitSpec:
     name: str
     labels: tuple
     num_shards: dict          # split -> N
-    listed: int
-    duplicates: int
-    listing_errors_path: str  # errors found while listing, a JSONL file in the temp dir
+    listed: Listed
     input_fingerprint: str
     config: dict
     generator: dict
     max_error_rate: float
-    keep_versions: int
     write_index: bool
+    retention: Retention = Retention()
+    dedup: Dedup = Dedup()
     increment: dict = None    # incremental: {"from": version, "removed": n, "changed": n, …}
-    drop_content_duplicates: bool = False
     lock_token: str = None    # the launcher's ROOT/.lock token, checked before publishing
-    keep_superseded_hours: float = defaults.KEEP_SUPERSEDED_HOURS
-    near_duplicates: bool = False          # group the catalog's perceptual hashes
-    near_duplicate_radius: int = defaults.NEAR_DUPLICATE_RADIUS  # Hamming bits
-    drop_near_duplicate_leaks: bool = False
     split_map_from: Optional[str] = None   # the split map this version was planned with
     notes: tuple = ()                      # what the launcher found and said (history.py)
     fields: Optional[dict] = None          # declared fields, vocabularies given (fields.Schema

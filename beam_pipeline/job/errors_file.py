@@ -12,7 +12,7 @@ def write_errors(results, spec, error_files=()):
     reasons = {}
 
     def lines():
-        for path in (spec.listing_errors_path, *error_files):
+        for path in (spec.listed.errors_path, *error_files):
             for line in _iter_lines(path):
                 yield json.loads(line)
         for r in results:

@@ -105,7 +105,8 @@ def split_summaries(spec, done):
 def accounting(spec, done):
     """Every listed input: written, a duplicate (by path, or by content when dropped), failed,
     or a leak (an evaluation image near a train image, when dropped)."""
-    return Accounting(listed=spec.listed, duplicates=spec.duplicates + done.dropped,
+    return Accounting(listed=spec.listed.listed,
+                      duplicates=spec.listed.duplicates + done.dropped,
                       failed=sum(done.reasons().values()),
                       written=sum(r.num_examples for r in done.results),
                       leaks=done.leaks,

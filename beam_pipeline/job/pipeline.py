@@ -3,12 +3,14 @@
 
 import apache_beam as beam
 
+from beam_pipeline.job.beam_sink import WriteWithBeamSink
 from beam_pipeline.job.commit import Commit
 from beam_pipeline.job.contracts import ShardResult, ShardTask
 from beam_pipeline.job import tfds_metadata
 from beam_pipeline.job.heartbeat import KeepLockAlive
 from beam_pipeline.refs import ImageRef
 from beam_pipeline.job.shards import WriteShardFn
+from beam_pipeline.store import files
 from dataset_format import fields as field_types
 from dataset_format.fields import NO_LABEL
 
@@ -43,8 +45,6 @@ class ImagesToTFRecords(beam.PTransform):
                   | "KeepLockAlive" >> beam.ParDo(KeepLockAlive(spec.root, spec.version))
                   .with_output_types(ShardTask))
         if self.sink == "beam":
-            from beam_pipeline.job.beam_sink import WriteWithBeamSink
-
             results = (shards
                        | "ListingFiles" >> beam.Map(lambda task: task.listing)
                        | "ReadListings" >> beam.io.ReadAllFromText()
@@ -58,10 +58,9 @@ class ImagesToTFRecords(beam.PTransform):
                            self.encode_options, spec.write_index, self.progress_dir,
                            moments=bool(self.transform_image_size),
                            previous_vdir=spec.previous_vdir,
-                           phash=spec.near_duplicates,
+                           phash=spec.dedup.near_duplicates,
                            # commit may rewrite shards: each attempt writes a temp name
-                           direct=not (spec.drop_content_duplicates
-                                       or spec.drop_near_duplicate_leaks),
+                           direct=not spec.dedup.rewrites,
                            previous_build=spec.previous_build,
                            writers_per_process=self.writers_per_process,
                            fields=spec.fields and field_types.from_json(spec.fields)))
@@ -69,6 +68,7 @@ class ImagesToTFRecords(beam.PTransform):
             # -> ShardResult, one per shard (with --transform, + pixel_moments)
         parts = ()
         if self.transform_image_size:
+            # lazy: tensorflow-transform (and TensorFlow) load only with --transform
             from beam_pipeline.job.analyze import AnalyzeTrain
 
             parts = (results | "AnalyzeTrain" >> AnalyzeTrain(spec, self.transform_image_size),)
@@ -79,8 +79,6 @@ class ImagesToTFRecords(beam.PTransform):
 
 def read_shard_index(path):
     """The shard index file the launcher wrote -> one ShardTask per shard."""
-    from beam_pipeline.store import files
-
     with files.open_read(path) as f:
         for line in f:
             if line.strip():

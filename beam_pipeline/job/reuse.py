@@ -21,7 +21,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from beam_pipeline.job.contracts import Kind
 from beam_pipeline.job.rewrite import copy_frames, with_rows
-from beam_pipeline.store import files, transient
+from beam_pipeline.store import files, gcs, transient
 from dataset_format import frames, layout, storage
 from dataset_format.catalog_schema import CatalogRow
 
@@ -122,8 +122,6 @@ def unlike_manifest(path, header):
     want_size = header.get("num_bytes")
     try:
         if path.startswith("gs://") and header.get("crc32c"):
-            from beam_pipeline.store import gcs
-
             bucket, name = gcs.gcs_blob(path)
             blob = bucket.get_blob(name)
             if blob is None:

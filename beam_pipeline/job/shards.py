@@ -27,8 +27,7 @@ from beam_pipeline.errors import error_record
 from beam_pipeline.job.contracts import Kind, PixelMoments, ShardResult
 from beam_pipeline.job.shard_file import ShardFile
 from beam_pipeline.refs import ImageRef
-from dataset_format import fields as field_types
-from dataset_format import frames, layout, schema
+from dataset_format import fields as field_types, frames, layout, schema
 from dataset_format.catalog_schema import CatalogRow
 
 DAMAGED = "damaged_record"  # errors.jsonl: a damaged stored record whose input is gone

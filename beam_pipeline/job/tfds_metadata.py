@@ -23,6 +23,7 @@ a fixed cost of every build's commit stage (and most of a small incremental run'
 import json
 import logging
 
+from beam_pipeline.store import files
 from dataset_format import fields, layout, schema
 
 # TFDS versions are semantic (x.y.z); ours are build timestamps. The TFDS version follows the
@@ -122,8 +123,6 @@ def dataset_info_json(manifest):
 def write(version_dir, manifest):
     """Commit hook: write the TFDS files into `version_dir` -> the manifest's "tfds" section
     (None when no TFDS metadata can be written)."""
-    from beam_pipeline.store import files
-
     if int(manifest.get("label_offset", 0)) != 0:
         logging.warning("label_offset %s: TFDS ClassLabel ids start at 0; no TFDS metadata "
                         "written", manifest["label_offset"])

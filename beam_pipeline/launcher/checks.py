@@ -7,7 +7,35 @@ import os
 from apache_beam.io.filesystems import FileSystems
 
 from beam_pipeline.errors import UserError
+from beam_pipeline.launcher import listing
 from beam_pipeline.store import files
+
+
+def preflight(pipeline_options, build):
+    """Everything a command can get wrong, checked before anything is created or locked:
+    one line and exit 2 (errors.UserError). -> the dataset root."""
+    refuse_classic_template(pipeline_options)
+    require_tensorflow(build)
+    listing.check_exist(build.input)  # before the output root is created
+    root = build.output.rstrip("/")
+    check_writable(root)
+    return root
+
+
+FLEX_LAUNCHER_ENV = "FLEX_TEMPLATE_PYTHON_PY_FILE"  # set in every Flex Template launcher image
+
+
+def refuse_classic_template(pipeline_options):
+    """--template_location outside the Flex launcher writes a classic template: its listing
+    and version are fixed now, and the next build's cleanup deletes them, so a later launch
+    would fail. The Flex launcher passes --template_location too, for the job it submits
+    at once; its image sets FLEX_LAUNCHER_ENV."""
+    template = pipeline_options.get_all_options().get("template_location")
+    if template and not os.environ.get(FLEX_LAUNCHER_ENV):
+        raise UserError(f"--template_location {template}: classic templates are not supported "
+                        "(the listing they carry is deleted by the next build); use the Flex "
+                        "Template in configs/flex_template/ (docs/scheduling.md), which lists "
+                        "the inputs at each launch")
 
 
 def require_tensorflow(build):

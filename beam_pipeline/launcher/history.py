@@ -19,8 +19,7 @@ import dataclasses
 from typing import Optional
 
 from beam_pipeline.errors import UserError
-from beam_pipeline.store import split_map as split_maps
-from beam_pipeline.store import transient
+from beam_pipeline.store import files, split_map as split_maps, transient, versions
 from dataset_format import layout
 from dataset_format.dataset_info import DatasetInfo, from_manifest
 
@@ -44,8 +43,6 @@ class HistoryConfig:
 
 def find(config):
     """HistoryConfig -> History of `config.root` (--resplit: no split map)."""
-    from beam_pipeline.store import versions
-
     root = config.root
 
     notes = []
@@ -74,8 +71,6 @@ def find(config):
 
 def _latest(root):
     """(version LATEST names, None) or (None, the problem with it) or (None, None): no LATEST."""
-    from beam_pipeline.store import files
-
     path = layout.join(root, layout.LATEST)
     try:
         if not transient.retrying(lambda: files.exists(path), path):
@@ -102,8 +97,6 @@ def _complete_versions(root, versions):
 
 def _manifest(root, version):
     """(DatasetInfo, None) or (None, the problem with the version's manifest)."""
-    from beam_pipeline.store import files
-
     vdir = layout.version_dir(root, version)
     path = layout.join(vdir, layout.MANIFEST)
     try:
@@ -122,8 +115,6 @@ def _intact_catalog(root, version, manifest):
     """(catalog path, None) when its footer reads and its rows are the manifest's;
     (None, the problem) otherwise."""
     import pyarrow.parquet as pq
-
-    from beam_pipeline.store import files
 
     path = manifest.catalog
 
@@ -145,8 +136,6 @@ def _intact_catalog(root, version, manifest):
 def _split_map(root, candidates, notes):
     """The newest intact split map among `candidates` (newest first); a version written
     before split maps has its catalog as its map. None: no version ever had one."""
-    from beam_pipeline.store import files
-
     problems = []
     for v in candidates:
         vdir = layout.version_dir(root, v)

@@ -45,6 +45,7 @@ from beam_pipeline.launcher.same_bytes import (  # noqa: F401 (input_sha256: tes
     by_content, by_md5, first_match, hashed, input_sha256)
 from beam_pipeline.refs import LINE_KEY, LINE_SIZE, LINE_SPLIT, ImageRef, Listed, StoredFrame
 from beam_pipeline.algorithms.spill import SortedSpill
+from beam_pipeline.store import split_map as split_maps
 from dataset_format import layout
 
 KINDS = ("unchanged", "changed", "added", "moved", "restored", "removed")
@@ -145,8 +146,6 @@ def resolve(by_key, rows, splits, spill_dir, reuse=True, verify=False, split_map
     `reuse`: the previous records may be reused (same options and software); otherwise
     rows still give splits but no record is offered. `verify`: hash every input.
     """
-    from beam_pipeline.store import split_map as split_maps
-
     if rows is None and split_map is None:
         return _all_added(Resolved(by_key=SortedSpill(spill_dir)), by_key, splits)
     if not isinstance(rows, CatalogRows):

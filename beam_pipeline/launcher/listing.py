@@ -23,9 +23,11 @@ from typing import Optional
 from beam_pipeline import __version__
 from beam_pipeline.algorithms.spill import SortedSpill
 from beam_pipeline.errors import UserError, error_record
+from beam_pipeline.launcher import walk
 from beam_pipeline.launcher.folders import GLOB_CHARS, glob_root, list_directory, list_glob
-from beam_pipeline.launcher.manifests import list_manifest
+from beam_pipeline.launcher.manifests import is_manifest, list_manifest
 from beam_pipeline.refs import ImageRef, Listed
+from beam_pipeline.store.gcs import gcs_blob
 from dataset_format import fields as field_types
 
 
@@ -101,24 +103,21 @@ def check_exist(specs):
     """Every --input exists (a manifest file, a folder, a glob's folder, a gs:// object or
     prefix with at least one object): a typo exits 2 before the output root is created."""
     for spec in specs:
-        where = glob_root(spec) if GLOB_CHARS & set(spec) and not _is_manifest(spec) else spec
+        where = glob_root(spec) if GLOB_CHARS & set(spec) and not is_manifest(spec) else spec
         if where.startswith("gs://"):
-            found = _gcs_any(where, exact=_is_manifest(spec))
-        elif _is_manifest(spec):
+            found = _gcs_any(where, exact=is_manifest(spec))
+        elif is_manifest(spec):
             found = os.path.isfile(where)
         else:
             found = os.path.isdir(where or ".")
         if not found:
-            kind = "manifest" if _is_manifest(spec) else "directory"
+            kind = "manifest" if is_manifest(spec) else "directory"
             raise UserError(f"--input {spec}: no such {kind}"
                             + (f" ({where})" if where != spec else ""))
 
 
 def _gcs_any(uri, exact):
     """The object `uri` exists (exact), or some object lies under the prefix."""
-    from beam_pipeline.launcher import walk
-    from beam_pipeline.store.gcs import gcs_blob
-
     bucket, name = gcs_blob(uri)
     try:
         if exact:
@@ -160,7 +159,7 @@ def input_names(specs):
 
 def _input_name(spec):
     spec = spec.rstrip("/")
-    if _is_manifest(spec):
+    if is_manifest(spec):
         return posixpath.splitext(posixpath.basename(spec))[0]
     if GLOB_CHARS & set(spec):
         spec = glob_root(spec)
@@ -168,12 +167,8 @@ def _input_name(spec):
     return name or "input"
 
 
-def _is_manifest(spec):
-    return spec.lower().endswith((".csv", ".jsonl")) and not GLOB_CHARS & set(spec)
-
-
 def _list_spec(spec, schema=None):
-    if _is_manifest(spec):
+    if is_manifest(spec):
         return list_manifest(spec, schema)
     if GLOB_CHARS & set(spec):
         return list_glob(spec)

@@ -15,10 +15,12 @@ import stat
 
 from beam_pipeline.errors import UserError, error_record
 from beam_pipeline.launcher import stamps, walk
-from beam_pipeline.launcher.folders import has_control
+from beam_pipeline.launcher.folders import GLOB_CHARS, has_control
 from beam_pipeline.refs import ImageRef
 from beam_pipeline.algorithms.read_ahead import threaded
 from beam_pipeline.algorithms.spill import SortedSpill
+from beam_pipeline.store import transient
+from beam_pipeline.store.gcs import client, gcs_blob
 from dataset_format import fields as field_types
 
 STAT_THREADS = 32          # manifest uris on gs:// checked at once
@@ -28,12 +30,16 @@ ROWS_PER_PAGE = 100        # a folder's listing may take a page (1,000 names) pe
 SPLIT_PATTERN = re.compile(r"[a-z][a-z0-9_]*")  # split names become file and folder names
 
 
+
+def is_manifest(spec):
+    """Whether an --input names a CSV or JSONL manifest (not a folder or a glob)."""
+    return spec.lower().endswith((".csv", ".jsonl")) and not GLOB_CHARS & set(spec)
+
 def _manifest_rows(path, schema=None):
     """(row number, dict) per row, streamed from a local or gs:// CSV/JSONL file. A CSV's
     header names only uri, label, split and `schema`'s fields, when one is declared."""
     from apache_beam.io.filesystems import FileSystems
 
-    from beam_pipeline.store import transient
 
     try:
         raw = FileSystems.open(path)
@@ -81,9 +87,7 @@ def _check_strings(path, n, row):
 def infer_schema(specs):
     """The fields.Schema the rows of the manifests among `specs` fit (fields.infer): what
     --schema infer builds with and prints. Exit 2 when there are none, or no type fits."""
-    from beam_pipeline.launcher.listing import _is_manifest
-
-    manifests = [spec for spec in specs if _is_manifest(spec)]
+    manifests = [spec for spec in specs if is_manifest(spec)]
     if not manifests:
         raise UserError("--schema infer reads the further columns of .csv/.jsonl manifests; "
                         "no --input is one")
@@ -258,7 +262,6 @@ def _list_folder(item):
     [(uri, where)] left to stat one by one)."""
     from google.api_core import exceptions
 
-    from beam_pipeline.store.gcs import client
 
     folder, rows = item
     if len(rows) < 2:  # one GET is no dearer than one list request
@@ -292,8 +295,6 @@ def _list_folder(item):
 def _stat_remote(uri, where):
     """One object's (size, stamp), by its exact name (never a glob), retried on transient
     errors; None when there is no such object."""
-    from beam_pipeline.store.gcs import gcs_blob
-
     if not uri.startswith("gs://"):
         raise UserError(f"{where}: {uri}: only local paths and gs:// uris are supported")
     bucket, name = gcs_blob(uri)

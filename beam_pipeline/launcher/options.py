@@ -8,7 +8,11 @@ import yaml
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_pipeline.errors import UserError
+from beam_pipeline.job.images import EncodeOptions
+from beam_pipeline.launcher import rules
 from beam_pipeline.launcher.flags import add_build_args, boolean  # noqa: F401 — boolean is public here
+from beam_pipeline.launcher.flags import help_parser
+from dataset_format import fields
 
 
 class BuildOptions(PipelineOptions):
@@ -20,8 +24,6 @@ class BuildOptions(PipelineOptions):
 
     def validate_build(self):
         """Check values where they are set, naming the bad one."""
-        from beam_pipeline.launcher import rules
-
         if not self.input:
             raise UserError("--input is required (a directory, glob or .csv/.jsonl manifest)")
         if not self.output:
@@ -67,15 +69,11 @@ class BuildOptions(PipelineOptions):
     def field_schema(self):
         """--schema FILE -> its fields.Schema (ValueError naming the file); "infer": None,
         the launcher infers it from the manifests; no --schema: an empty Schema."""
-        from dataset_format import fields
-
         if self.schema == "infer":
             return None
         return fields.load(self.schema) if self.schema else fields.Schema()
 
     def encode_options(self):
-        from beam_pipeline.job.images import EncodeOptions
-
         return EncodeOptions(max_side=self.max_side, reencode=self.reencode, validate=self.validate,
                              jpeg_quality=self.jpeg_quality, max_pixels=self.max_pixels,
                              max_bytes=int(self.max_image_mb * 2**20))
@@ -266,7 +264,6 @@ def parse(argv):
     pre.add_argument("--config")
     known, rest = pre.parse_known_args(argv)
     if "-h" in rest or "--help" in rest:  # Beam's base PipelineOptions would print an empty help
-        from beam_pipeline.launcher.flags import help_parser
 
         help_parser().print_help()
         raise SystemExit(0)

@@ -5,7 +5,9 @@ options) and returns a typed value.
     listing.list_inputs           -> Listing (deduplicated, fingerprinted, spilled by key)
     "up to date"?                 -> UpToDate
     identity.resolve_listing      -> Resolved (splits, what is unchanged)
+    resume.take                   -> Resumed (failed runs' finished shards taken as they are)
     incremental.incremental_plan  -> ShardPlan, or None: then plan.full_plan -> ShardPlan
+    versions.claim_version        -> the version this build writes (its VDIR is its own)
     shard_index.write_shard_listings  one listing file per shard task under VDIR/.tmp/
 
 The rules they apply are in rules.py, the reuse policy in policy.py, the input checks in
@@ -18,7 +20,7 @@ import sys
 import tempfile
 
 from beam_pipeline.job import attempts
-from beam_pipeline.job.contracts import CommitSpec
+from beam_pipeline.job.contracts import CommitSpec, Dedup, Listed, Retention
 from beam_pipeline.launcher import (checks, history, identity, incremental, listing, manifests,
                                     plan, policy, resume)
 from beam_pipeline.launcher import options as opts
@@ -103,8 +105,9 @@ def prepare(build, root):
                     split: frozenset(slots) for split, slots in held.items()})
             shard_plan = plan.full_plan(rest, config, scratch)
         shard_plan = resume.with_resumed(shard_plan, resumed, held)
-        spec = _commit_spec(build, root, listed, labels, shard_plan, past, schema)
-        files.copy_local_file(errors_path, spec.listing_errors_path)
+        version = versions.claim_version(root)  # this build's version, unique in the root
+        spec = _commit_spec(build, root, version, listed, labels, shard_plan, past, schema)
+        files.copy_local_file(errors_path, spec.listed.errors_path)
         shards_index = write_shard_listings(spec.tmp_dir, shard_plan.shards)
     return Planned(spec, shards_index, images=resolved.num_images, bytes=resolved.num_bytes,
                    rejected=listed.errors, to_convert=shard_plan.to_convert,
@@ -167,22 +170,21 @@ def with_vocabularies(schema, present, previous):
     return schema.with_classes(vocabularies)
 
 
-def _commit_spec(build, root, listed, labels, shard_plan, past, schema=None):
-    version = versions.claim_version(root)  # unique even when two runs start in one second
+def _commit_spec(build, root, version, listed, labels, shard_plan, past, schema=None):
+    """What the job carries: the build's options and this plan, for `version`."""
     tmp_dir = CommitSpec.tmp_dir_of(root, version)
     return CommitSpec(
         root=root, version=version, name=build.name, labels=tuple(labels),
-        num_shards=shard_plan.num_shards, listed=listed.listed, duplicates=listed.duplicates,
-        listing_errors_path=layout.join(tmp_dir, layout.LISTING_ERRORS),
+        num_shards=shard_plan.num_shards,
+        listed=Listed(listed.listed, listed.duplicates,
+                      layout.join(tmp_dir, layout.LISTING_ERRORS)),
         input_fingerprint=listed.fingerprint, config=build.build_config(),
         generator=policy.generator(), max_error_rate=build.max_error_rate,
-        keep_versions=build.keep_versions, write_index=build.write_index,
-        increment=shard_plan.increment,
-        drop_content_duplicates=build.drop_content_duplicates,
-        near_duplicates=build.near_duplicates,
-        near_duplicate_radius=build.near_duplicate_radius,
-        drop_near_duplicate_leaks=build.drop_near_duplicate_leaks,
-        lock_token=lock.token(root), keep_superseded_hours=build.keep_superseded_hours,
+        write_index=build.write_index,
+        retention=Retention(build.keep_versions, build.keep_superseded_hours),
+        dedup=Dedup(build.drop_content_duplicates, build.near_duplicates,
+                    build.near_duplicate_radius, build.drop_near_duplicate_leaks),
+        increment=shard_plan.increment, lock_token=lock.token(root),
         split_map_from=past.split_map and past.split_map.source, notes=past.notes,
         fields=schema.to_json() if schema else None,
         previous_build=policy.writer_build(past.manifest))

@@ -16,6 +16,9 @@ from json.encoder import encode_basestring_ascii as json_string  # = json.dumps(
 from typing import NamedTuple, Optional
 
 from beam_pipeline.algorithms.spill import SortedSpill
+from beam_pipeline.store import catalog, files
+from dataset_format import catalog_schema
+from dataset_format.catalog_schema import DESCRIPTOR
 
 # What identity decides with, read column-wise from the catalog.
 IDENTITY_COLUMNS = ("key", "uri", "label", "split", "input_size", "input_stamp",
@@ -61,9 +64,6 @@ class CatalogRows:
         fields under "fields"), in file order."""
         import pyarrow.parquet as pq
 
-        from beam_pipeline.store import catalog, files
-        from dataset_format import catalog_schema
-
         with files.open_seekable(self.path) as f:
             names = pq.ParquetFile(f).schema_arrow.names
         wanted = list(IDENTITY_COLUMNS) + [n for n in names if n not in catalog_schema.COLUMNS]
@@ -80,10 +80,6 @@ class CatalogRows:
         import base64
 
         import pyarrow.parquet as pq
-
-        from beam_pipeline.store import files
-        from dataset_format import catalog_schema
-        from dataset_format.catalog_schema import DESCRIPTOR
 
         wanted = iter(wanted)
         number = next(wanted, None)

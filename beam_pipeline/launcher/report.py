@@ -10,6 +10,7 @@ import time
 
 from beam_pipeline.manifest_text import class_table, near_duplicates_line
 from beam_pipeline.refs import split_order
+from beam_pipeline.store import files, retention
 from dataset_format import layout
 
 # TensorFlow decodes a 4032x3024 JPEG in 31.7 ms here (19.5 ms even at ratio=8: entropy
@@ -29,7 +30,7 @@ def print_plan(root, planned, notes=True):
     print(f"Building {root} version {spec.version}: {planned.images} images "
           f"({planned.bytes / 2**20:.1f} MiB) in "
           f"{', '.join(f'{s}: {n} shard(s)' for s, n in sorted(spec.num_shards.items()))}; "
-          f"{planned.rejected} rejected while listing, {spec.duplicates} duplicate(s).",
+          f"{planned.rejected} rejected while listing, {spec.listed.duplicates} duplicate(s).",
           flush=True)
     for note in planned.notes if notes else ():
         print(f"  note: {note}", flush=True)
@@ -86,8 +87,6 @@ def leftover_versions(root, manifest):
     delete as of the manifest's writing (so not a version that only became due since)."""
     import datetime
 
-    from beam_pipeline.store import retention
-
     config = manifest.get("config", {})
     written = datetime.datetime.strptime(manifest["created_at"], "%Y-%m-%dT%H:%M:%SZ").replace(
         tzinfo=datetime.timezone.utc)
@@ -141,8 +140,6 @@ class ProgressPrinter:
         self.thread.join(timeout=2)
 
     def done(self):
-        from beam_pipeline.store import files
-
         total = 0
         for p in files.objects(self.directory + "/*"):  # one listing, one GET per file
             try:

@@ -8,7 +8,11 @@ the job's last step publishes, so the launcher may exit.
 import dataclasses
 import time
 
-from beam_pipeline.store import lock
+from beam_pipeline.job.pipeline import ImagesToTFRecords
+from beam_pipeline.launcher.report import ProgressPrinter
+from beam_pipeline.store import files, lock
+from dataset_format import layout
+from dataset_format.manifest import Manifest
 
 SMALL_JOB = 2000  # images to convert below which local worker processes are not started
 # Images to convert from which worker threads give way to worker processes: processes cost
@@ -100,11 +104,6 @@ def launch(pipeline_options, build, planned, runner, waits):
     import apache_beam as beam
     from apache_beam.options.pipeline_options import SetupOptions
 
-    from beam_pipeline.job.pipeline import ImagesToTFRecords
-    from beam_pipeline.launcher.report import ProgressPrinter
-    from beam_pipeline.store import files
-    from dataset_format import layout
-    from dataset_format.manifest import Manifest
 
     spec = planned.spec
     pipeline_options.view_as(SetupOptions).save_main_session = False
@@ -166,26 +165,6 @@ def bound_runtime(pipeline_options, runner):
             o for o in (cloud.dataflow_service_options or [])
             if not o.startswith("max_workflow_runtime_walltime_seconds=")
         ] + [f"max_workflow_runtime_walltime_seconds={seconds}"]
-
-
-FLEX_LAUNCHER_ENV = "FLEX_TEMPLATE_PYTHON_PY_FILE"  # set in every Flex Template launcher image
-
-
-def refuse_classic_template(pipeline_options):
-    """--template_location outside the Flex launcher writes a classic template: its listing
-    and version are fixed now, and the next build's cleanup deletes them, so a later launch
-    would fail. The Flex launcher passes --template_location too, for the job it submits
-    at once; its image sets FLEX_LAUNCHER_ENV."""
-    import os
-
-    from beam_pipeline.errors import UserError
-
-    template = pipeline_options.get_all_options().get("template_location")
-    if template and not os.environ.get(FLEX_LAUNCHER_ENV):
-        raise UserError(f"--template_location {template}: classic templates are not supported "
-                        "(the listing they carry is deleted by the next build); use the Flex "
-                        "Template in configs/flex_template/ (docs/scheduling.md), which lists "
-                        "the inputs at each launch")
 
 
 def write_no_op_job(pipeline_options, version):

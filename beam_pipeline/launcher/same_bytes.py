@@ -18,6 +18,7 @@ import json
 from beam_pipeline.algorithms.read_ahead import threaded
 from beam_pipeline.algorithms.spill import SortedSpill
 from beam_pipeline.refs import ImageRef, Listed
+from beam_pipeline.store import gcs, transient
 
 HASH_THREADS = 16  # inputs read at once to hash them (gs:// latency)
 
@@ -149,11 +150,8 @@ def input_sha256(uri, stamp=""):
     from apache_beam.io.filesystem import CompressionTypes
     from apache_beam.io.filesystems import FileSystems
 
-    from beam_pipeline.store import transient
 
     if uri.startswith("gs://"):
-        from beam_pipeline.store import gcs
-
         try:
             return hashlib.sha256(gcs.read_bytes(uri, 0, gcs.listed_generation(stamp))
                                   ).hexdigest()

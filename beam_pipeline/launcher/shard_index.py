@@ -1,3 +1,9 @@
+
+from beam_pipeline.algorithms.read_ahead import threaded
+
+from beam_pipeline.store import files
+
+from dataset_format import layout
 """The shard index: one listing file per shard task, and the index file naming them all.
 
 The job reads only the index path (Dataflow rejects job graphs over ~10 MB, so the list of
@@ -11,10 +17,6 @@ def write_shard_listings(tmp_dir, shards):
     latency; algorithms/read_ahead.py, its results drained in order); a shard of many tiny
     images is streamed, so memory stays flat either way.
     """
-    from beam_pipeline.algorithms.read_ahead import threaded
-    from beam_pipeline.store import files
-    from dataset_format import layout
-
     index = []
 
     def small_listings():

@@ -9,8 +9,9 @@ import queue
 import stat
 import threading
 
-from beam_pipeline.errors import UserError
+from beam_pipeline.errors import error_record, UserError
 from beam_pipeline.launcher import stamps
+from beam_pipeline.store.gcs import client as shared_client
 
 GCS_LIST_THREADS = 32      # gs:// prefixes listed at once (one request returns <= 1,000 names)
 GCS_FANOUT_DEPTH = 2       # fan out on split/ and class/ folders, then list each subtree
@@ -35,8 +36,6 @@ def special_kind(st):
 
 def special_record(uri, kind):
     """The errors.jsonl row of a special file: rejected at listing, never opened."""
-    from beam_pipeline.errors import error_record
-
     return error_record(uri, "read", SPECIAL_FILE, f"{kind}, not a regular file: never opened")
 
 
@@ -113,7 +112,6 @@ def _scan(directory):
 def _walk_gcs(root):
     from apache_beam.io.gcp.gcsio import parse_gcs_path
 
-    from beam_pipeline.store.gcs import client as shared_client
 
     client = shared_client()
     bucket_name, base = parse_gcs_path(root.rstrip("/") + "/", object_optional=True)

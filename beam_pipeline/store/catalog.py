@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
 from beam_pipeline.algorithms.read_ahead import threaded
+from beam_pipeline.store import files, gcs
 from dataset_format import catalog_schema
 from dataset_format.catalog_schema import DESCRIPTOR, CatalogRow
 
@@ -39,8 +40,6 @@ class FragmentWriter:
         self.path, self.rows, self.schema = path, [], schema or SCHEMA
 
     def __enter__(self):
-        from beam_pipeline.store import files
-
         self.opened = files.create_final(self.path)  # complete or absent
         self.writer = pq.ParquetWriter(self.opened.__enter__(), self.schema)
         return self
@@ -75,7 +74,6 @@ def merge(fragments, path):
     import pyarrow.compute as pc
 
     rows, sides = 0, {}
-    from beam_pipeline.store import files
 
     tables = _row_groups(fragments)  # the fragments' own row groups, in order
     first = next(tables, None)
@@ -156,8 +154,6 @@ def _fragment_bytes(path):
     from apache_beam.io.filesystem import CompressionTypes
 
     if path.startswith("gs://"):
-        from beam_pipeline.store import gcs
-
         return gcs.read_bytes(path)
     with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
         return f.read()
@@ -166,8 +162,6 @@ def _fragment_bytes(path):
 def iter_tables(path, columns=None, row_groups=None):
     """A catalog file's row groups (one per shard), one in memory at a time: all of them, or
     those numbered in `row_groups`; all columns, or only `columns`."""
-    from beam_pipeline.store import files
-
     with files.open_seekable(path) as f:  # gs://: one GET for a fragment, no new client
         source = pq.ParquetFile(f)  # reads the footer, then one row group at a time
         for i in range(source.num_row_groups) if row_groups is None else row_groups:
@@ -176,8 +170,6 @@ def iter_tables(path, columns=None, row_groups=None):
 
 def fragment_schema(path):
     """A catalog file's columns as an Arrow schema (SCHEMA when it has no field columns)."""
-    from beam_pipeline.store import files
-
     with files.open_seekable(path) as f:
         found = pq.ParquetFile(f).schema_arrow.remove_metadata()
     return SCHEMA if found.names == SCHEMA.names else found

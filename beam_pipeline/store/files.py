@@ -14,7 +14,8 @@ import uuid
 
 from apache_beam.io.filesystems import FileSystems
 
-from dataset_format import layout
+from beam_pipeline.store import gcs, gcs_delete
+from dataset_format import frames, layout
 
 
 def is_gcs(path):
@@ -23,8 +24,6 @@ def is_gcs(path):
 
 def exists(path):
     if is_gcs(path):
-        from beam_pipeline.store import gcs
-
         return gcs.exists(path)
     return FileSystems.exists(path)
 
@@ -34,8 +33,6 @@ def objects(pattern):
     across folders); none when nothing matches or the listing fails."""
     try:
         if is_gcs(pattern):
-            from beam_pipeline.store import gcs
-
             return gcs.matching(pattern)
         return [m.path for m in FileSystems.match([pattern])[0].metadata_list]
     except Exception:
@@ -45,8 +42,6 @@ def objects(pattern):
 def read_bytes(path):
     """The whole file; FileNotFoundError naming it when it is not there."""
     if is_gcs(path):
-        from beam_pipeline.store import gcs
-
         return gcs.read_whole(path)
     with open(path, "rb") as f:
         return f.read()
@@ -69,7 +64,6 @@ def open_seekable(path):
     catalog). FileNotFoundError naming it when it is not there."""
     if not is_gcs(path):
         return open(path, "rb")
-    from beam_pipeline.store import gcs
 
     return gcs.open_ranged(path, WHOLE_BYTES)
 
@@ -81,8 +75,6 @@ def read_json(path):
 def write_bytes(path, data):
     """`data` at `path`, whole or not at all (gs://: one upload request)."""
     if is_gcs(path):
-        from beam_pipeline.store import gcs
-
         return gcs.write_bytes(path, data)
     try:
         with FileSystems.create(path) as f:
@@ -144,7 +136,6 @@ def delete_tree(directory):
         if FileSystems.exists(directory):
             FileSystems.delete([directory])  # LocalFileSystem removes the whole tree
         return
-    from beam_pipeline.store import gcs_delete
 
     gcs_delete.delete_prefix(directory)  # batched: not Beam's three round trips per object
 
@@ -157,8 +148,6 @@ def place_once(source, path):
     A shard reaches its final name this way, so a second attempt of it (a retry, a zombie)
     can never overwrite the first one's bytes (job/shards.py)."""
     if path.startswith("gs://"):
-        from beam_pipeline.store import gcs
-
         return gcs.copy_if_absent(source, path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     try:
@@ -177,12 +166,8 @@ def size_and_crc32c(path):
     """(size, CRC-32C as the manifest writes it) of a file, or None when there is none:
     a gs:// object's from its metadata, a local file's read in 8 MiB pieces."""
     if path.startswith("gs://"):
-        from beam_pipeline.store import gcs
-
         return gcs.size_and_crc32c(path)
     import google_crc32c
-
-    from dataset_format import frames
 
     crc, size = 0, 0
     try:
@@ -197,8 +182,6 @@ def size_and_crc32c(path):
 def delete(path):
     """Delete one file; FileNotFoundError when it is not there."""
     if is_gcs(path):
-        from beam_pipeline.store import gcs_delete
-
         return gcs_delete.delete(path)
     os.unlink(path)
 
@@ -206,8 +189,6 @@ def delete(path):
 def copy(source, path):
     """`source`'s bytes at `path`, whole or not at all (gs://: a server-side copy)."""
     if is_gcs(source) and is_gcs(path):
-        from beam_pipeline.store import gcs
-
         return gcs.copy(source, path)
     FileSystems.copy([source], [path])
 
@@ -215,8 +196,6 @@ def copy(source, path):
 def delete_quietly(path):
     """Delete one file if it is there (a temp file; a failure is left to the clean-up)."""
     if path.startswith("gs://"):
-        from beam_pipeline.store import gcs_delete
-
         gcs_delete.delete_quietly(path)
         return
     with contextlib.suppress(OSError):
@@ -233,8 +212,6 @@ def create_final(path):
     Shards are written this way straight into the unpublished version directory: the
     bytes are deterministic, so a retried or duplicate attempt writes the same object."""
     if path.startswith("gs://"):
-        from beam_pipeline.store import gcs
-
         with gcs.open_write(path) as f:  # BlobWriter: an exception cancels the upload
             yield f
         return

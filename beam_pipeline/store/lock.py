@@ -47,8 +47,7 @@ import sys
 import threading
 import time
 
-from beam_pipeline.store import lock_base as base
-from beam_pipeline.store import lock_gcs, lock_local
+from beam_pipeline.store import lock_base as base, lock_gcs, lock_local
 from beam_pipeline.store.lock_base import (  # noqa: F401 (the API callers import from here)
     LockHeld, LockLost, describe, lock_path)
 

@@ -12,8 +12,7 @@ import threading
 import time
 import uuid
 
-from beam_pipeline.store import gcs
-from beam_pipeline.store import lock_base as base
+from beam_pipeline.store import gcs, lock_base as base
 
 
 class GcsLock(base.RootLock):

@@ -9,6 +9,7 @@ import os
 import uuid
 from typing import Dict, Tuple
 
+from beam_pipeline.store import gcs
 from dataset_format import holds, layout, refs, storage
 
 
@@ -31,8 +32,6 @@ def storage_now(root):
     Date of a server answer (store/gcs.py, as the lock's age); locally the mtime of a probe
     file written and deleted under ROOT/holds/ (on NFS the server's clock)."""
     if root.startswith("gs://"):
-        from beam_pipeline.store import gcs
-
         bucket, name = gcs.gcs_blob(layout.join(layout.holds_dir(root), layout.CLOCK_PROBE))
         return gcs.server_time(bucket, name)
     probe = layout.join(layout.holds_dir(root), layout.CLOCK_PROBE + uuid.uuid4().hex)

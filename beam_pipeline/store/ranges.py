@@ -13,6 +13,8 @@ MAX_RUN_BYTES (or one larger frame), which bounds the memory a shard's reads hol
 import dataclasses
 import os
 
+from beam_pipeline.store import gcs
+
 GAP_SHARE = 0.1          # bytes read between frames, at most this share of the frames' bytes
 MAX_RUN_BYTES = 8 << 20  # one read holds at most this much (or one larger frame)
 
@@ -71,8 +73,6 @@ def read_range(path, offset, length, generation=None):
     if length <= 0:
         return b""
     if path.startswith("gs://"):
-        from beam_pipeline.store import gcs
-
         return gcs.read_range(path, offset, length, generation)
     fd = os.open(path, os.O_RDONLY)
     try:

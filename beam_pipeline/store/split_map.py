@@ -22,6 +22,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from beam_pipeline.store import catalog, files, transient
+
+
+
+
 DIGEST_BYTES = 16  # of the input sha256: collisions ~ n^2 / 2^129, nil at any real n
 _HEX = np.full(256, 255, np.uint8)
 _HEX[np.frombuffer(b"0123456789abcdef", np.uint8)] = np.arange(16, dtype=np.uint8)
@@ -272,10 +277,6 @@ def add_catalog(old, catalog_path):
     row group at a time into arrays allocated once for every row (16 + 8 + 1 + 16 bytes a
     row: a list of per-row-group arrays, concatenated, held ~50 more at commit's peak),
     merged in one sort."""
-    import pyarrow.parquet as pq
-
-    from beam_pipeline.store import catalog, files
-
     with files.open_seekable(catalog_path) as f:
         total = pq.ParquetFile(f).metadata.num_rows
     contents, sizes = np.empty(total, "S16"), np.empty(total, np.int64)
@@ -305,8 +306,6 @@ SCHEMA = pa.schema([("content", pa.binary(DIGEST_BYTES)), ("size", pa.int64()),
 
 def write(path, smap):
     """`smap` -> a Parquet file at `path` (complete or absent)."""
-    from beam_pipeline.store import files
-
     n = len(smap)
     contents = pa.FixedSizeBinaryArray.from_buffers(
         pa.binary(DIGEST_BYTES), n, [None, pa.py_buffer(smap.contents.tobytes())])
@@ -325,8 +324,6 @@ def write(path, smap):
 
 def read(path):
     """A split_map.parquet -> SplitMap; SplitMapUnreadable naming the file otherwise."""
-    from beam_pipeline.store import files, transient
-
     try:
         data = transient.retrying(lambda: files.read_bytes(path), path)
         table = pq.read_table(pa.BufferReader(data)).combine_chunks()
@@ -361,8 +358,6 @@ def _md5_column(table):
 
 def read_catalog(path):
     """A version written before split maps: its catalog.parquet is its map."""
-    from beam_pipeline.store import transient
-
     try:
         smap = transient.retrying(lambda: add_catalog(None, path), path)
     except Exception as e:
@@ -372,8 +367,6 @@ def read_catalog(path):
 
 def _unreadable(path, e):
     """SplitMapUnreadable for proven damage; StorageUnavailable for anything else."""
-    from beam_pipeline.store import transient
-
     if isinstance(e, transient.StorageUnavailable):
         return e
     if not transient.is_damage(e):

@@ -22,6 +22,7 @@ import logging
 import random
 import time
 
+from beam_pipeline.store import gcs
 from dataset_format import storage
 
 # Seconds a local read is retried before the build fails: gs:// reads' deadline
@@ -55,8 +56,6 @@ def is_transient(error):
     """True when `error` (or its cause) is the service's, the network's or the credentials':
     429, 5xx, a reset or timed-out connection, 401/403; a local EIO, ESTALE, ENOTCONN, ...
     or EACCES. False for everything that may be the file's."""
-    from beam_pipeline.store import gcs
-
     if gcs.is_transient(error):
         return True
     for e in _chain(error):

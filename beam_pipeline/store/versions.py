@@ -15,7 +15,7 @@ import uuid
 from apache_beam.io.filesystems import FileSystems
 
 from beam_pipeline.errors import UserError
-from beam_pipeline.store import files, gcs
+from beam_pipeline.store import files, gcs, transient
 from dataset_format import layout
 
 def new_version_id(now=None):
@@ -178,8 +178,6 @@ def publish(root, version):
 
 def _gone(root, version):
     """Whether `version` has no manifest: proven, a failed read raises (store/transient.py)."""
-    from beam_pipeline.store import transient
-
     path = layout.join(layout.version_dir(root, version), layout.MANIFEST)
     return not transient.retrying(lambda: files.exists(path), path)
 

@@ -19,7 +19,7 @@ import sys
 from beam_pipeline.manifest_text import class_table, near_duplicates_line
 from beam_pipeline.tools.drawing import class_counts_chart, contact_sheet, near_duplicate_sheet
 from beam_pipeline.tools.samples import cross_split_pairs, ordered_splits, sample
-from dataset_format import dataset_info, layout
+from dataset_format import dataset_info, layout, refs
 import tf_quiet
 
 CONTACT_SHEET = "contact_sheet.png"
@@ -121,8 +121,6 @@ def main(argv=None):
 
 def _tags(vdir):
     """The tags of the root naming the version inspected, and the root's other tags."""
-    from dataset_format import refs
-
     root = layout.root_of(vdir)
     try:
         found = refs.list_tags(root) if root else {}

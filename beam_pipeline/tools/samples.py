@@ -11,6 +11,7 @@ import json
 import random
 
 from beam_pipeline.refs import split_order
+from beam_pipeline.store import catalog
 from beam_pipeline.tools import drawing
 from dataset_format import fields, frames, layout, schema
 
@@ -139,8 +140,6 @@ def _cross_split(gfile, version_dir, rel, n, prefix):
 def _catalog_places(version_dir, keys):
     """{key: (split, shard file, position)} of `keys`, from catalog.parquet."""
     import pyarrow.compute as pc
-
-    from beam_pipeline.store import catalog
 
     places = {}
     for table in catalog.iter_tables(layout.join(version_dir, layout.CATALOG)):

@@ -23,10 +23,10 @@ import argparse
 import json
 import sys
 
-from beam_pipeline.tools import verify_copy
+from beam_pipeline.tools import near_rejects, verify_copy
 from beam_pipeline.tools.verify_catalog import CatalogCheck
 from beam_pipeline.tools.verify_shards import check_shard
-from dataset_format import dataset_info, fields, layout
+from dataset_format import dataset_info, fields, layout, refs
 import tf_quiet
 
 
@@ -200,8 +200,6 @@ def _warnings(manifest):
 
 def _tags_line(vdir, version):
     """'; tagged a, b' for the tags of the root naming this version ('' for none)."""
-    from dataset_format import refs
-
     root = layout.root_of(vdir)
     try:
         names = refs.tags_of(root, version) if root else []
@@ -260,8 +258,6 @@ def main(argv=None):
 
 def _print_near_duplicate_rejects(vdir, n):
     import tensorflow as tf
-
-    from beam_pipeline.tools import near_rejects
 
     _, manifest = dataset_info.load_manifest(vdir)
     print("\n".join(near_rejects.closest(tf.io.gfile, vdir, manifest, n)))

@@ -5,6 +5,8 @@ decoded one shard's row group at a time."""
 
 import collections
 
+from dataset_format import layout
+
 COLUMNS = ["key", "split", "file", "position", "offset", "length", "sha256"]
 MAX_PER_SHARD = 3  # mismatching rows named per shard; the rest counted
 
@@ -14,8 +16,6 @@ class CatalogCheck:
 
     def __init__(self, gfile, vdir, manifest, problems):
         import pyarrow.parquet as pq
-
-        from dataset_format import layout
 
         self.source = self.name = None
         self.problems, self.groups, self.claimed = problems, collections.defaultdict(list), set()
