@@ -242,3 +242,16 @@ def assert_dead_run_gone_or_shared(root, published, killed):
         _, manifest = dataset_info.load_manifest(root)
         named = {sh["path"] for s in manifest["splits"].values() for sh in s["shards"]}
         assert any(p.startswith(f"../{killed}/") for p in named), named
+
+
+def examples(result):
+    """{key: (split, serialized Example)} of a published version."""
+    from dataset_format import schema
+
+    out = {}
+    for (split, _), records in read_records(result["version_dir"]).items():
+        for r in records:
+            key = r[schema.FILENAME].decode()
+            assert key not in out, f"{key} stored twice"
+            out[key] = (split, r["_raw"])
+    return out

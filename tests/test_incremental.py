@@ -15,23 +15,12 @@ import time
 
 import pytest
 
-from dataset_format import layout, schema
-from tests.helpers import REPO, build, check_invariants, image_bytes, make_images, read_records
+from dataset_format import layout
+from tests.helpers import REPO, build, check_invariants, examples, image_bytes, make_images
 
 pytestmark = pytest.mark.slow
 
 ARGS = ["--name", "pets", "--target_shard_mb", "0.01"]  # ~10 KB shards: several per split
-
-
-def examples(result):
-    """{key: (split, serialized Example)} of a published version."""
-    out = {}
-    for (split, _), records in read_records(result["version_dir"]).items():
-        for r in records:
-            key = r[schema.FILENAME].decode()
-            assert key not in out, f"{key} stored twice"
-            out[key] = (split, r["_raw"])
-    return out
 
 
 def assert_same_as_full_build(incremental, src, tmp_path):

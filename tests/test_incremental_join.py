@@ -13,20 +13,20 @@ from beam_pipeline.refs import ImageRef
 from beam_pipeline.store import catalog
 from beam_pipeline.store.catalog import FragmentWriter
 from dataset_format.catalog_schema import CatalogRow
-from beam_pipeline.algorithms.spill import SortedSpill
+from beam_pipeline.algorithms.spill import join_sorted, SortedSpill
 from dataset_format import dataset_info, layout
 
 SPLITS = rules.parse_splits("train=0.5,test=0.5")
 
 
-def test_join_by_key_pairs_sorted_streams():
+def test_join_sorted_pairs_sorted_streams():
     new = [("a", "A1"), ("c", "C1"), ("d", "D1")]
     old = [("b", "B0"), ("c", "C0"), ("e", "E0")]
-    assert list(identity.join_by_key(new, old)) == [
+    assert list(join_sorted(new, old)) == [
         ("a", "A1", None), ("b", None, "B0"), ("c", "C1", "C0"), ("d", "D1", None),
         ("e", None, "E0")]
-    assert list(identity.join_by_key([], old)) == [(k, None, v) for k, v in old]
-    assert list(identity.join_by_key(new, [])) == [(k, v, None) for k, v in new]
+    assert list(join_sorted([], old)) == [(k, None, v) for k, v in old]
+    assert list(join_sorted(new, [])) == [(k, v, None) for k, v in new]
 
 
 def row(key, shard, position, label="cat", split="train", size=10, stamp="1:1"):

@@ -201,17 +201,7 @@ def test_incremental_run_compares_new_images_with_old_ones_only(planted, tmp_pat
     brighter = np.clip(np.asarray(photo_like(10), np.int16) * 11 // 10, 0, 255)
     write(f"{src}/test/cat/brighter.jpg",
           encoded(Image.fromarray(brighter.astype(np.uint8)), quality=80))
-    seen = []
-    near_pairs = grouping.near_pairs
-
-    def spy(rows, *args, **kw):
-        def noted(rows):
-            for r in rows:
-                seen.append((r.key, r.old))
-                yield r
-        return near_pairs(noted(rows), *args, **kw)
-
-    monkeypatch.setattr(grouping, "near_pairs", spy)
+    seen = _note_rows(monkeypatch)
     second = build(src, tmp_path / "ds", "--near_duplicates")
     assert second["manifest"]["incremental"]["from"] == first["version"]
     assert dict(seen)["test/cat/brighter.jpg"] is False
@@ -343,8 +333,19 @@ def test_an_incremental_build_measures_again_what_was_confirmed_otherwise(plante
     write(f"{src}/test/cat/brighter.jpg",
           encoded(Image.fromarray(brighter.astype(np.uint8)), quality=80))
     monkeypatch.setattr(leaks, "CONFIRM", leaks.CONFIRM + "-next")
-    seen = []
-    near_pairs = grouping.near_pairs
+    seen = _note_rows(monkeypatch)
+    second = build(src, tmp_path / "ds", "--near_duplicates")
+    assert second["manifest"]["incremental"]["from"] == first["version"]
+    near = second["manifest"]["near_duplicates"]
+    assert near["confirm"] == leaks.CONFIRM and near["incremental"] is False
+    assert len(seen) == 11 and not any(old for _, old in seen)  # every pair compared
+    assert {tuple(p["keys"]) for p in read_jsonl(second["version_dir"])} >= {
+        ("test/cat/copy.png", "train/cat/p0.jpg"), ("test/cat/brighter.jpg", "train/cat/p0.jpg")}
+
+
+def _note_rows(monkeypatch):
+    """-> a list the near-duplicate search fills with (key, old) of every row it is given."""
+    seen, near_pairs = [], grouping.near_pairs
 
     def noting(rows, *args, **kw):
         def noted(rows):
@@ -354,10 +355,4 @@ def test_an_incremental_build_measures_again_what_was_confirmed_otherwise(plante
         return near_pairs(noted(rows), *args, **kw)
 
     monkeypatch.setattr(grouping, "near_pairs", noting)
-    second = build(src, tmp_path / "ds", "--near_duplicates")
-    assert second["manifest"]["incremental"]["from"] == first["version"]
-    near = second["manifest"]["near_duplicates"]
-    assert near["confirm"] == leaks.CONFIRM and near["incremental"] is False
-    assert len(seen) == 11 and not any(old for _, old in seen)  # every pair compared
-    assert {tuple(p["keys"]) for p in read_jsonl(second["version_dir"])} >= {
-        ("test/cat/copy.png", "train/cat/p0.jpg"), ("test/cat/brighter.jpg", "train/cat/p0.jpg")}
+    return seen

@@ -25,8 +25,7 @@ from PIL import Image
 
 from beam_pipeline.store import versions
 from dataset_format import layout
-from dataset_format import schema
-from tests.helpers import REPO, build, check_invariants, read_records
+from tests.helpers import REPO, build, check_invariants, examples
 
 pytestmark = pytest.mark.slow
 
@@ -108,17 +107,6 @@ def retired(killed):
     """What is left of the killed run's directory once a later version was published: the
     shards that version shares, and their indexes."""
     return sorted(os.listdir(killed)) if os.path.isdir(killed) else []
-
-
-def examples(result):
-    """{key: (split, serialized Example)} of a published version."""
-    out = {}
-    for (split, _), records in read_records(result["version_dir"]).items():
-        for r in records:
-            key = r[schema.FILENAME].decode()
-            assert key not in out, f"{key} stored twice"
-            out[key] = (split, r["_raw"])
-    return out
 
 
 @pytest.fixture(scope="module")

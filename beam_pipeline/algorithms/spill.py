@@ -66,3 +66,22 @@ class SortedSpill:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def join_sorted(a, b):
+    """Two (key, value) streams sorted by key, keys unique in each -> (key, a's value or
+    None, b's value or None) for every key of either: the merge join the launcher's spills
+    are read with (identity: the listing and the previous catalog; resume: the listing and
+    failed runs' listings)."""
+    a, b = iter(a), iter(b)
+    x, y = next(a, None), next(b, None)
+    while x is not None or y is not None:
+        if y is None or (x is not None and x[0] < y[0]):
+            yield x[0], x[1], None
+            x = next(a, None)
+        elif x is None or y[0] < x[0]:
+            yield y[0], None, y[1]
+            y = next(b, None)
+        else:
+            yield x[0], x[1], y[1]
+            x, y = next(a, None), next(b, None)

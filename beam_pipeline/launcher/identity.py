@@ -44,7 +44,7 @@ from beam_pipeline.launcher.previous import (CatalogRows, Previous, RowList, Sto
 from beam_pipeline.launcher.same_bytes import (  # noqa: F401 (input_sha256: tests)
     by_content, by_md5, first_match, hashed, input_sha256)
 from beam_pipeline.refs import LINE_KEY, LINE_SIZE, LINE_SPLIT, ImageRef, Listed, StoredFrame
-from beam_pipeline.algorithms.spill import SortedSpill
+from beam_pipeline.algorithms.spill import SortedSpill, join_sorted
 from beam_pipeline.store import split_map as split_maps
 from dataset_format import layout
 
@@ -156,7 +156,7 @@ def resolve(by_key, rows, splits, spill_dir, reuse=True, verify=False, split_map
     previous = Previous(spill_dir, rows)
     with (previous, SortedSpill(spill_dir) as orphans, SortedSpill(spill_dir) as changed,
           SortedSpill(spill_dir) as rehash):
-        for _, line, old in join_by_key(by_key, previous.by_key):
+        for _, line, old in join_sorted(by_key, previous.by_key):
             if line is None:
                 out.counts["removed"] += 1
                 continue
@@ -339,22 +339,6 @@ def _unknown(out, ref, splits, kind):
     """A ref whose bytes could not be read for hashing: new content as far as we know."""
     out.add(dataclasses.replace(ref, split=ref.split or rules.assign_split(ref.key, splits)),
             None, kind)
-
-
-def join_by_key(new, old):
-    """Two (key, line) streams sorted by key -> (key, new line or None, old line or None)."""
-    new, old = iter(new), iter(old)
-    a, b = next(new, None), next(old, None)
-    while a is not None or b is not None:
-        if b is None or (a is not None and a[0] < b[0]):
-            yield a[0], a[1], None
-            a = next(new, None)
-        elif a is None or b[0] < a[0]:
-            yield b[0], None, b[1]
-            b = next(old, None)
-        else:
-            yield a[0], a[1], b[1]
-            a, b = next(new, None), next(old, None)
 
 
 def stored_frame(previous_vdir, row):

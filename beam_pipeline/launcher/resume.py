@@ -33,7 +33,7 @@ import json
 from json.encoder import encode_basestring_ascii as json_string
 
 from beam_pipeline.algorithms.read_ahead import threaded
-from beam_pipeline.algorithms.spill import SortedSpill
+from beam_pipeline.algorithms.spill import SortedSpill, join_sorted
 from beam_pipeline.job import attempts
 from beam_pipeline.job.contracts import Kind, Origin, PlannedShard
 from beam_pipeline.refs import LINE_KEY, LINE_MD5, LINE_SIZE, LINE_STAMP, ImageRef
@@ -170,7 +170,7 @@ class Remainder:
     def _kept(self, keyed):
         """(key, item) in key order -> the items of keys no taken shard holds."""
         taken = ((key, True) for key, i in self.owner if int(i) in self.taken_ids)
-        for _, item, gone in _merge(keyed, taken):
+        for _, item, gone in join_sorted(keyed, taken):
             if item is not None and gone is None:
                 yield item
 
@@ -224,26 +224,9 @@ def _join(keyed, old):
     row, [(i, identity)] of every candidate listing the key): every key of either."""
     grouped = ((key, [json.loads(v) for _, v in group])
                for key, group in itertools.groupby(old, key=lambda kv: kv[0]))
-    for key, new, olds in _merge(((k, (line, row)) for k, line, row in keyed), grouped):
+    for key, new, olds in join_sorted(((k, (line, row)) for k, line, row in keyed), grouped):
         line, row = new if new is not None else (None, None)
         yield key, line, row, olds or ()
-
-
-def _merge(a, b):
-    """Two (key, value) streams sorted by key, keys unique in each -> (key, a value or
-    None, b value or None)."""
-    a, b = iter(a), iter(b)
-    x, y = next(a, None), next(b, None)
-    while x is not None or y is not None:
-        if y is None or (x is not None and x[0] < y[0]):
-            yield x[0], x[1], None
-            x = next(a, None)
-        elif x is None or y[0] < x[0]:
-            yield y[0], None, y[1]
-            y = next(b, None)
-        else:
-            yield x[0], x[1], y[1]
-            x, y = next(a, None), next(b, None)
 
 
 def with_resumed(shard_plan, resumed, held=None):
