@@ -169,7 +169,8 @@ def _stages(root, image_size):
         ds, pieces = recs(plan, training)
         names = checked.Names(pieces, False, shards.sentinel_record())
         if batch:
-            return checked.decoded_batches(ds, fn, names, False, batch, False, plan.records)
+            return checked.decoded_batches(ds, fn, names, False, batch, drop_remainder=False,
+                                           total=plan.records)
         return checked.decoded(ds, fn, names, False, lambda d: d, plan.records)
 
     def same_fn(record):

@@ -68,7 +68,7 @@ def decoded(ds, fn, names, seeded, batch, total):
     return batch(ds.map(_plain(lambda *element: element[:-1])))
 
 
-def decoded_batches(ds, fn, names, seeded, batch_size, drop_remainder, total):
+def decoded_batches(ds, fn, names, seeded, batch_size, *, drop_remainder, total):
     """`decoded` for fixed-size batches when every failure is an error (no skip_corrupt;
     make_dataset uses it in evaluation):
     the same numbering and map, but checked once a batch, not once a record.

@@ -43,9 +43,11 @@ def _ordered(spec):
     reading = spec.reading
     host_seed = hosts_lib.seed_for(spec.seed, spec.hosts)
     skips = checked.Skips()
-    ds, pieces = records_lib.records(plan, split_info, training, host_seed, reading.cache,
-                                     reading.cycle_length, reading.deterministic,
-                                     reading.read_buffer_bytes, reading.skip_corrupt, skips)
+    ds, pieces = records_lib.records(
+        plan, split_info, training, host_seed, cache=reading.cache,
+        cycle_length=reading.cycle_length, deterministic=reading.deterministic,
+        read_buffer_bytes=reading.read_buffer_bytes, skip_corrupt=reading.skip_corrupt,
+        skips=skips)
     if training:
         buffer = shuffle_buffer(reading.shuffle_buffer, split_info, plan.records)
         if buffer > 1:
@@ -103,7 +105,7 @@ def _decode(ds, spec, plan, pieces, seed, skips):
         # evaluation: checked once a batch (~100 us of CPU a record less). Training keeps
         # the per-record check: once a batch cost the same CPU there (checked.decoded)
         return checked.decoded_batches(ds, fn, names, training, batches.size,
-                                       batches.drop_remainder, total)
+                                       drop_remainder=batches.drop_remainder, total=total)
     return checked.decoded(ds, fn, names, training, batch, total)
 
 

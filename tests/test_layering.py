@@ -126,3 +126,17 @@ def test_the_tests_index_lists_every_module_and_only_real_test_files():
     assert sorted(set(rows) - modules) == [], "tests/README.md lists modules that are gone"
     named = {name for cell in rows.values() for name in re.findall(r"`(test_[^`]+\.py)`", cell)}
     assert named and sorted(n for n in named if not (REPO / "tests" / n).exists()) == []
+
+
+def test_no_call_of_the_projects_own_functions_passes_more_than_six_positional_arguments():
+    """Past a handful, arguments are named (or travel as a frozen value): a call reads
+    without the signature beside it, and a reordered signature fails loudly."""
+    trees = [(p, ast.parse(p.read_text())) for _, p in _modules()]
+    ours = {n.name for _, t in trees for n in ast.walk(t)
+            if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    wide = [f"{p.relative_to(REPO)}:{n.lineno}: {len(n.args)} positional"
+            for p, t in trees for n in ast.walk(t)
+            if isinstance(n, ast.Call) and len(n.args) > 6
+            and getattr(n.func, "id", getattr(n.func, "attr", None)) in ours
+            and getattr(getattr(n.func, "value", None), "id", None) not in ("log", "logging")]
+    assert wide == [], "\n".join(wide)

@@ -232,7 +232,7 @@ def _compare(a, ka, b, kb, band):
         if na * nb > PAIR_CHUNK:
             for k in range(lo, hi):
                 yield from _compare_big(a, int(a.starts[ka[k]]), na, b, int(b.starts[kb[k]]),
-                                        nb, band)
+                                        nb, band=band)
             continue
         step = max(1, PAIR_CHUNK // (na * nb))
         for s in range(lo, hi, step):
@@ -261,7 +261,7 @@ def _compare_within(t, band):
         if n * n > PAIR_CHUNK:
             for k in range(lo, hi):
                 s = int(t.starts[big[k]])
-                yield from _compare_big(t, s, n, t, s, n, band, same=True)
+                yield from _compare_big(t, s, n, t, s, n, band=band, same=True)
             continue
         upper = np.triu(np.ones((n, n), np.bool_), 1)
         step = max(1, PAIR_CHUNK // (n * n))
@@ -274,7 +274,7 @@ def _compare_within(t, band):
             yield from _kept(t.ids[ix[k, i]], t.ids[ix[k, j]], x[k, i, j], d[k, i, j], band)
 
 
-def _compare_big(a, sa, na, b, sb, nb, band, same=False):
+def _compare_big(a, sa, na, b, sb, nb, *, band, same=False):
     """One large bucket pair as tiles of a distance matrix (same: one bucket, i < j)."""
     side = max(1, math.isqrt(PAIR_CHUNK))
     for i0 in range(0, na, side):

@@ -55,7 +55,8 @@ class ImagesToTFRecords(beam.PTransform):
             results = (shards
                        | "WriteShards" >> beam.ParDo(WriteShardFn(
                            spec.tmp_dir, spec.name, spec.num_shards, label_ids,
-                           self.encode_options, spec.write_index, self.progress_dir,
+                           self.encode_options, spec.write_index,
+                           progress_dir=self.progress_dir,
                            moments=bool(self.transform_image_size),
                            previous_vdir=spec.previous_vdir,
                            phash=spec.dedup.near_duplicates,

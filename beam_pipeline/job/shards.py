@@ -189,10 +189,12 @@ class WriteShardFn(beam.DoFn):
                     raise read_error
                 record, f = reframe.reframe(data, ref.key, label_id, ref.label,
                                             self._features(ref))
-                return _Made((record,), len(record), f[schema.SHA256].decode(), f[schema.HEIGHT],
-                             f[schema.WIDTH], ref.sha256, 0, None, ref.source.phash,
-                             ref.source.phash_center, _descriptor(ref.source.descriptor),
-                             reframed=True)
+                return _Made(parts=(record,), length=len(record),
+                             sha256=f[schema.SHA256].decode(), height=f[schema.HEIGHT],
+                             width=f[schema.WIDTH], input_sha256=ref.sha256, passed_through=0,
+                             moments=None, phash=ref.source.phash,
+                             phash_center=ref.source.phash_center,
+                             descriptor=_descriptor(ref.source.descriptor), reframed=True)
             except Exception as e:  # the stored record damaged or gone: convert instead
                 logging.warning("%s: converting %s again (%s)", ref.source.path, ref.uri, e)
                 data, read_error = inputs.fetch(ref.uri, self.encode_options.max_bytes, ref.stamp)
@@ -236,9 +238,11 @@ class WriteShardFn(beam.DoFn):
         # Stored as it came: the input's hash is the stored image's (one pass, not two).
         input_sha256 = (sha256 if encoded.data is data or encoded.data == data
                         else hashlib.sha256(data).hexdigest())
-        return _Made(parts, length, sha256, encoded.height, encoded.width, input_sha256,
-                     encoded.passed_through, encoded.moments, _signed(encoded.phash),
-                     _signed(encoded.phash_center), encoded.descriptor)
+        return _Made(parts=parts, length=length, sha256=sha256, height=encoded.height,
+                     width=encoded.width, input_sha256=input_sha256,
+                     passed_through=encoded.passed_through, moments=encoded.moments,
+                     phash=_signed(encoded.phash), phash_center=_signed(encoded.phash_center),
+                     descriptor=encoded.descriptor)
 
     def _features(self, ref):
         """The Example features of `ref`'s declared fields, or None (a build without)."""
@@ -271,7 +275,7 @@ def _signed(phash):
     return None if phash is None else perceptual.to_signed(phash)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class _Made:
     """One record ready to frame, and what its catalog row and the shard result need."""
 

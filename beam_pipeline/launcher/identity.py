@@ -35,6 +35,7 @@ Why the md5 is enough: see same_bytes.py.
 
 import collections
 import dataclasses
+import enum
 import json
 from json.encoder import encode_basestring_ascii as json_string  # = json.dumps(a str)
 
@@ -48,7 +49,33 @@ from beam_pipeline.algorithms.spill import SortedSpill, join_sorted
 from beam_pipeline.store import split_map as split_maps
 from dataset_format import layout
 
-KINDS = ("unchanged", "changed", "added", "moved", "restored", "removed")
+class Became(enum.StrEnum):
+    """What a listed key became against the previous version (Resolved.counts' keys,
+    printed and JSON-encoded as the words)."""
+
+    UNCHANGED = "unchanged"  # same key, same bytes, label and split
+    CHANGED = "changed"      # same key; new bytes, or a new label, split or field values
+    ADDED = "added"          # new content, split by its key's hash
+    MOVED = "moved"          # a stored input's bytes under a new key
+    RESTORED = "restored"    # bytes an older version published
+    REMOVED = "removed"      # a stored key no longer listed
+
+
+KINDS = tuple(Became)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Outcomes:
+    """What a key that _new_keys resolves becomes: its bytes match a stored input
+    (`matched`), bytes some version published (`published`), or nothing (`new`)."""
+
+    matched: Became
+    published: Became
+    new: Became
+
+    @property
+    def new_key(self):  # a key the previous version did not have (else: its bytes changed)
+        return self.matched is Became.MOVED
 
 
 @dataclasses.dataclass
@@ -73,7 +100,7 @@ class Resolved:
 
     def changed(self):
         """Whether the listing differs from the previous version's examples at all."""
-        return any(self.counts[k] for k in KINDS if k != "unchanged")
+        return any(self.counts[k] for k in KINDS if k != Became.UNCHANGED)
 
     def refs(self):
         """(ImageRef with its split, previous catalog row dict or None): images with a
@@ -158,7 +185,7 @@ def resolve(by_key, rows, splits, spill_dir, reuse=True, verify=False, split_map
           SortedSpill(spill_dir) as rehash):
         for _, line, old in join_sorted(by_key, previous.by_key):
             if line is None:
-                out.counts["removed"] += 1
+                out.counts[Became.REMOVED] += 1
                 continue
             ref = Listed._make(json.loads(line))  # its fields; no ImageRef built
             if old is None:
@@ -180,13 +207,13 @@ def resolve(by_key, rows, splits, spill_dir, reuse=True, verify=False, split_map
                 ref = dataclasses.replace(ref, split=ref.split or row.split)
                 out.add(ref, row.row if reuse else None, _same_bytes(ref, row))
             elif ref.sha256 is None:  # unreadable now: the job rejects it, saying why
-                _unknown(out, ref, splits, "changed")
+                _unknown(out, ref, splits, Became.CHANGED)
             else:
                 changed.add(json_string(ref.uri), ref.to_json())
-        for spill, kinds in ((orphans, NEW), (changed, CHANGED)):
+        for spill, outcomes in ((orphans, NEW), (changed, CHANGED)):
             if len(spill):
-                _new_keys(out, spill, kinds, previous, split_map, splits, spill_dir, reuse,
-                          verify)
+                _new_keys(out, spill, outcomes, previous, split_map, splits, spill_dir=spill_dir,
+                          reuse=reuse, verify=verify)
     return out
 
 
@@ -199,7 +226,8 @@ def _all_added(out, by_key, splits):
         if fields[LINE_SPLIT] is None:
             fields[LINE_SPLIT] = rules.assign_split(fields[LINE_KEY], splits)
             line = json.dumps(fields)
-        out.add_line(fields[LINE_KEY], fields[LINE_SPLIT], fields[LINE_SIZE], line, None, "added")
+        out.add_line(fields[LINE_KEY], fields[LINE_SPLIT], fields[LINE_SIZE], line, None,
+                     Became.ADDED)
     return out
 
 
@@ -207,8 +235,9 @@ def _same_bytes(ref, row):
     """Same key, same bytes: unchanged, or changed when its label, split or declared fields
     moved (a manifest row relabelled, a caption or box edited: its record is then
     re-framed)."""
-    return "unchanged" if ((ref.label, ref.split) == (row.label, row.split)
-                           and fields_digest(ref.fields) == row.fields) else "changed"
+    same = ((ref.label, ref.split) == (row.label, row.split)
+            and fields_digest(ref.fields) == row.fields)
+    return Became.UNCHANGED if same else Became.CHANGED
 
 
 def _same_stamp(ref, row):
@@ -246,11 +275,11 @@ def _hashed_pairs(out, spill):
         yield (ref, row), digest is not None and digest == row.input_sha256
 
 
-NEW = ("moved", "restored", "added")        # kinds of a new key: bytes matched, in the
-CHANGED = ("changed", "changed", "changed")  # split map only, new; of a key whose bytes changed
+NEW = _Outcomes(Became.MOVED, Became.RESTORED, Became.ADDED)  # a new key
+CHANGED = _Outcomes(Became.CHANGED, Became.CHANGED, Became.CHANGED)  # a key whose bytes changed
 
 
-def _new_keys(out, refs, kinds, previous, smap, splits, spill_dir, reuse, verify):
+def _new_keys(out, refs, outcomes, previous, smap, splits, *, spill_dir, reuse, verify):
     """New keys, or keys whose bytes changed (`refs`, by uri) -> their splits: the same
     file as a stored input under a new key (an input added or removed, a manifest renamed),
     or bytes some version published (moved, renamed, renumbered, swapped, relabelled,
@@ -263,7 +292,7 @@ def _new_keys(out, refs, kinds, previous, smap, splits, spill_dir, reuse, verify
             row = previous.record(row["at"])
         out.add(dataclasses.replace(ref, split=ref.split or row.split,
                                     sha256=ref.sha256 or row.input_sha256),
-                row.row if reuse else None, kinds[0])
+                row.row if reuse else None, outcomes.matched)
 
     wanted = _wanted(refs, verify) if len(refs) <= FILTER_MAX else None
     if wanted is None:
@@ -273,9 +302,9 @@ def _new_keys(out, refs, kinds, previous, smap, splits, spill_dir, reuse, verify
     with SortedSpill(spill_dir) as rest, SortedSpill(spill_dir) as rehash:
         for line, at in first_match(refs, by_uri):  # 1. the same file
             ref, row = ImageRef.from_json(line), at and previous.record(at)
-            if kinds is NEW and row and _must_hash(ref, row, verify):
+            if outcomes.new_key and row and _must_hash(ref, row, verify):
                 rehash.add(json_string(ref.uri), f"[{ref.to_json()},{json.dumps(row)}]")
-            elif kinds is NEW and row and (_same_stamp(ref, row) or _same_md5(ref, row)):
+            elif outcomes.new_key and row and (_same_stamp(ref, row) or _same_md5(ref, row)):
                 moved(dataclasses.replace(ref, sha256=row.input_sha256), row)
             else:
                 rest.add(f"{ref.size:020d}", line)
@@ -283,7 +312,7 @@ def _new_keys(out, refs, kinds, previous, smap, splits, spill_dir, reuse, verify
             if same:
                 moved(ref, row)
             elif ref.sha256 is None:
-                _unknown(out, ref, splits, kinds[2])
+                _unknown(out, ref, splits, outcomes.new)
             else:
                 rest.add(f"{ref.size:020d}", ref.to_json())
         plain, missed = by_md5(rest, stored_md5, spill_dir, moved, verify)
@@ -298,7 +327,7 @@ def _new_keys(out, refs, kinds, previous, smap, splits, spill_dir, reuse, verify
                     None if verify else smap.split_of_md5(ref.md5, ref.size))
                 out.add(dataclasses.replace(
                     ref, split=ref.split or known or rules.assign_split(ref.key, splits)),
-                    None, kinds[1] if known else kinds[2])
+                    None, outcomes.published if known else outcomes.new)
 
 
 FILTER_MAX = 200_000  # new or changed keys up to which the stored rows spilled for them

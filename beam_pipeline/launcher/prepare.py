@@ -106,7 +106,8 @@ def prepare(build, root):
             shard_plan = plan.full_plan(rest, config, scratch)
         shard_plan = resume.with_resumed(shard_plan, resumed, held)
         version = versions.claim_version(root)  # this build's version, unique in the root
-        spec = _commit_spec(build, root, version, listed, labels, shard_plan, past, schema)
+        spec = _commit_spec(build, root, version, listed=listed, labels=labels,
+                            shard_plan=shard_plan, past=past, schema=schema)
         files.copy_local_file(errors_path, spec.listed.errors_path)
         shards_index = write_shard_listings(spec.tmp_dir, shard_plan.shards)
     return Planned(spec, shards_index, images=resolved.num_images, bytes=resolved.num_bytes,
@@ -170,7 +171,7 @@ def with_vocabularies(schema, present, previous):
     return schema.with_classes(vocabularies)
 
 
-def _commit_spec(build, root, version, listed, labels, shard_plan, past, schema=None):
+def _commit_spec(build, root, version, *, listed, labels, shard_plan, past, schema=None):
     """What the job carries: the build's options and this plan, for `version`."""
     tmp_dir = CommitSpec.tmp_dir_of(root, version)
     return CommitSpec(

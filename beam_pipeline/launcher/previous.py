@@ -123,9 +123,10 @@ class RowList:
 
 
 def stored(number, row):
-    return Stored(number, row["input_size"], row.get("input_stamp"), row.get("input_sha256"),
-                  row.get("input_md5"), row["label"], row["split"],
-                  fields_digest(row.get("fields")))
+    return Stored(row=number, input_size=row["input_size"], input_stamp=row.get("input_stamp"),
+                  input_sha256=row.get("input_sha256"), input_md5=row.get("input_md5"),
+                  label=row["label"], split=row["split"],
+                  fields=fields_digest(row.get("fields")))
 
 
 class Previous:

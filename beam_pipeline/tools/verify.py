@@ -114,8 +114,9 @@ def check(path):
     for split, s in sorted(info.splits.items()):
         counted, readable = {}, True
         for shard in s.shards:
-            counts = check_shard(gfile, vdir, shard, labels, label_offset, write_index, problems,
-                                 catalog, split, field_schema)
+            counts = check_shard(gfile, vdir, shard, labels, label_offset,
+                                 write_index=write_index, problems=problems, catalog=catalog,
+                                 split=split, field_schema=field_schema)
             files += 1
             if counts is None:
                 readable = False

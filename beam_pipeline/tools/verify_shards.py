@@ -63,7 +63,7 @@ def _example_fields(record):
             one(schema.FILENAME, "bytes_list").decode())
 
 
-def check_shard(gfile, vdir, shard, labels, label_offset, write_index, problems,
+def check_shard(gfile, vdir, shard, labels, label_offset, *, write_index, problems,
                  catalog=None, split=None, field_schema=None):
     """Read one shard (a ShardInfo) end to end (and its catalog rows, with `catalog`; its
     records' declared fields, with `field_schema`: dataset_format.fields.Schema).
@@ -103,8 +103,8 @@ def check_shard(gfile, vdir, shard, labels, label_offset, write_index, problems,
                 seen.append((offset - frame_len, frame_len, None, None))
                 continue
             seen.append((offset - frame_len, frame_len, key, sha))
-            shard_problems += _record_problems(k, label, text, encoded, sha, labels,
-                                               label_offset)
+            shard_problems += _record_problems(k, label, text, encoded, sha, labels=labels,
+                                               label_offset=label_offset)
             if field_schema:
                 shard_problems += [f"record {k}: {p}" for p in fields.record_problems(
                     field_schema, examples.parse_features(record), schema.FEATURES)]
@@ -119,13 +119,13 @@ def check_shard(gfile, vdir, shard, labels, label_offset, write_index, problems,
         problems.add(rel, p)
     if len(shard_problems) > MAX_PROBLEMS_PER_FILE:
         problems.add(rel, f"… and {len(shard_problems) - MAX_PROBLEMS_PER_FILE} more problems")
-    _check_index(gfile, path, rel, frames, complete, write_index, problems)
+    _check_index(gfile, path, rel, frames, complete, required=write_index, problems=problems)
     if catalog is not None:
         catalog.check_shard(rel, split, seen, complete)
     return counts if complete else None
 
 
-def _record_problems(k, label, text, encoded, sha, labels, label_offset):
+def _record_problems(k, label, text, encoded, sha, *, labels, label_offset):
     """What is wrong with record `k`'s label (against the manifest's classes) and hash."""
     found = []
     if label == fields.NO_LABEL and text == "":
@@ -140,7 +140,7 @@ def _record_problems(k, label, text, encoded, sha, labels, label_offset):
     return found
 
 
-def _check_index(gfile, path, rel, frames, complete, required, problems):
+def _check_index(gfile, path, rel, frames, complete, *, required, problems):
     """Each index line must be (offset, length) of the frame at that position; when the shard
     could not be read to its end, only the lines for the frames that were read are compared."""
     index = layout.index_name(path)
