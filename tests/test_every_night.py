@@ -162,10 +162,27 @@ def test_a_local_build_past_max_hours_stops_frees_the_lock_and_exits_1(tmp_path)
     assert lines == ["error: build failed: stopped after --max_hours 0.0005 (2 s); nothing "
                      "published, the root's lock released (a hung input, or a bound too tight "
                      "for this build?) (run with --verbose for the traceback)"], proc.stderr
-    # The same while the job runs: 0.0004 h (1.4 s) is less than a build of 40 images takes.
-    proc, _ = _cli("--input", src, "--output", root, *ARGS, "--max_hours", "0.0004")
-    assert proc.returncode == 1, proc.stderr
-    assert "stopped after --max_hours 0.0004" in proc.stderr
+    # The same while the job runs, held there: an input turned into a FIFO once it is listed
+    # (the listing rejects special files; the shard writer then waits on it).
+    stuck = src / "cat" / "c0.jpg"
+    proc = subprocess.Popen([sys.executable, "-m", "beam_pipeline", "--input", str(src),
+                             "--output", str(root), *ARGS, "--max_hours", "0.003"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    for line in proc.stdout:  # the plan's line: listed, the job about to start
+        if line.startswith("Building "):
+            break
+    else:
+        raise AssertionError(f"no plan line: {proc.stderr.read()}")
+    stamp = os.stat(stuck).st_mtime_ns
+    stuck.unlink()
+    os.mkfifo(stuck)
+    os.utime(stuck, ns=(stamp, stamp))
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err
+    assert "stopped after --max_hours 0.003" in err
+    stuck.unlink()
+    stuck.write_bytes(tiny_image(0, "jpg"))
     assert not (root / layout.LATEST).exists()
     assert build([src], root, *ARGS)["status"] == "published"  # the lock is free
 
