@@ -78,8 +78,21 @@ class _Outcomes:
         return self.matched is Became.MOVED
 
 
+class Sized:
+    """`num_images` and `num_bytes` of a value with `per_split` ({split: [count, bytes]}):
+    Resolved, and resume's Remainder (the images no taken shard holds)."""
+
+    @property
+    def num_images(self):
+        return sum(c for c, _ in self.per_split.values())
+
+    @property
+    def num_bytes(self):
+        return sum(b for _, b in self.per_split.values())
+
+
 @dataclasses.dataclass
-class Resolved:
+class Resolved(Sized):
     """Every listed image with its final split, and the previous record it may reuse."""
 
     # Images with a stored record first, in catalog row order (so their full rows are read
@@ -89,14 +102,6 @@ class Resolved:
     per_split: dict = dataclasses.field(default_factory=dict)  # split -> [count, bytes]
     counts: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     rows: object = None           # previous.CatalogRows / RowList: the rows numbered
-
-    @property
-    def num_images(self):
-        return sum(c for c, _ in self.per_split.values())
-
-    @property
-    def num_bytes(self):
-        return sum(b for _, b in self.per_split.values())
 
     def changed(self):
         """Whether the listing differs from the previous version's examples at all."""

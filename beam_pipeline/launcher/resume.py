@@ -36,6 +36,7 @@ from beam_pipeline.algorithms.read_ahead import threaded
 from beam_pipeline.algorithms.spill import SortedSpill, join_sorted
 from beam_pipeline.job import attempts
 from beam_pipeline.job.contracts import Kind, Origin, PlannedShard
+from beam_pipeline.launcher import identity
 from beam_pipeline.refs import LINE_KEY, LINE_MD5, LINE_SIZE, LINE_STAMP, ImageRef
 from beam_pipeline.store import files
 from dataset_format import layout
@@ -149,7 +150,7 @@ def take(resolved, finished, shard_settings, spill_dir, copies=True):
     return Resumed(taken, remainder, dropped)
 
 
-class Remainder:
+class Remainder(identity.Sized):
     """A Resolved without the images of the taken shards: what the plans read (refs,
     ref_lines, per_split, counts, num_images, num_bytes)."""
 
@@ -158,14 +159,6 @@ class Remainder:
         self.spill_dir = spill_dir  # where the images are sorted by key again (_keyed)
         self.per_split = {s: list(c) for s, c in resolved.per_split.items()}
         self.counts = collections.Counter(resolved.counts)
-
-    @property
-    def num_images(self):
-        return sum(c for c, _ in self.per_split.values())
-
-    @property
-    def num_bytes(self):
-        return sum(b for _, b in self.per_split.values())
 
     def _kept(self, keyed):
         """(key, item) in key order -> the items of keys no taken shard holds."""
