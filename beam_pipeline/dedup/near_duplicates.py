@@ -70,7 +70,7 @@ class NearPair:
     @property
     def why(self):
         """Why a candidate was not confirmed ("" when it was): each measure past its limit,
-        with its value and the limit, e.g. "structure differs (0.3412 > 0.29)"."""
+        with its value and the limit, e.g. "structure differs (0.3412 > 0.31)"."""
         return "" if self.confirmed else self.reason()
 
     def reason(self, max_structure=None, max_chroma=None, max_mean_chroma=None):
