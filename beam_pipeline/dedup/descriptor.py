@@ -15,7 +15,7 @@ pair up. This descriptor looks at what the hash throws away:
   structure lined up best (a 4x4 grid of mean Y, Cb, Cr, averaged over the window), scaled
   by the two means' luma so brightness +/-10% cancels. A grey gradient and a red retina disc
   share the shape but not the colour; a crop that moves the mean colour (a flower cut from
-  its leaves: 5.03 levels as whole means) lines up again (2.14 over its window).
+  its leaves: 5.03 levels as whole means) lines up again (2.08 over its window).
 
 A pair is confirmed when both are within their limits (`MAX_STRUCTURE`, `MAX_CHROMA`), chosen
 on one half of the near-duplicate precision benchmark (benchmarks/
@@ -82,14 +82,12 @@ def describe_reduced(small, grey):
         means = (float(thumb.mean()), 128.0, 128.0)
         cells = np.stack([_box(h, GRID) @ grey @ _box(w, GRID).T,
                           np.full((GRID, GRID), 128.0), np.full((GRID, GRID), 128.0)], 2)
-    else:
-        flat = small.reshape(-1, 3)
-        means = (_YCC @ (np.ones(len(flat)) @ flat) / len(flat) + (0, 128, 128)).tolist()
-        # two small products (a three-operand einsum cost ~500 us); RGB -> YCbCr is linear:
-        # averaged first, it converts 16 cells instead of every pixel
+    else:  # two small products (a three-operand einsum cost ~500 us); RGB -> YCbCr is
+        # linear: averaged first, it converts 16 cells, not every pixel, and the cells' mean
+        # is the image's (equal areas)
         rows = (_box(h, GRID) @ small.reshape(h, w * 3)).reshape(GRID, w, 3)
-        rgb = (rows.transpose(0, 2, 1) @ _box(w, GRID).T).transpose(0, 2, 1)
-        cells = rgb @ _YCC.T + (0, 128, 128)
+        cells = (_box(w, GRID) @ rows) @ _YCC.T + (0, 128, 128)
+        means = cells.mean((0, 1)).tolist()
     return (_PROBES.pack(*perceptual.corner_hashes_of_grey(grey))
             + np.round(np.clip(cells, 0, 255)).astype(np.uint8).tobytes()
             + np.round(thumb).astype(np.uint8).tobytes()
