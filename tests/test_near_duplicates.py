@@ -236,6 +236,10 @@ def test_a_pair_found_only_through_the_corner_probes_comes_back_whole():
     assert back["original.jpg"] == rows[0] and back["copy.jpg"] == rows[1]
     (pair,) = nd.near_pairs(rows, radius=2)
     assert pair.confirmed and pair.leak() == "copy.jpg"
+    assert not pair.mean_colour and "mean_colour" not in pair.to_json()  # both have the grid
+    (cut,) = nd.near_pairs([rows[0], dataclasses.replace(rows[1], descriptor=d_copy[:32] +
+                                                          d_copy[80:])], radius=2)
+    assert cut.mean_colour and cut.structure == pair.structure  # one without: whole means
     assert not list(nd.find_pairs([dataclasses.replace(r, descriptor=r.descriptor[32:])
                                    for r in rows], radius=2))  # without the probes: none
 
