@@ -39,9 +39,10 @@ on A; every table prints all, A and B.
 
 Printed: the limits chosen on A against the built ones; at each radius, recall (single,
 combo, fresh) and precision on direct pairs and on the pairs the reported components imply,
-hash only, confirmed as before and as built, per half; recall per class; the search plan's
-recall as catalogs grow; the alternatives' figures at the built radius. Needs the "bench"
-extra.
+hash only, confirmed as before (19 windows), before the colour grid (the whole means) and as
+built, per half; recall per class; the positives the build misses, measured anyway; more
+probe hashes beside the six; the search plan's recall as catalogs grow; the alternatives'
+figures at the built radius. Needs the "bench" extra.
 """
 
 import argparse
@@ -331,6 +332,21 @@ def measured(pairs_i, pairs_j, smalls, distances=descriptor.distances):
     return distances([desc[k] for k in pairs_i], [desc[k] for k in pairs_j])
 
 
+def without_grid(d):
+    """A descriptor as written before the colour grid (291 bytes): its pairs compare by the
+    whole means, as that build did."""
+    return d[:8 * descriptor.PROBES] + d[-descriptor.CONFIRM_SIZE:]
+
+
+def means_descriptor(pairs_i, pairs_j, smalls, positive=None):
+    """The confirmation before the colour grid: 49 windows, the whole means, <= 0.29 and
+    <= 4.4 (the limits half A chose for it)."""
+    s, c = measured(pairs_i, pairs_j, smalls,
+                    lambda a, b: descriptor.distances([without_grid(d) for d in a],
+                                                      [without_grid(d) for d in b]))
+    return (s <= 0.29) & (c <= 4.4), "<= 0.29, 4.4"
+
+
 def before_descriptor(pairs_i, pairs_j, smalls, positive=None):
     """The confirmation before: 19 windows (both sides cut alike), <= 0.25 and <= 3."""
     s, c = measured(pairs_i, pairs_j, smalls, corpus_lib.before_distances)
@@ -354,8 +370,129 @@ ALTERNATIVES = {
     "gradient hash (dHash 9x8, bits)": alternative(gradient_hash, gradient_hash_distance),
     "block means 8x8 (1 - correlation)": alternative(block_means, block_means_distance),
     "BEFORE: luma 16x16, 19 windows (<= 0.25) + chroma (<= 3)": before_descriptor,
-    "BUILT: luma 16x16, 49 windows + chroma, its limits": built_descriptor,
+    "BEFORE THE GRID: luma 16x16, 49 windows + whole means' chroma": means_descriptor,
+    "BUILT: luma 16x16, 49 windows + chroma over the window, its limits": built_descriptor,
 }
+
+
+# --- more probe hashes: what proposing more candidates would win --------------------------
+
+def crop_hash(grey, cut):
+    """pHash of grey pixels (perceptual.reduced's) with (top, bottom, left, right) fractions
+    of each side cut off: the stored corner hashes are (0, .05, 0, .05) and the like."""
+    h, w = grey.shape
+    t, b, l, r = (int(round(f * n)) for f, n in zip(cut, (h, h, w, w)))
+    return perceptual._packed(perceptual.bits_of(perceptual._low(grey[t:h - b, l:w - r])))
+
+
+def _linear(lo, hi, side=descriptor.SIDE):
+    """side x side: linear sampling of the span [lo, hi) px of a side-px axis."""
+    m = np.zeros((side, side))
+    for o in range(side):
+        x = min(max(lo + (o + 0.5) * (hi - lo) / side - 0.5, 0.0), side - 1.0)
+        k = int(x)
+        m[o, k] += 1 - (x - k)
+        m[o, min(k + 1, side - 1)] += x - k
+    return m
+
+
+def thumbnail_hash(desc, cut):
+    """A pHash-like hash computed at commit from the stored 16x16 thumbnail (no new bytes):
+    the 8x8 lowest DCT frequencies of the cut, resampled back to 16x16 (a 16-px thumbnail
+    holds the same frequencies as the 32-px one pHash reads, box- not Lanczos-filtered)."""
+    thumb = descriptor.parse([desc])[0][0].astype(np.float64)
+    dct = perceptual._dct_rows(descriptor.SIDE, 8)
+    t, b, l, r = (f * descriptor.SIDE for f in cut)
+    low = (dct @ _linear(t, descriptor.SIDE - b)) @ thumb @ (dct @ _linear(
+        l, descriptor.SIDE - r)).T
+    return perceptual._packed(perceptual.bits_of(low.ravel()))
+
+
+SIDE_SHIFTED = ((.025, .025, 0, .05), (.025, .025, .05, 0), (0, .05, .025, .025),
+                (.05, 0, .025, .025))
+PROBE_ALTERNATIVES = {  # name: its extra hashes' cuts (top, bottom, left, right), or "thumbnail"
+    "+ central 80% (a 7th stored hash)": ((.1, .1, .1, .1),),
+    "+ 4 side-shifted 95% (stored)": SIDE_SHIFTED,
+    "+ central 80% and 4 side-shifted (stored)": ((.1, .1, .1, .1),) + SIDE_SHIFTED,
+    "+ central 80% of the stored thumbnail (no new bytes)": "thumbnail",
+}
+
+
+def _us_per_image(greys, hash_all, repeats=3):
+    """Best of `repeats` of hash_all(grey) over `greys`, in us an image (one thread)."""
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        for g in greys:
+            hash_all(g)
+        times.append((time.perf_counter() - t) / len(greys) * 1e6)
+    return min(times)
+
+
+def probe_alternatives(hashes, smalls, cls, i, j, label, pclass, halves_, radius):
+    """Each family of extra hashes added to the six, at `radius`, confirmed as built: recall
+    per class and half, precision, false pairs, and what its hashes cost the writer an image
+    beside the built six's (40 corpus photos' decodes, one product per extra hash, one
+    thread, best of 3; the thumbnail's is made at commit from stored bytes)."""
+    greys = [perceptual.reduced(s)[1] for s in smalls]
+    descs = [descriptor.describe(s) for s in smalls]
+    # 40 photos, as the cost mode times: their side lengths stay within perceptual's cache
+    photos = [g for g, c in zip(greys, cls) if c == "photo"][:40]
+    six = _us_per_image(photos, lambda g: (perceptual.phash_pair_of_grey(g),
+                                           perceptual.corner_hashes_of_grey(g)))
+    print(f"\nmore probe hashes at radius {radius} (the six plus each family, confirmed as "
+          "built): candidates / confirmed / positives per class and half; the built six "
+          f"cost {six:.1f} us an image")
+    out = {"six_us_per_image": six}
+    for name, cuts in PROBE_ALTERNATIVES.items():
+        if cuts == "thumbnail":
+            extra = [[thumbnail_hash(d, (.1, .1, .1, .1))] for d in descs]
+            us = float("nan")  # made at commit from stored bytes, batched: not a write cost
+        else:
+            extra = [[crop_hash(g, c) for c in cuts] for g in greys]
+            us = _us_per_image(photos, lambda g: [crop_hash(g, c) for c in cuts])
+        more = np.concatenate([hashes, np.array(extra, np.uint64)], 1)
+        n = more.shape[1]
+        dist = np.minimum.reduce([perceptual.hamming_many(more[i, a], more[j, b])
+                                  for a in range(n) for b in range(n)])
+        row = {"us_per_image": us, "hashes": n}
+        for part, universe in halves_.items():
+            cand = np.nonzero((dist <= radius) & universe)[0]
+            keep = built_descriptor(i[cand].tolist(), j[cand].tolist(), smalls)[0]
+            sc = scores(keep, cand, label, pclass, i, j, universe)
+            found = {cl: f"{int(((pclass == cl) & universe & (dist <= radius)).sum())}/"
+                         f"{int((pclass[cand[keep]] == cl).sum())}/"
+                         f"{int(((pclass == cl) & universe).sum())}" for cl in ("single", "combo")}
+            row[part] = dict(sc, found=found,
+                             false=false_by_class(keep, cand, label, cls, i, j))
+        out[name] = row
+        cost = "at commit" if us != us else f"+{us:4.1f} us/image"
+        print(f"  {name:<52} {n} hashes, {cost}  " + "  ".join(
+            f"{p}: single {row[p]['found']['single']} combo {row[p]['found']['combo']} "
+            f"direct {row[p]['direct']:.2%} implied {row[p]['implied']:.2%}" for p in halves_)
+            + f"  false (all) {row['all']['false']}")
+    return out
+
+
+def misses(cand, keep, dist, smalls, group, i, j, pclass, report, classes=("combo",)):
+    """Every positive of `classes` the build misses: its photo, half, least hash distance,
+    and its structure and chroma, measured whether or not it was a candidate (what the
+    confirmation would say of it if a hash had proposed it)."""
+    confirmed = set(cand[keep].tolist())
+    lost = [q for q in np.flatnonzero(np.isin(pclass, classes)) if q not in confirmed]
+    ms, mc = measured(i[lost].tolist(), j[lost].tolist(), smalls)
+    rows = [dict(cls=str(pclass[q]), group=str(group[i[q]]), half="B" if report[q] else "A",
+                 hash_distance=int(dist[q]), structure=round(float(a), 4),
+                 chroma=round(float(b), 2),
+                 why=near_duplicates.NearPair(("a", "b"), ("", ""), 0, float(a), float(b),
+                                              bool(descriptor.confirmed(a, b))).why)
+            for q, a, b in zip(lost, ms, mc)]
+    print("\npositives missed at the default radius (class, photo, half, least hash distance, "
+          "structure and chroma measured anyway, what the confirmation says):")
+    for r in rows:
+        print(f"  {r['cls']:<7} {r['group']:<9} {r['half']}  {r['hash_distance']:>2} bits  "
+              f"s {r['structure']:.3f}  c {r['chroma']:.2f}  {r['why'] or 'would be confirmed'}")
+    return rows
 
 
 # --- scoring ------------------------------------------------------------------------------
@@ -561,14 +698,18 @@ def main(argv=None):
                           "false": wrong}, "built": list(built), "radii": {},
                "alternatives": {}}
     print("\n'2 hashes': whole and central 90%; '6 hashes': and the four 95% corner crops "
-          "(built); '+ before': confirmed as before (19 windows, <= 0.25, <= 3); '+ conf': "
-          "the built confirmation (49 windows, its limits). Half A chose the limits; half B "
+          "(built); '+ before': confirmed as before (19 windows, <= 0.25, <= 3); '+ means': "
+          "49 windows, the whole means' chroma (<= 0.29, <= 4.4: before the colour grid); "
+          "'+ conf': "
+          "the built confirmation (49 windows, chroma over the window they line up, its "
+          "limits). Half A chose the limits; half B "
           "reports them.")
     print(f"\n{'radius':>6} {'scheme':<17} {'pairs':<6} {'single':>7} {'combo':>7} "
           f"{'fresh':>7} {'direct':>8} {'implied':>8}  false pairs by class")
     for rad in radii:
         for hashed, d in (("2 hashes", dist2), ("6 hashes", dist)):
             for scheme, confirm in ((hashed, None), (f"{hashed} + before", before_descriptor),
+                                    (f"{hashed} + means", means_descriptor),
                                     (f"{hashed} + conf", built_descriptor)):
                 for part, universe in (("all", everything), ("A", choose), ("B", report)):
                     cd = np.nonzero((d <= rad) & universe)[0]
@@ -593,6 +734,10 @@ def main(argv=None):
     print("  positives the confirmation rejects (class, photo group, structure, chroma): "
           + "; ".join(f"{pclass[q]} {group[i[q]]} {float(s[k]):.3f} {float(c[k]):.2f}"
                       for k, q in enumerate(cand) if q in set(rejected.tolist())))
+    figures["misses"] = misses(cand, keep, dist, smalls, group, i, j, pclass, report,
+                               ("single", "combo"))
+    figures["probes"] = probe_alternatives(hashes, smalls, cls, i, j, label, pclass,
+                                           {"all": everything, "A": choose, "B": report}, r)
     figures["plans"] = plan_recall(hashes, i, j, label, pclass, smalls, r, everything)
     print(f"\nalternatives at radius {r} (the hash's candidates, each confirmed by one "
           "descriptor):")

@@ -255,6 +255,19 @@ def before_distances(a, b):
                                                     descriptor._chroma(mb, ma))
 
 
+def describe_without_grid(pixels):
+    """descriptor.describe as it was before the colour grid (291 bytes: probes, thumbnail,
+    means), for the cost side by side: the same code less the grid's product."""
+    small, grey = perceptual.reduced(pixels)
+    h, w = grey.shape
+    thumb = descriptor._box(h) @ grey @ descriptor._box(w).T
+    flat = small.reshape(-1, 3)
+    means = (descriptor._YCC @ (np.ones(len(flat)) @ flat) / len(flat) + (0, 128, 128))
+    return (descriptor._PROBES.pack(*perceptual.corner_hashes_of_grey(grey))
+            + np.round(thumb).astype(np.uint8).tobytes()
+            + bytes(int(round(min(max(m, 0), 255))) for m in means.tolist()))
+
+
 def methods():
     import imagehash
 
@@ -431,6 +444,10 @@ def cost():
             descriptor.describe, [simplejpeg.decode_jpeg(d, "RGB", min_width=perceptual.MIN_SIDE,
                                                          min_height=perceptual.MIN_SIDE)
                                   for d in datas]),
+        "before the colour grid: describe of the scaled RGB decode": per_image_us(
+            describe_without_grid, [simplejpeg.decode_jpeg(
+                d, "RGB", min_width=perceptual.MIN_SIDE, min_height=perceptual.MIN_SIDE)
+                for d in datas]),
         "imagehash.phash of the scaled decode": per_image_us(imagehash.phash, pil_small),
         "imagehash.phash of the JPEG (open + full)": per_image_us(lib_full(imagehash.phash),
                                                                   datas),
@@ -441,12 +458,20 @@ def cost():
     a, b = zip(*[(descs[x], descs[y]) for x in range(len(descs))
                  for y in range(x + 1, len(descs))])
     pairs_us = {}
+    ungridded = [d[:8 * descriptor.PROBES] + d[-descriptor.CONFIRM_SIZE:] for d in descs]
+    a_means, b_means = zip(*[(ungridded[x], ungridded[y]) for x in range(len(descs))
+                             for y in range(x + 1, len(descs))])
     for _ in range(5):  # alternating: load drifts alike
+        t = time.perf_counter()
+        descriptor.distances(list(a_means), list(b_means))
+        pairs_us.setdefault("means", []).append((time.perf_counter() - t) / len(a) * 1e6)
         for name, fn in (("before", before_distances), ("built", descriptor.distances)):
             t = time.perf_counter()
             fn(list(a), list(b))
             pairs_us.setdefault(name, []).append((time.perf_counter() - t) / len(a) * 1e6)
     figures["confirmation per candidate pair, before (19 windows)"] = min(pairs_us["before"])
+    figures["confirmation per candidate pair, before the grid (whole means)"] = min(
+        pairs_us["means"])
     figures["confirmation per candidate pair, built (49 windows)"] = min(pairs_us["built"])
     from beam_pipeline.job import images
 
@@ -468,10 +493,15 @@ def cost():
               f" ({net / CPU_SLOPE_US:+.1%} of the default build's CPU per image; target <= 5%)")
     extra = (figures["confirmation per candidate pair, built (49 windows)"]
              - figures["confirmation per candidate pair, before (19 windows)"])
-    print(f"  confirmation: {extra:+.1f} us per candidate pair ({len(a)} pairs of these "
-          f"images, one batch, best of 5 alternating runs); at ~0.01 candidates an image "
-          f"(photos with ~1% near-duplicates) {extra * 0.01:+.2f} us per image; the stored "
-          f"descriptor and its cost in the writer are unchanged")
+    grid = (figures["confirmation per candidate pair, built (49 windows)"]
+            - figures["confirmation per candidate pair, before the grid (whole means)"])
+    describe = (figures["BUILT: descriptor.describe of the scaled RGB decode"]
+                - figures["before the colour grid: describe of the scaled RGB decode"])
+    print(f"  confirmation: {extra:+.1f} us per candidate pair against 19 windows, "
+          f"{grid:+.1f} against the whole means ({len(a)} pairs of these images, one batch, "
+          f"best of 5 alternating runs); at ~0.01 candidates an image (photos with ~1% "
+          f"near-duplicates) {grid * 0.01:+.2f} us per image; the colour grid adds "
+          f"{describe:+.1f} us per image to describe (the writer)")
     bad = corruptions(datas, random.Random(SEED))
     a = [refused(full_grey, d) for d in bad]
     b = [refused(scaled, d) for d in bad]

@@ -30,8 +30,9 @@ def jpeg_small(img, quality=90):
 
 def test_the_probes_are_the_corner_crops_hashes_and_older_descriptors_still_compare():
     """The first 32 bytes: pHashes of the four 95% corner crops, so a copy cut to one of
-    them has a probe 0 bits from its whole hash; a descriptor written before the probes
-    (the last 259 bytes alone) gives the same verdicts."""
+    them has a probe 0 bits from its whole hash; a descriptor written before the colour grid
+    (291 bytes: no grid) and one written before the probes (the last 259 bytes alone) give
+    the same measures as each other, of the whole means."""
     rng = np.random.default_rng(3)
     img = np.clip(rng.normal(128, 40, (48, 64)).cumsum(1) / 8 % 256, 0, 255).astype(np.uint8)
     d = descriptor.describe(img)
@@ -39,11 +40,17 @@ def test_the_probes_are_the_corner_crops_hashes_and_older_descriptors_still_comp
     dh, dw = (h + 10) // 20, (w + 10) // 20
     crops = [img[:h - dh, :w - dw], img[:h - dh, dw:], img[dh:, :w - dw], img[dh:, dw:]]
     assert descriptor.probes(d) == tuple(perceptual.phash(c) for c in crops)
-    assert len(set(descriptor.probes(d))) == 4 and descriptor.probes(d[32:]) == ()
+    assert len(set(descriptor.probes(d))) == 4 and descriptor.probes(d[80:]) == ()
+    assert descriptor.probes(d[:32] + d[80:]) == descriptor.probes(d)
     other = descriptor.describe(crops[3])
     s_new, c_new = descriptor.distances([d], [other])
-    s_old, c_old = descriptor.distances([d[32:]], [other[32:]])
-    assert s_new.tolist() == s_old.tolist() and c_new.tolist() == c_old.tolist()
+    s_291, c_291 = descriptor.distances([d[:32] + d[80:]], [other[:32] + other[80:]])
+    s_259, c_259 = descriptor.distances([d[80:]], [other[80:]])
+    s_mix, c_mix = descriptor.distances([d], [other[80:]])  # one side without the grid
+    assert s_new.tolist() == s_291.tolist() == s_259.tolist() == s_mix.tolist()
+    assert c_291.tolist() == c_259.tolist() == c_mix.tolist()
+    assert descriptor.gridded([d, d, d[:32] + d[80:]], [other, other[80:], other]).tolist() == [
+        True, False, False]
 
 
 def png(img):
@@ -60,14 +67,23 @@ def verdict(a, b):
 
 def test_layout_and_size():
     d = descriptor.describe(np.full((40, 50, 3), (200, 100, 50), np.uint8))
-    assert len(d) == descriptor.SIZE == 4 * 8 + 259
-    assert descriptor.parse([d[32:]])[0].tolist() == descriptor.parse([d])[0].tolist()
+    assert len(d) == descriptor.SIZE == 4 * 8 + 4 * 4 * 3 + 259
+    assert descriptor.parse([d[80:]])[0].tolist() == descriptor.parse([d])[0].tolist()
     thumb, means = descriptor.parse([d])
     assert thumb.shape == (1, 16, 16) and np.all(thumb == thumb[0, 0, 0])
     # Pillow's YCbCr of (200, 100, 50): Y 124, Cb 86, Cr 182 (Cb, Cr offset by 128)
     assert means[0].tolist() == [124, 86, 182]
+    assert list(d[32:80]) == [124, 86, 182] * 16  # the grid: the same in every cell
+    assert descriptor.grids([d], means)[0].tolist() == [[[124, 86, 182]] * 4] * 4
     grey = descriptor.describe(np.full((40, 50), 77, np.uint8))
     assert descriptor.parse([grey])[1][0].tolist() == [77, 128, 128]
+    assert list(grey[32:80]) == [77, 128, 128] * 16
+    # left half red, right half blue: the grid's left and right columns, each cell's Y Cb Cr
+    halves = np.zeros((40, 48, 3), np.uint8)
+    halves[:, :24], halves[:, 24:] = (200, 0, 0), (0, 0, 200)
+    cells = np.frombuffer(descriptor.describe(halves), np.uint8, 48, 32).reshape(4, 4, 3)
+    assert cells[:, 0].tolist() == [[60, 94, 228]] * 4 and cells[:, 3].tolist() == [
+        [23, 228, 112]] * 4
     with pytest.raises(ValueError, match="empty"):
         descriptor.describe(np.zeros((0, 5, 3), np.uint8))
 
@@ -108,6 +124,23 @@ def test_a_copy_cut_off_one_side_only_lines_up(seed):
     for copy in copies:
         s, c, ok = verdict(jpeg_small(img), copy)
         assert ok and s < 0.015, (s, c)
+
+
+@pytest.mark.parametrize("seed", [1, 3])
+def test_a_crop_that_moves_the_mean_colour_lines_up_by_its_window(seed):
+    """A photo reddening to the right, cut 10% off the right: the whole means differ (the
+    crop took the reddest part: 2.98 and 3.26 levels measured), the colour over the window
+    structure lined up does not (0.70, 1.03); without the grid, the means as before."""
+    img = np.asarray(photo_like(seed)).astype(np.float64)
+    ramp = np.linspace(0, 1, img.shape[1])[None, :, None] ** 2
+    red = np.clip(img * (1 - 0.6 * ramp) + 0.6 * ramp * np.array([230, 40, 40]), 0, 255)
+    red = red.astype(np.uint8)
+    a = descriptor.describe(jpeg_small(Image.fromarray(red)))
+    b = descriptor.describe(red[:, :red.shape[1] * 90 // 100])
+    s, c = descriptor.distances([a], [b])
+    _, c_means = descriptor.distances([a[:32] + a[80:]], [b[:32] + b[80:]])
+    assert c[0] < c_means[0] / 2 and c_means[0] > 2.5, (c, c_means)
+    assert descriptor.confirmed(s, c, descriptor.gridded([a], [b]))[0]
 
 
 def disc(colour, centre=(0.5, 0.5), radius=0.35, side=200, blur=False):

@@ -117,9 +117,10 @@ def test_planted_cross_split_pair_is_reported_everywhere(reported):
     rejected = m["near_duplicates"]["rejected"]
     assert m["near_duplicates"] == {
         "path": "near_duplicates.jsonl", "rejected_path": "near_duplicates_rejected.jsonl",
-        "hash": "phash64x6", "confirm": "luma16-chroma/2", "radius": 8,
+        "hash": "phash64x6", "confirm": "luma16-chroma/3", "radius": 8,
         "exact_radius": 8, "found_at_radius": 1.0,
         "max_structure": descriptor.MAX_STRUCTURE, "max_chroma": descriptor.MAX_CHROMA,
+        "max_mean_chroma": descriptor.MAX_MEAN_CHROMA,
         "candidates": 1 + rejected, "pairs": 1, "rejected": rejected, "unconfirmable": 0,
         "pairs_across_splits": 1, "components": 1, "images": 2, "leaks": 1, "excluded": 0,
         "incremental": False}
@@ -268,6 +269,7 @@ def test_previous_verdicts_count_only_when_confirmed_alike(tmp_path):
     for near, alike in ((None, False), (leaks.confirm_spec(), True),
                         (dict(leaks.confirm_spec(), confirm="luma16-chroma/1"), False),
                         (dict(leaks.confirm_spec(), max_chroma=3.0), False),
+                        (dict(leaks.confirm_spec(), max_mean_chroma=3.0), False),
                         (dict(leaks.confirm_spec(), max_structure=0.25), False)):
         with open(os.path.join(vdir, layout.MANIFEST), "w") as f:
             json.dump({"near_duplicates": near}, f)
@@ -292,6 +294,19 @@ def test_closest_rejects_lines_name_the_measure_and_the_build_limits(tmp_path):
         "near_duplicates_rejected.jsonl; limits: structure 0.25, chroma 3.0):",
         "  c.jpg (test) ~ d.jpg (train): 4 bits, structure 0.0004, chroma 3.44, 1.15x the "
         "limit: colour differs (3.44 > 3)",
+        "  a.jpg (train) ~ b.jpg (test): 6 bits, structure 0.3412, chroma 0.8, 1.36x the "
+        "limit: structure differs (0.3412 > 0.25)"]
+    # this build's limits: a pair of a row without the colour grid is held to the means' limit
+    mean = grouping.NearPair(("g.jpg", "h.jpg"), ("train", "test"), 3, 0.01, 4.62, False, True)
+    with open(tmp_path / layout.NEAR_DUPLICATES_REJECTED, "w") as f:
+        f.write("".join(p.to_json() + "\n" for p in pairs[:1] + [mean]))
+    manifest["near_duplicates"].update(max_chroma=2.5, max_mean_chroma=4.4)
+    assert near_rejects.closest(tf.io.gfile, str(tmp_path), manifest, 5) == [
+        "closest rejected cross-split near-duplicate pairs (2 shown, of 3 rejected in "
+        "near_duplicates_rejected.jsonl; limits: structure 0.25, chroma 2.5 (of whole means "
+        "4.4)):",
+        "  g.jpg (train) ~ h.jpg (test): 3 bits, structure 0.01, chroma 4.62, 1.05x the "
+        "limit: colour differs (4.62 > 4.4)",
         "  a.jpg (train) ~ b.jpg (test): 6 bits, structure 0.3412, chroma 0.8, 1.36x the "
         "limit: structure differs (0.3412 > 0.25)"]
     assert near_rejects.closest(tf.io.gfile, str(tmp_path), {}, 5) == [

@@ -155,41 +155,51 @@ def test_pairs_are_confirmed_by_descriptors_and_leaks_need_a_direct_pair():
     assert pairs[1].splits == ("train", "test") and pairs[1].leak() == "c.jpg"
     assert pairs[0].leak() is None and pairs[3].leak() is None  # train-train; rejected
     s, c = pairs[3].structure, pairs[3].chroma
-    assert s > descriptor.MAX_STRUCTURE and c > descriptor.MAX_CHROMA
+    # descriptors without the colour grid: their chroma is of the whole means, held to its limit
+    assert all(p.mean_colour for p in pairs)
+    assert s > descriptor.MAX_STRUCTURE and c > descriptor.MAX_MEAN_CHROMA
     assert pairs[3].why == (f"structure differs ({s:g} > {descriptor.MAX_STRUCTURE:g}), "
-                            f"colour differs ({c:g} > {descriptor.MAX_CHROMA:g})")
+                            f"colour differs ({c:g} > {descriptor.MAX_MEAN_CHROMA:g})")
     assert pairs[3].excess() == pytest.approx(max(s / descriptor.MAX_STRUCTURE,
-                                                  c / descriptor.MAX_CHROMA))
+                                                  c / descriptor.MAX_MEAN_CHROMA))
     assert nd.components(pairs) == [("a.jpg", "b.jpg", "c.jpg")]
 
 
 def test_why_names_each_measure_past_its_limit_and_by_how_much():
-    def pair(structure, chroma):
-        return nd.NearPair(("a", "b"), ("train", "test"), 5, structure, chroma, False)
+    def pair(structure, chroma, mean_colour=False):
+        return nd.NearPair(("a", "b"), ("train", "test"), 5, structure, chroma, False,
+                           mean_colour)
 
-    assert pair(0.3412, 1.0).why == "structure differs (0.3412 > 0.29)"
-    assert pair(0.01, 5.03).why == "colour differs (5.03 > 4.4)"
-    assert pair(0.6014, 11.2).why == ("structure differs (0.6014 > 0.29), "
-                                      "colour differs (11.2 > 4.4)")
-    # against a build's own limits (a version records them)
+    assert pair(0.3412, 1.0).why == "structure differs (0.3412 > 0.31)"
+    assert pair(0.01, 3.03).why == "colour differs (3.03 > 2.5)"
+    assert pair(0.6014, 11.2).why == ("structure differs (0.6014 > 0.31), "
+                                      "colour differs (11.2 > 2.5)")
+    # a row without the colour grid: the whole means, held to their own limit
+    assert pair(0.01, 3.03, True).why == "within the limits"
+    assert pair(0.01, 5.03, True).why == "colour differs (5.03 > 4.4)"
+    # against a build's own limits (a version records them; one from before the grid only
+    # max_chroma, of the means, which its lines (no mean_colour) are held to)
     assert pair(0.27, 1.0).reason(0.25, 3.0) == "structure differs (0.27 > 0.25)"
     assert pair(0.27, 1.0).excess(0.25, 3.0) == pytest.approx(0.27 / 0.25)
+    assert pair(0.01, 5.0, True).excess(0.25, 3.0, 4.0) == pytest.approx(5.0 / 4.0)
+    assert pair(0.01, 5.0).excess(0.25, 4.4) == pytest.approx(5.0 / 4.4)
     assert nd.NearPair(("a", "b"), ("x", "y"), 1, 0.0, 0.0, True).why == ""
 
 
 def test_closest_rejected_are_the_cross_split_rejects_nearest_the_limits():
-    pairs = [nd.NearPair(("a", "b"), ("train", "test"), 7, 0.61, 0.0, False),  # 2.10x
-             nd.NearPair(("c", "d"), ("train", "test"), 3, 0.01, 4.5, False),  # 1.02x
+    pairs = [nd.NearPair(("a", "b"), ("train", "test"), 7, 0.61, 0.0, False),  # 1.97x
+             nd.NearPair(("c", "d"), ("train", "test"), 3, 0.01, 4.5, False),  # 1.80x
              nd.NearPair(("e", "f"), ("train", "train"), 1, 0.30, 0.0, False),  # one split
              nd.NearPair(("g", "h"), ("test", "train"), 2, 0.01, 0.1, True),  # confirmed
              nd.NearPair(("i", "j"), ("train", "test"), 1, None, None, False),  # none: last
-             nd.NearPair(("k", "l"), ("validation", "train"), 8, 0.32, 1.0, False)]  # 1.10x
+             nd.NearPair(("k", "l"), ("validation", "train"), 8, 0.32, 1.0, False),  # 1.03x
+             nd.NearPair(("m", "n"), ("train", "test"), 3, 0.01, 4.5, False, True)]  # 1.02x
     assert [p.keys for p in nd.closest_rejected(pairs, 10)] == [
-        ("c", "d"), ("k", "l"), ("a", "b"), ("i", "j")]
-    assert [p.keys for p in nd.closest_rejected(pairs, 2)] == [("c", "d"), ("k", "l")]
+        ("m", "n"), ("k", "l"), ("c", "d"), ("a", "b"), ("i", "j")]
+    assert [p.keys for p in nd.closest_rejected(pairs, 2)] == [("m", "n"), ("k", "l")]
     # the build's limits order them: chroma 4.5 of 9 is nearer than structure 0.32 of 0.29
-    assert [p.keys for p in nd.closest_rejected(pairs, 1, 0.29, 9.0)] == [("c", "d")]
-    assert [p.keys for p in nd.closest_rejected(pairs, 1, 0.31, 4.0)] == [("k", "l")]
+    assert [p.keys for p in nd.closest_rejected(pairs, 1, 0.29, 9.0, 9.0)] == [("c", "d")]
+    assert [p.keys for p in nd.closest_rejected(pairs, 1, 0.31, 4.0, 4.0)] == [("k", "l")]
     assert nd.closest_rejected(pairs, 0) == []
 
 
@@ -226,6 +236,10 @@ def test_a_pair_found_only_through_the_corner_probes_comes_back_whole():
     assert back["original.jpg"] == rows[0] and back["copy.jpg"] == rows[1]
     (pair,) = nd.near_pairs(rows, radius=2)
     assert pair.confirmed and pair.leak() == "copy.jpg"
+    assert not pair.mean_colour and "mean_colour" not in pair.to_json()  # both have the grid
+    (cut,) = nd.near_pairs([rows[0], dataclasses.replace(rows[1], descriptor=d_copy[:32] +
+                                                          d_copy[80:])], radius=2)
+    assert cut.mean_colour and cut.structure == pair.structure  # one without: whole means
     assert not list(nd.find_pairs([dataclasses.replace(r, descriptor=r.descriptor[32:])
                                    for r in rows], radius=2))  # without the probes: none
 
@@ -244,7 +258,8 @@ def test_jsonl_lines_round_trip():
     pairs = nd.near_pairs(rows, radius=2)
     lines = [json.loads(p.to_json()) for p in pairs]
     assert lines[0] == {"keys": ["x/1.jpg", "x/2.jpg"], "splits": ["train", "test"],
-                        "hash_distance": 1, "structure": 0.0, "chroma": 0.0}
+                        "hash_distance": 1, "structure": 0.0, "chroma": 0.0,
+                        "mean_colour": True}  # descriptors without the colour grid
     assert lines[1]["why"] == "no descriptor (a catalog row from before it)"
     assert lines[1]["structure"] is None
     assert list(nd.read_pairs(p.to_json() for p in pairs)) == pairs

@@ -11,22 +11,29 @@ pair up. This descriptor looks at what the hash throws away:
   own the whole, or 95% or 90% of it at 3 positions: a crop of up to 10% off either side
   lines up with one of them, aspect changed or not), both ways. Two crops of a lunar texture
   or two low-texture medical crops share the hash's coarse shape but not this;
-- colour: the mean chroma (Cb, Cr), scaled by the two images' mean luma so brightness
-  +/-10% cancels. A grey gradient and a red retina disc share the shape but not the colour.
+- colour: the chroma (Cb, Cr) of one image's whole against the other's window that
+  structure lined up best (a 4x4 grid of mean Y, Cb, Cr, averaged over the window), scaled
+  by the two means' luma so brightness +/-10% cancels. A grey gradient and a red retina disc
+  share the shape but not the colour; a crop that moves the mean colour (a flower cut from
+  its leaves: 5.03 levels as whole means) lines up again (2.08 over its window).
 
 A pair is confirmed when both are within their limits (`MAX_STRUCTURE`, `MAX_CHROMA`), chosen
 on one half of the near-duplicate precision benchmark (benchmarks/
 bench_near_duplicate_precision.py: of the limits keeping precision >= 99.5% there, those
 confirming the most positives with the fewest false pairs, the middle of that range) and
-reported on the other half (docs/near_duplicates.md has both). An image with almost no
+reported on the other half (docs/near_duplicates.md has both); a pair with a descriptor
+without the grid is held to `MAX_MEAN_CHROMA`, the limit chosen for the whole means before
+the grid, so rows kept from such a catalog get the verdicts they got. An image with almost no
 texture (a thumbnail whose luma varies by < `FLAT` levels) has no structure to confirm with,
 so no pair of it is confirmed: two plain walls can't be told apart by their pixels.
 
 Stored as `SIZE` bytes in the catalog (column near_descriptor): first the `PROBES` extra
 hashes the search uses (perceptual.corner_hashes_of_grey, 8 bytes each, big-endian: more
 hashes per image let the search use a smaller radius, docs/near_duplicates.md), then the
-thumbnail row-major, then mean Y, Cb, Cr (Cb and Cr offset by 128, as JPEG stores them).
-Catalogs written before the probes hold the last `CONFIRM_SIZE` bytes alone; both compare.
+`GRID` x `GRID` colour grid (row-major, Y Cb Cr per cell), then the thumbnail row-major,
+then mean Y, Cb, Cr (Cb and Cr offset by 128, as JPEG stores them). Catalogs written before
+the grid hold `PROBED_SIZE` bytes (no grid), before the probes the last `CONFIRM_SIZE` bytes
+alone; all compare, an image without a grid by its mean colour (as its whole everywhere).
 The stored bytes don't depend on the windows or the limits: changing those changes only the
 verdicts at commit (dedup/leaks.py `CONFIRM` names the comparison), never a record.
 """
@@ -42,11 +49,15 @@ from beam_pipeline.dedup import perceptual
 SIDE = 16                 # the luma thumbnail's side
 WINDOW = 12               # windows are compared at this side
 PROBES = 4                # corner pHashes stored first
-CONFIRM_SIZE = SIDE * SIDE + 3  # the thumbnail and the means: what confirmation compares
-SIZE = 8 * PROBES + CONFIRM_SIZE  # bytes stored per image
+GRID = 4                  # the colour grid's side: 4x4 cells of mean Y, Cb, Cr
+CONFIRM_SIZE = SIDE * SIDE + 3  # the thumbnail and the means: the last bytes of every form
+PROBED_SIZE = 8 * PROBES + CONFIRM_SIZE  # the form written before the grid (291 bytes)
+SIZE = PROBED_SIZE + GRID * GRID * 3  # bytes stored per image (339)
 _PROBES = struct.Struct(f">{PROBES}Q")
-MAX_STRUCTURE = 0.29      # 1 - best normalised correlation (0.25 before the 49 windows)
-MAX_CHROMA = 4.4          # levels of Cb/Cr (of 255), after luma scaling (3.0 before)
+MAX_STRUCTURE = 0.31      # 1 - best normalised correlation (0.29 before the grid, 0.25 before
+                          # the 49 windows; the same verdicts for descriptors without a grid)
+MAX_CHROMA = 2.5          # levels of Cb/Cr (of 255) over the lined-up window, luma-scaled
+MAX_MEAN_CHROMA = 4.4     # of the whole means, when a descriptor has no grid (as before it)
 FLAT = 2.0                # luma std (levels) below which a thumbnail is flat
 _SCALES = (1.0, 0.95, 0.9)
 
@@ -69,29 +80,36 @@ def describe_reduced(small, grey):
     thumb = _box(h) @ grey @ _box(w).T
     if small.ndim == 2:
         means = (float(thumb.mean()), 128.0, 128.0)
-    else:
-        flat = small.reshape(-1, 3)
-        means = (_YCC @ (np.ones(len(flat)) @ flat) / len(flat) + (0, 128, 128)).tolist()
-    return (_PROBES.pack(*perceptual.corner_hashes_of_grey(grey)) + np.round(thumb).astype(np.uint8).tobytes()
+        cells = np.stack([_box(h, GRID) @ grey @ _box(w, GRID).T,
+                          np.full((GRID, GRID), 128.0), np.full((GRID, GRID), 128.0)], 2)
+    else:  # two small products (a three-operand einsum cost ~500 us); RGB -> YCbCr is
+        # linear: averaged first, it converts 16 cells, not every pixel, and the cells' mean
+        # is the image's (equal areas)
+        rows = (_box(h, GRID) @ small.reshape(h, w * 3)).reshape(GRID, w, 3)
+        cells = (_box(w, GRID) @ rows) @ _YCC.T + (0, 128, 128)
+        means = cells.mean((0, 1)).tolist()
+    return (_PROBES.pack(*perceptual.corner_hashes_of_grey(grey))
+            + np.round(np.clip(cells, 0, 255)).astype(np.uint8).tobytes()
+            + np.round(thumb).astype(np.uint8).tobytes()
             + bytes(int(round(min(max(m, 0), 255))) for m in means))
 
 
 def probes(desc):
     """The extra hashes a stored descriptor carries: PROBES ints, or () for a descriptor
     written before them (or none)."""
-    if desc is None or len(desc) != SIZE:
+    if desc is None or len(desc) not in (SIZE, PROBED_SIZE):
         return ()
     return _PROBES.unpack_from(desc)
 
 
 @functools.lru_cache(maxsize=1024)
-def _box(n):
-    """SIDE x n: each output pixel the area-weighted mean of the input pixels it covers
+def _box(n, side=SIDE):
+    """side x n: each output pixel the area-weighted mean of the input pixels it covers
     (Pillow's BOX filter), as a matrix per side length: two small products, no Pillow
     image (which cost ~3x more on a 63x47 decode)."""
-    edges = np.arange(SIDE + 1) * n / SIDE
-    m = np.zeros((SIDE, n))
-    for o in range(SIDE):
+    edges = np.arange(side + 1) * n / side
+    m = np.zeros((side, n))
+    for o in range(side):
         lo, hi = edges[o], edges[o + 1]
         for k in range(int(lo), min(int(np.ceil(hi)), n)):
             m[o, k] = min(hi, k + 1) - max(lo, k)
@@ -101,12 +119,46 @@ def _box(n):
 
 
 def parse(descriptors):
-    """A sequence of descriptors (SIZE or CONFIRM_SIZE bytes) -> (N x SIDE x SIDE float
-    thumbnails, N x 3 means)."""
+    """A sequence of descriptors (SIZE, PROBED_SIZE or CONFIRM_SIZE bytes) -> (N x SIDE x
+    SIDE float thumbnails, N x 3 means)."""
     raw = np.frombuffer(b"".join(d[-CONFIRM_SIZE:] for d in descriptors), np.uint8).reshape(
         -1, CONFIRM_SIZE)
     return (raw[:, :SIDE * SIDE].reshape(-1, SIDE, SIDE).astype(np.float32),
             raw[:, SIDE * SIDE:].astype(np.float32))
+
+
+def grids(descriptors, means):
+    """N x GRID x GRID x 3 float colour grids (Y, Cb, Cr) of descriptors; a descriptor
+    written before the grid (no cells stored) gets its mean in every cell, so any window of
+    it is its mean."""
+    out = np.repeat(np.repeat(means[:, None, None, :], GRID, 1), GRID, 2)
+    for k, d in enumerate(descriptors):
+        if len(d) == SIZE:
+            out[k] = np.frombuffer(d, np.uint8, GRID * GRID * 3, 8 * PROBES).reshape(
+                GRID, GRID, 3)
+    return out
+
+
+def _spans():
+    """The 7 spans of a side a window takes (fractions): the whole, 95% and 90% of it at 3
+    positions each."""
+    return [(x, x + s) for s in _SCALES for x in ((0.0,) if s == 1.0 else
+                                                (0.0, (1 - s) / 2, 1 - s))]
+
+
+@functools.lru_cache(maxsize=None)
+def _cell_weights():
+    """(rows, cols), each windows x GRID: the share of a window's span each grid cell
+    covers (a window's mean colour is rows @ grid @ cols.T), in _resamplers' order."""
+    def weights(lo, hi):
+        v = np.array([max(0.0, min(hi * GRID, k + 1) - max(lo * GRID, k))
+                      for k in range(GRID)], np.float32)
+        return v / v.sum()
+
+    spans = _spans()
+    rows = [weights(*y) for y in spans for _ in spans]
+    cols = [weights(*x) for _ in spans for x in spans]
+    return np.stack(rows), np.stack(cols)
 
 
 @functools.lru_cache(maxsize=None)
@@ -127,8 +179,7 @@ def _resamplers():
             m[:, k] = np.asarray(out, np.float32)[0]
         return m
 
-    spans = [(x, x + s) for s in _SCALES for x in ((0.0,) if s == 1.0 else
-                                                   (0.0, (1 - s) / 2, 1 - s))]
+    spans = _spans()
     rows, cols = [], []
     for y0, y1 in spans:  # each side on its own: a crop off one side changes the aspect
         for x0, x1 in spans:
@@ -150,22 +201,31 @@ def _windows(thumbs):
 def distances(a, b):
     """Descriptors a[i] vs b[i] (two equal-length sequences of bytes) -> (structure, chroma)
     arrays: structure 1 - the best correlation of either image's whole thumbnail with a
-    window of the other's; chroma the larger of the Cb, Cr differences once one image's are
-    scaled by the mean lumas' ratio (the less of the two ways round: symmetric)."""
+    window of the other's; chroma the larger of the Cb, Cr differences between that whole's
+    mean colour and the mean colour of that window (from the grid) once one's are scaled by
+    the lumas' ratio (the less of the two ways round: symmetric). Without grids (descriptors
+    written before them) the window's colour is the image's mean, as before."""
     if not len(a):
         return np.zeros(0, np.float32), np.zeros(0, np.float32)
     # Each distinct descriptor's windows once: in a dense set one image is in many pairs.
     index = {}
     ia = np.array([index.setdefault(d, len(index)) for d in a])
     ib = np.array([index.setdefault(d, len(index)) for d in b])
-    thumbs, means = parse(list(index))
+    distinct = list(index)
+    thumbs, means = parse(distinct)
+    cells = grids(distinct, means)
     windows = _windows(thumbs)
     n = WINDOW * WINDOW
-    r_ab = np.einsum("nk,nwk->nw", windows[ia, 0], windows[ib]).max(1) / n
-    r_ba = np.einsum("nk,nwk->nw", windows[ib, 0], windows[ia]).max(1) / n
-    structure = 1.0 - np.maximum(r_ab, r_ba)
-    ma, mb = means[ia], means[ib]
-    return structure, np.minimum(_chroma(ma, mb), _chroma(mb, ma))  # either way round
+    r_ab = np.einsum("nk,nwk->nw", windows[ia, 0], windows[ib]) / n  # a's whole, b's windows
+    r_ba = np.einsum("nk,nwk->nw", windows[ib, 0], windows[ia]) / n
+    ab = r_ab.max(1) >= r_ba.max(1)
+    structure = 1.0 - np.where(ab, r_ab.max(1), r_ba.max(1))
+    whole = np.where(ab[:, None], means[ia], means[ib])  # the whole's side, the window's side
+    other, at = np.where(ab, ib, ia), np.where(ab, r_ab.argmax(1), r_ba.argmax(1))
+    rows, cols = _cell_weights()
+    window = np.einsum("na,nabc,nb->nc", rows[at], cells[other], cols[at])
+    window = np.where(gridded(a, b)[:, None], window, means[other])  # no grid: whole means
+    return structure, np.minimum(_chroma(whole, window), _chroma(window, whole))
 
 
 def _chroma(ma, mb):
@@ -173,6 +233,14 @@ def _chroma(ma, mb):
     return np.abs((ma[:, 1:] - 128) * scale[:, None] - (mb[:, 1:] - 128)).max(1)
 
 
-def confirmed(structure, chroma):
-    """Which candidate pairs the descriptor confirms (arrays from `distances`)."""
-    return (structure <= MAX_STRUCTURE) & (chroma <= MAX_CHROMA)
+def gridded(a, b):
+    """Per pair of descriptors, whether both hold the colour grid: their chroma is over the
+    lined-up window (limit MAX_CHROMA), else of the whole means (MAX_MEAN_CHROMA)."""
+    return np.array([len(x) == SIZE and len(y) == SIZE for x, y in zip(a, b)], bool)
+
+
+def confirmed(structure, chroma, grid=True):
+    """Which candidate pairs the descriptor confirms (arrays from `distances`; `grid`:
+    `gridded` of the same pairs)."""
+    return (structure <= MAX_STRUCTURE) & (chroma <= np.where(grid, MAX_CHROMA,
+                                                              MAX_MEAN_CHROMA))

@@ -39,7 +39,8 @@ from beam_pipeline.kinds import Kind
 from dataset_format import layout
 
 HASH = "phash64x6"  # 64-bit pHashes: whole, central 90% (perceptual.phash_pair), 4 corners (descriptor.probes)
-CONFIRM = "luma16-chroma/2"  # dedup/descriptor.py: structure (49 windows) and colour; /1: 19
+CONFIRM = "luma16-chroma/3"  # dedup/descriptor.py: structure (49 windows), colour over the
+# lined-up window (the grid); /2: colour of the whole means; /1: 19 windows
 TRAIN = "train"
 OLD_KINDS = (Kind.REUSE, Kind.COPY)  # incremental shards whose rows the previous version grouped
 
@@ -70,7 +71,7 @@ def report(results, spec):
              "hash": HASH,
              "confirm": CONFIRM, "radius": radius, "exact_radius": exact,
              "found_at_radius": found,
-             "max_structure": descriptor.MAX_STRUCTURE, "max_chroma": descriptor.MAX_CHROMA,
+             **_limits(),
              "candidates": len(pairs), "pairs": len(confirmed),
              "rejected": len(pairs) - len(confirmed),
              "unconfirmable": sum(p.structure is None for p in pairs),
@@ -126,8 +127,12 @@ def _previous_pairs(spec):
 def confirm_spec():
     """What decides a verdict, as `report` writes it to the manifest: a previous version's
     verdicts are this build's only when these are equal."""
-    return {"confirm": CONFIRM, "max_structure": descriptor.MAX_STRUCTURE,
-            "max_chroma": descriptor.MAX_CHROMA}
+    return {"confirm": CONFIRM, **_limits()}
+
+
+def _limits():
+    return {"max_structure": descriptor.MAX_STRUCTURE, "max_chroma": descriptor.MAX_CHROMA,
+            "max_mean_chroma": descriptor.MAX_MEAN_CHROMA}
 
 
 def _confirmed_alike(vdir):

@@ -65,31 +65,40 @@ class NearPair:
     structure: float | None = None  # job/descriptor.distances; None: a row has no descriptor
     chroma: float | None = None
     confirmed: bool = False
+    mean_colour: bool = False  # chroma of the whole means (a descriptor without the grid)
 
     @property
     def why(self):
         """Why a candidate was not confirmed ("" when it was): each measure past its limit,
-        with its value and the limit, e.g. "structure differs (0.3412 > 0.29)"."""
+        with its value and the limit, e.g. "structure differs (0.3412 > 0.31)"."""
         return "" if self.confirmed else self.reason()
 
-    def reason(self, max_structure=None, max_chroma=None):
+    def reason(self, max_structure=None, max_chroma=None, max_mean_chroma=None):
         """`why`, against the given limits (default: the descriptor's; a version records
         the ones it was built with)."""
         if self.structure is None:
             return "no descriptor (a catalog row from before it)"
         over = [f"{name} differs ({value:g} > {limit:g})" for name, value, limit in (
             ("structure", self.structure, max_structure or descriptor.MAX_STRUCTURE),
-            ("colour", self.chroma, max_chroma or descriptor.MAX_CHROMA)) if value > limit]
+            ("colour", self.chroma, self._chroma_limit(max_chroma, max_mean_chroma)))
+            if value > limit]
         return ", ".join(over) or "within the limits"
 
-    def excess(self, max_structure=None, max_chroma=None):
+    def excess(self, max_structure=None, max_chroma=None, max_mean_chroma=None):
         """How far the pair is past the limits (default: the descriptor's), as the larger of
         its measures' ratios to their limits: <= 1 confirms, just over 1 is a borderline
         rejection; None without a descriptor."""
         if self.structure is None:
             return None
         return max(self.structure / (max_structure or descriptor.MAX_STRUCTURE),
-                   self.chroma / (max_chroma or descriptor.MAX_CHROMA))
+                   self.chroma / self._chroma_limit(max_chroma, max_mean_chroma))
+
+    def _chroma_limit(self, max_chroma, max_mean_chroma):
+        """The colour limit this pair's chroma is held to: of the whole means without the
+        grid (a version from before it recorded only `max_chroma`, of the means)."""
+        if self.mean_colour:
+            return max_mean_chroma or descriptor.MAX_MEAN_CHROMA
+        return max_chroma or descriptor.MAX_CHROMA
 
     @property
     def spans_splits(self):
@@ -106,6 +115,8 @@ class NearPair:
         line = {"keys": list(self.keys), "splits": list(self.splits),
                 "hash_distance": self.hash_distance,
                 "structure": self.structure, "chroma": self.chroma}
+        if self.mean_colour:
+            line["mean_colour"] = True
         if not self.confirmed:
             line["why"] = self.why
         if excluded:
@@ -116,25 +127,27 @@ class NearPair:
     def from_json(cls, line):
         d = json.loads(line)
         return cls(tuple(d["keys"]), tuple(d["splits"]), d["hash_distance"], d["structure"],
-                   d["chroma"], "why" not in d)
+                   d["chroma"], "why" not in d, d.get("mean_colour", False))
 
 
 def _verdicts(candidates):
     """[(row a, row b, hash distance)] -> [NearPair], the descriptors compared in one batch."""
     both = [k for k, (a, b, _) in enumerate(candidates)
             if a.descriptor is not None and b.descriptor is not None]
-    structure, chroma = descriptor.distances([candidates[k][0].descriptor for k in both],
-                                             [candidates[k][1].descriptor for k in both])
-    ok = descriptor.confirmed(structure, chroma)
+    da, db = ([candidates[k][side].descriptor for k in both] for side in (0, 1))
+    structure, chroma = descriptor.distances(da, db)
+    grid = descriptor.gridded(da, db)
+    ok = descriptor.confirmed(structure, chroma, grid)
     # rounded as the files keep them, so a pair read back equals the pair measured
-    measured = {k: (max(round(s, 4), 0.0), round(c, 2), o)
-                for k, s, c, o in zip(both, structure.tolist(), chroma.tolist(), ok.tolist())}
+    measured = {k: (max(round(s, 4), 0.0), round(c, 2), o, not g)
+                for k, s, c, o, g in zip(both, structure.tolist(), chroma.tolist(), ok.tolist(),
+                                         grid.tolist())}
     out = []
     for k, (a, b, d) in enumerate(candidates):
         if b.key < a.key:
             a, b = b, a
-        out.append(NearPair((a.key, b.key), (a.split, b.split), d, *measured.get(k, (None, None,
-                                                                                      False))))
+        out.append(NearPair((a.key, b.key), (a.split, b.split), d,
+                            *measured.get(k, (None, None, False, False))))
     return out
 
 
@@ -170,13 +183,14 @@ def near_pairs(rows, radius=DEFAULT_RADIUS, bands=None, directory=None, known=()
     return sorted(out, key=lambda p: p.keys)
 
 
-def closest_rejected(pairs, n, max_structure=None, max_chroma=None):
+def closest_rejected(pairs, n, max_structure=None, max_chroma=None, max_mean_chroma=None):
     """The `n` rejected cross-split pairs nearest to being confirmed (least `excess` over the
     given limits, the build's), for a user to judge a borderline case; pairs without a
     descriptor last."""
     rejected = [p for p in pairs if not p.confirmed and p.spans_splits]
     return sorted(rejected, key=lambda p: (p.structure is None,
-                                           p.excess(max_structure, max_chroma) or 0.0,
+                                           p.excess(max_structure, max_chroma,
+                                                    max_mean_chroma) or 0.0,
                                            p.hash_distance, p.keys))[:max(n, 0)]
 
 
@@ -335,7 +349,9 @@ class _Spilled:
 
 
 _DESC_RECORD = 1 + descriptor.SIZE  # its form (_FORMS), then the descriptor, right-aligned
-_FORMS = {descriptor.SIZE: 1, descriptor.CONFIRM_SIZE: 2}  # 0: none (or of no known size)
+_FORMS = {descriptor.SIZE: 1, descriptor.CONFIRM_SIZE: 2,  # 0: none (or of no known size)
+          descriptor.PROBED_SIZE: 3}
+_SIZES = {form: size for size, form in _FORMS.items()}
 _NO_DESCRIPTOR = bytes(_DESC_RECORD)
 
 
@@ -345,7 +361,7 @@ def _record(d):
 
 
 def _descriptor(record):
-    size = {1: descriptor.SIZE, 2: descriptor.CONFIRM_SIZE}.get(record[0])
+    size = _SIZES.get(record[0])
     return bytes(record[-size:]) if size else None
 
 

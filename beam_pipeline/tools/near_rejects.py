@@ -16,12 +16,14 @@ def closest(gfile, vdir, manifest, n):
     if not rel:
         return ["no near-duplicate rejects: this version was built without --near_duplicates "
                 "(or before rejected candidates were kept)"]
-    limits = near.get("max_structure"), near.get("max_chroma")
+    # a version from before the colour grid recorded no max_mean_chroma: its pairs are of means
+    limits = near.get("max_structure"), near.get("max_chroma"), near.get("max_mean_chroma")
     with gfile.GFile(layout.join(vdir, rel), "r") as f:
         pairs = near_duplicates.closest_rejected(near_duplicates.read_pairs(f), n, *limits)
     lines = [f"closest rejected cross-split near-duplicate pairs ({len(pairs)} shown, of "
              f"{near.get('rejected', '?')} rejected in {rel}; limits: structure "
-             f"{limits[0]}, chroma {limits[1]}):"]
+             f"{limits[0]}, chroma {limits[1]}"
+             f"{f' (of whole means {limits[2]})' if limits[2] else ''}):"]
     for p in pairs:
         measured = ("hash only" if p.structure is None else
                     f"structure {p.structure:g}, chroma {p.chroma:g}, "
