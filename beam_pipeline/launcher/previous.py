@@ -17,7 +17,7 @@ from typing import NamedTuple, Optional
 
 from beam_pipeline.algorithms.spill import SortedSpill
 from beam_pipeline.store import catalog, files
-from dataset_format import catalog_schema
+from dataset_format import catalog_schema, fields as field_types
 from dataset_format.catalog_schema import DESCRIPTOR
 
 # What identity decides with, read column-wise from the catalog.
@@ -43,13 +43,16 @@ class Stored(NamedTuple):
 
 
 def fields_digest(fields):
-    """A short digest of declared field values, so a compact record can tell an edited
+    """A short digest of declared field values ({name: value}, a catalog row's, or a listing
+    line's text of them: fields.values_text), so a compact record can tell an edited
     caption or box (a re-frame) from unchanged values without holding them. None: none."""
-    if not fields:
+    if isinstance(fields, dict):
+        fields = fields and field_types.values_text(fields)
+    if not fields or fields == "{}":
         return None
     import hashlib
 
-    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+    return hashlib.sha256(fields.encode()).hexdigest()[:16]
 
 
 class CatalogRows:
