@@ -492,15 +492,21 @@ def class_names(f, value):
 
 # --- across versions ------------------------------------------------------------------------
 
-def keeps_records(before, after):
-    """Whether records stored under the fields `before` (a manifest's "fields" entry, or
-    None) stay right under `after` (Schema.to_json() or None) where an image's values are
-    unchanged: every earlier field still declared, with its type (its values' bytes). A
-    field added is fine: images with a value for it are re-framed (identity sees the change);
-    a field removed or retyped is in records it would have to leave, so nothing is reused."""
+def stale_fields(before, after):
+    """The fields of records stored under `before` (a manifest's "fields" entry, or None)
+    that `after` (Schema.to_json() or None) no longer declares with the same type: a record
+    holding a value for one is re-framed (its stored image bytes, the listing's values
+    under `after`: the manifest's values are checked against the new type as they are
+    listed), never decoded. A field added needs nothing here: the images with a value for
+    it differ from their catalog rows, and are re-framed."""
     old = (before or {}).get("fields", {})
     new = (after or {}).get("fields", {})
-    return all(name in new and new[name]["type"] == spec["type"] for name, spec in old.items())
+    return frozenset(name for name, spec in old.items()
+                     if name not in new or new[name]["type"] != spec["type"])
+
+
+STALE = "!"  # prefix of a stale field's name in a previous catalog row's values (no field
+# name starts with it, so its digest matches no listed image's: previous.CatalogRows)
 
 
 def ids_kept(before, schema):
@@ -508,10 +514,12 @@ def ids_kept(before, schema):
     `schema` (a Schema with its vocabularies): else its records must all be re-framed."""
     if not before:
         return True
-    now = {f.name: f.classes or () for f in schema.fields} if schema else {}
+    now = {f.name: f for f in schema.fields} if schema else {}
     for name, spec in before.get("fields", {}).items():
         old = tuple(spec.get("classes") or ())
-        if old and tuple(now.get(name, ()))[:len(old)] != old:
+        if name not in now or now[name].type != spec["type"]:
+            continue  # removed or retyped: its records are re-framed (stale_fields)
+        if old and tuple(now[name].classes or ())[:len(old)] != old:
             return False
     return True
 

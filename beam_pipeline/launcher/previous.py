@@ -57,10 +57,13 @@ def fields_digest(fields):
 
 class CatalogRows:
     """A catalog.parquet read again as often as needed: identity columns for the spills,
-    full rows (as catalog.iter_rows gives them) by row number."""
+    full rows (as catalog.iter_rows gives them) by row number. `stale`: names of fields
+    removed or retyped since (fields.stale_fields): a row's value for one is renamed
+    fields.STALE + name, so the row's fields digest matches no listed image's and its
+    record is re-framed with the listing's values."""
 
-    def __init__(self, path):
-        self.path = path
+    def __init__(self, path, stale=frozenset()):
+        self.path, self.stale = path, stale
 
     def identity(self):
         """(row number, {column: value} of IDENTITY_COLUMNS and, with declared fields, the
@@ -74,8 +77,15 @@ class CatalogRows:
         for table in catalog.iter_tables(self.path, columns=wanted):
             columns = table.to_pydict()
             for values in zip(*(columns[c] for c in wanted)):
-                yield number, catalog_schema.nest_fields(dict(zip(wanted, values)))
+                yield number, self._marked(catalog_schema.nest_fields(dict(zip(wanted, values))))
                 number += 1
+
+    def _marked(self, row):
+        found = self.stale and row.get(catalog_schema.FIELDS)
+        if found:
+            for name in self.stale & found.keys():
+                found[field_types.STALE + name] = found.pop(name)
+        return row
 
     def full(self, wanted):
         """Ascending row numbers (repeats allowed) -> (number, full row dict), reading only
@@ -100,7 +110,7 @@ class CatalogRows:
                         if row.get(DESCRIPTOR) is not None and not isinstance(
                                 row[DESCRIPTOR], str):
                             row[DESCRIPTOR] = base64.b64encode(row[DESCRIPTOR]).decode()
-                        yield number, catalog_schema.nest_fields(dict(row))
+                        yield number, self._marked(catalog_schema.nest_fields(dict(row)))
                         number = next(wanted, None)
                     if number is None:
                         return
