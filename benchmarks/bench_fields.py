@@ -19,6 +19,10 @@ text, the listing line's JSON both ways, the converted image's Example with and 
 field features (parsed from the text once), and its catalog row into an Arrow table with
 and without field columns. The launcher's further passes over the listing line (each a
 parse and a dump, the fields' text a string in it) are not in this figure.
+
+--launcher N measures those: the launcher's whole planning (prepare.prepare: listing,
+row checks, identity, the plan's spills) on N photos in this process, CPU ms per image
+without and with the fields, medians of alternating rounds.
 """
 
 import argparse
@@ -125,11 +129,53 @@ def focused(n, rounds):
     return {"cpu_ms_per_image": medians, "rounds": got, "ratio": ratio}
 
 
+def launcher(n, rounds):
+    """Per image CPU ms of the launcher's planning of a first build, without and with the
+    three fields (see --launcher)."""
+    import shutil
+    import time
+
+    sys.path.insert(0, REPO)
+    from beam_pipeline.launcher import checks, options as opts, prepare
+
+    work = tempfile.mkdtemp(prefix="bench-fields-")
+    plain, rich, schema = manifests(photo_tree(n), work)
+
+    def once(with_fields):
+        out = tempfile.mkdtemp(prefix="bench-fields-out-")
+        try:
+            pipeline_options, build = opts.parse(
+                ["--config", os.path.join(REPO, "configs", "local.yaml"), "--input",
+                 rich if with_fields else plain, "--output", os.path.join(out, "ds")]
+                + (["--schema", schema] if with_fields else []))
+            root = checks.preflight(pipeline_options, build)
+            start = time.process_time()
+            prepare.prepare(build, root)
+            return 1000 * (time.process_time() - start) / n
+        finally:
+            shutil.rmtree(out, ignore_errors=True)
+
+    once(False), once(True)  # imports and caches warm
+    got = {"plain": [], "fields": []}
+    for _ in range(rounds):
+        got["plain"].append(once(False))
+        got["fields"].append(once(True))
+    medians = {k: statistics.median(v) for k, v in got.items()}
+    print(f"{n} photos, {rounds} alternating rounds: launcher CPU ms per image")
+    for k, v in medians.items():
+        print(f"{k:8} {v:7.4f}  (rounds: {', '.join(f'{x:.4f}' for x in got[k])})")
+    print(f"fields - plain: +{medians['fields'] - medians['plain']:.4f} ms")
+    return {"cpu_ms_per_image": medians, "rounds": got}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--focused", type=int, default=0, metavar="N",
                         help="measure what fields add to one image's work on N photos")
-    parser.add_argument("--rounds", type=int, default=5, help="--focused: alternating rounds")
+    parser.add_argument("--launcher", type=int, default=0, metavar="N",
+                        help="measure what fields add to the launcher's planning on N photos")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="--focused, --launcher: alternating rounds")
     parser.add_argument("--sizes", default="250,1000",
                         help="two photo counts: CPU per image is the slope between them")
     parser.add_argument("--repeat", type=int, default=3)
@@ -139,6 +185,9 @@ def main():
     record = Record("bench_fields", args)
     if args.focused:
         record.save({"focused": focused(args.focused, args.rounds)})
+        return
+    if args.launcher:
+        record.save({"launcher": launcher(args.launcher, args.rounds)})
         return
     sizes = [int(v) for v in args.sizes.split(",")]
     runs = {}
