@@ -84,7 +84,9 @@ def kept_as_is(ref, row):
     """The stored record is this image's, byte for byte: same key, label, split and declared
     fields' values (another caption or box: re-framed)."""
     return row is not None and (row["key"], row["label"], row["split"]) == (
-        ref.key, ref.label, ref.split) and fields_digest(row.get("fields")) == fields_digest(ref.fields)
+        ref.key, ref.label, ref.split) and (
+            row.get("fields") is ref.fields is None  # a build without fields, as before
+            or fields_digest(row.get("fields")) == fields_digest(ref.fields))
 
 
 def plan_increment(resolved, previous_vdir, previous, spill_dir, target_shard_mb,
