@@ -15,7 +15,8 @@ SPLIT_NAMES = ("train", "validation", "test")  # split folders a directory input
 (LINE_KEY, LINE_URI, LINE_LABEL, LINE_SPLIT, LINE_SIZE, LINE_STAMP, LINE_SHA256, LINE_SOURCE,
  LINE_MD5, LINE_FIELDS) = range(10)
 # A line of an image without declared fields stops at LINE_MD5 (the line it was before
-# fields existed); with fields, LINE_FIELDS holds their checked values ({name: value}).
+# fields existed); with fields, LINE_FIELDS holds their checked values as JSON text
+# (dataset_format/fields.values_text: a string, so passes that never look at it do not parse it).
 
 
 class Listed(collections.namedtuple("Listed",
@@ -62,8 +63,9 @@ class ImageRef:
     source: Optional[StoredFrame] = None  # re-frame this stored record instead of converting
     md5: Optional[str] = None     # the gs:// listing's md5Hash (base64): identity without a
                                   # download (none locally, nor for composite objects)
-    fields: Optional[dict] = dataclasses.field(default=None, compare=False)
-    # ^ declared fields' checked values (dataset_format/fields.py), None without a schema
+    fields: Optional[str] = dataclasses.field(default=None, compare=False)
+    # ^ declared fields' checked values as JSON text (dataset_format/fields.values_text),
+    # None without a schema
 
     def to_json(self):  # a list (LINE_* positions), not dataclasses.astuple: that deep-copies
                         # (10x slower)

@@ -14,9 +14,15 @@ size, CPU per image as the slope between the two sizes (the ~3 s of start-up can
 the ratios fields / manifest and folder / base. Inputs are seeded (benchmarks/photos.py).
 
 --focused N measures instead, in this process, what fields add to one image's work (CPU
-time, medians of alternating rounds over N photos): the row check, the listing line's
-JSON both ways, the converted image's Example with and without field features, and its
-catalog row into an Arrow table with and without field columns.
+time, medians of alternating rounds over N photos): the row check and its values' JSON
+text, the listing line's JSON both ways, the converted image's Example with and without
+field features (parsed from the text once), and its catalog row into an Arrow table with
+and without field columns. The launcher's further passes over the listing line (each a
+parse and a dump, the fields' text a string in it) are not in this figure.
+
+--launcher N measures those: the launcher's whole planning (prepare.prepare: listing,
+row checks, identity, the plan's spills) on N photos in this process, CPU ms per image
+without and with the fields, medians of alternating rounds.
 """
 
 import argparse
@@ -97,15 +103,16 @@ def focused(n, rounds):
         catalog_rows = []
         start = time.process_time()
         for row, data in zip(rows, datas):
-            values = fields.check_row(schema, row) if with_fields else None
+            text = fields.values_text(fields.check_row(schema, row)) if with_fields else None
             ref = ImageRef(row["uri"], row["uri"], row["label"], "train", len(data), "s",
-                           fields=values)
+                           fields=text)
             ref = ImageRef.from_json(ref.to_json())
             encoded = images.convert(data)
-            extra = fields.features(schema, ref.fields) if with_fields else None
+            values = fields.values_from_text(ref.fields) if with_fields else None
+            extra = fields.features(schema, values) if with_fields else None
             parts, length = records.example_parts(encoded, 0, ref.label, ref.key, None, extra)
             catalog_rows.append(CatalogRow(key=ref.key, label=ref.label, length=length,
-                                           fields=ref.fields).to_dict())
+                                           fields=values).to_dict())
         pa.Table.from_pylist(catalog_rows, schema=rich_arrow if with_fields else plain_arrow)
         return 1000 * (time.process_time() - start) / len(rows)
 
@@ -122,11 +129,53 @@ def focused(n, rounds):
     return {"cpu_ms_per_image": medians, "rounds": got, "ratio": ratio}
 
 
+def launcher(n, rounds):
+    """Per image CPU ms of the launcher's planning of a first build, without and with the
+    three fields (see --launcher)."""
+    import shutil
+    import time
+
+    sys.path.insert(0, REPO)
+    from beam_pipeline.launcher import checks, options as opts, prepare
+
+    work = tempfile.mkdtemp(prefix="bench-fields-")
+    plain, rich, schema = manifests(photo_tree(n), work)
+
+    def once(with_fields):
+        out = tempfile.mkdtemp(prefix="bench-fields-out-")
+        try:
+            pipeline_options, build = opts.parse(
+                ["--config", os.path.join(REPO, "configs", "local.yaml"), "--input",
+                 rich if with_fields else plain, "--output", os.path.join(out, "ds")]
+                + (["--schema", schema] if with_fields else []))
+            root = checks.preflight(pipeline_options, build)
+            start = time.process_time()
+            prepare.prepare(build, root)
+            return 1000 * (time.process_time() - start) / n
+        finally:
+            shutil.rmtree(out, ignore_errors=True)
+
+    once(False), once(True)  # imports and caches warm
+    got = {"plain": [], "fields": []}
+    for _ in range(rounds):
+        got["plain"].append(once(False))
+        got["fields"].append(once(True))
+    medians = {k: statistics.median(v) for k, v in got.items()}
+    print(f"{n} photos, {rounds} alternating rounds: launcher CPU ms per image")
+    for k, v in medians.items():
+        print(f"{k:8} {v:7.4f}  (rounds: {', '.join(f'{x:.4f}' for x in got[k])})")
+    print(f"fields - plain: +{medians['fields'] - medians['plain']:.4f} ms")
+    return {"cpu_ms_per_image": medians, "rounds": got}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--focused", type=int, default=0, metavar="N",
                         help="measure what fields add to one image's work on N photos")
-    parser.add_argument("--rounds", type=int, default=5, help="--focused: alternating rounds")
+    parser.add_argument("--launcher", type=int, default=0, metavar="N",
+                        help="measure what fields add to the launcher's planning on N photos")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="--focused, --launcher: alternating rounds")
     parser.add_argument("--sizes", default="250,1000",
                         help="two photo counts: CPU per image is the slope between them")
     parser.add_argument("--repeat", type=int, default=3)
@@ -136,6 +185,9 @@ def main():
     record = Record("bench_fields", args)
     if args.focused:
         record.save({"focused": focused(args.focused, args.rounds)})
+        return
+    if args.launcher:
+        record.save({"launcher": launcher(args.launcher, args.rounds)})
         return
     sizes = [int(v) for v in args.sizes.split(",")]
     runs = {}

@@ -121,7 +121,7 @@ def make_dataset(path, split="train", batch_size=128, image_size=224, training=N
         input_context)
 
     ds_info = _version(path, version, hold)
-    wanted = fields_lib.requested(fields, ds_info, start, with_keys, image_size)
+    wanted = fields_lib.requested(fields, ds_info)
     window = spec_lib.window_of(ds_info, split)
     training = window.split == "train" if training is None else training
     seed = spec_lib.global_seed(seed, training)

@@ -13,7 +13,11 @@ Lists are padded to the schema's max_len per record, so every batching path batc
 as dense tensors (lists="ragged" turns each into a tf.RaggedTensor after batching). Boxes
 follow the pixels: training's random-resized crop and flip move them (a box cropped away
 entirely is dropped), evaluation's center crop too; `augment=False` resizes the whole image
-instead, with no crop and no flip, and the boxes stay as stored.
+instead, with no crop and no flip, and the boxes stay as stored. At the stored size
+(image_size=None) only training's flip moves them; batches padded to the largest image
+("padded" native batching) give boxes as fractions of the padded image. with_keys=True
+adds "key"; start= (the resumable order) carries the same values as one flat tuple of
+fixed shapes through its checks and realignment (flat, nested).
 """
 
 import dataclasses
@@ -38,16 +42,13 @@ class Fields:
             raise ValueError(f"lists={self.lists!r}: use 'padded' or 'ragged'")
 
 
-def requested(fields, ds_info, start=None, with_keys=False, image_size=224):
+def requested(fields, ds_info):
     """make_dataset's `fields=` (names, or a Fields) -> Fields with the version's declared
     fields (dataset_format.fields.Field) as its names, or None."""
     if fields is None:
         return None
     if not isinstance(fields, Fields):
         fields = Fields(tuple([fields] if isinstance(fields, str) else fields))
-    if start is not None or with_keys or image_size is None:
-        raise ValueError("fields= reads the stream order at a fixed image_size (no start=, "
-                         "with_keys= or image_size=None)")
     return dataclasses.replace(fields, names=declared(ds_info, fields))
 
 
@@ -76,9 +77,11 @@ def _width(f):
 _DTYPES = {"int64": tf.int64, "float": tf.float32, "string": tf.string}
 
 
-def _spec(fields):
+def _spec(fields, with_keys):
     spec = {schema.ENCODED: tf.io.FixedLenFeature([], tf.string),
             schema.LABEL: tf.io.FixedLenFeature([], tf.int64)}
+    if with_keys:  # images.parse_key's feature
+        spec[schema.FILENAME] = tf.io.FixedLenFeature([], tf.string, default_value="")
     for f in fields:
         for key, dtype in f.keys().items():
             spec[key] = tf.io.VarLenFeature(_DTYPES[dtype])
@@ -137,21 +140,27 @@ def _windows(jpeg, training, augment, seed, crop_fraction):
 
 
 def example_fn(training, pixels, wanted):
-    """A map function (record[, seed]) -> (image [H, W, 3], {"label": int32, field: ...}),
-    the fields (`wanted`: a Fields of declared fields) padded to their widths; `pixels` the
-    reader's images.Pixels, so a crop's pixels are those of the reader without fields."""
+    """A map function (record[, seed]) -> (image [H, W, 3], {"label": int32, field: ...[,
+    "key"]}), the fields (`wanted`: a Fields of declared fields) padded to their widths;
+    `pixels` the reader's images.Pixels, so the pixels are those of the reader without
+    fields (a crop's, or at the stored size the whole image's, flipped alike)."""
     fields, augment = wanted.names, wanted.augment
-    spec = _spec(fields)
+    spec = _spec(fields, pixels.with_keys)
 
     def to_example(record, *seed):
         ex = tf.io.parse_single_example(record, spec)
         jpeg = ex[schema.ENCODED]
-        window, fractions, flip_seed, shape = _windows(
-            jpeg, training, augment, seed[0] if seed else None, pixels.crop_fraction)
-        crop = images.decode_window(jpeg, window, pixels.dct_method, shape)
-        image = tf.image.resize(tf.cast(crop, tf.float32), pixels.size, method="bilinear")
         flip = tf.constant(False)
-        if flip_seed is not None:
+        if pixels.size is None:  # the stored size: no crop or resize (images.example_fn)
+            image = tf.cast(images.decode(jpeg, pixels.dct_method), tf.float32)
+            fractions = tf.constant([0.0, 0.0, 1.0, 1.0])
+            flip_seed = seed[0] if training and augment else None
+        else:
+            window, fractions, flip_seed, shape = _windows(
+                jpeg, training, augment, seed[0] if seed else None, pixels.crop_fraction)
+            crop = images.decode_window(jpeg, window, pixels.dct_method, shape)
+            image = tf.image.resize(tf.cast(crop, tf.float32), pixels.size, method="bilinear")
+        if flip_seed is not None:  # stateless_random_flip_left_right's draw, kept for boxes
             flip = tf.random.stateless_uniform([], flip_seed) < 0.5
             image = tf.cond(flip, lambda: tf.reverse(image, [1]), lambda: image)
         label = ex[schema.LABEL]  # NO_LABEL (-1): a record without a class stays -1
@@ -159,9 +168,59 @@ def example_fn(training, pixels, wanted):
                                          label + pixels.label_shift), tf.int32)}
         for f in fields:
             out[f.name] = _field_value(f, ex, fractions, flip)
+        if pixels.size is None and any(f.type == field_types.BOXES for f in fields):
+            out[_SIZE] = tf.shape(image)[:2]  # to_dicts: boxes onto a padded batch's images
+        if pixels.with_keys:
+            out["key"] = ex[schema.FILENAME]
         return pixels.output.apply(image), out
 
     return to_example
+
+
+_SIZE = "_size"  # an image's own [height, width] at the stored size, until to_dicts
+
+
+def flat_fn(training, pixels, wanted):
+    """example_fn as (image, label, *the fields' tensors[, key]): one flat tuple of fixed
+    shapes, which the resumable order's checks, realignment and batching take as they take
+    (image, label[, key]); `nested` makes the dict again."""
+    fn = example_fn(training, pixels, wanted)
+
+    def flat(record, *seed):
+        image, out = fn(record, *seed)
+        return (image, out.pop("label"), *_flatten(out, wanted.names),
+                *((out["key"],) if pixels.with_keys else ()))
+
+    return flat
+
+
+def _flatten(out, fields):
+    values = []
+    for f in fields:
+        v = out[f.name]
+        values += ([v["boxes"], v["label"], v["count"]] if f.type == field_types.BOXES
+                   else [v] if f.type in field_types.SCALARS else [v["values"], v["count"]])
+    return values
+
+
+def nested(wanted, with_keys):
+    """flat_fn's elements (batched or not) -> (image, {"label", fields[, "key"]})."""
+    def nest(image, label, *values):
+        out, values = {"label": label}, list(values)
+        for f in wanted.names:
+            if f.type == field_types.BOXES:
+                out[f.name] = dict(zip(("boxes", "label", "count"), values[:3]))
+                values = values[3:]
+            elif f.type in field_types.SCALARS:
+                out[f.name] = values.pop(0)
+            else:
+                out[f.name] = dict(zip(("values", "count"), values[:2]))
+                values = values[2:]
+        if with_keys:
+            out["key"] = values.pop(0)
+        return image, out
+
+    return tf.autograph.experimental.do_not_convert(nest)
 
 
 def _field_value(f, ex, fractions, flip):
@@ -190,16 +249,22 @@ _SCALAR_FILL = {tf.int64: tf.constant(-1, tf.int64), tf.float32: tf.constant(flo
                 tf.string: tf.constant("")}
 
 
-def to_dicts(ds, wanted):
+def to_dicts(ds, wanted, padded_images=False):
     """Batches of (images, {"label", fields}) -> {"image", "label", fields}: lists padded
     (ids and labels with -1, numbers with 0, strings with "") or, with `lists` "ragged",
-    tf.RaggedTensors cut at each record's length."""
+    tf.RaggedTensors cut at each record's length. `padded_images`: batches of images at
+    their stored sizes padded to the largest (native_batching="padded"): boxes become
+    fractions of the padded image, so they still frame the same pixels."""
     fields, lists = wanted.names, wanted.lists
 
     def merge(image, rest):
         out = {"image": image, **rest}
+        size = out.pop(_SIZE, None)
         for f in fields:
             value = out[f.name]
+            if f.type == field_types.BOXES and padded_images:
+                value = out[f.name] = dict(value, boxes=_onto_padded(value["boxes"], size,
+                                                                     image))
             if f.type == field_types.BOXES:
                 if lists == "ragged":
                     out[f.name] = {k: _cut(value[k], value["count"]) for k in ("boxes", "label")}
@@ -211,6 +276,13 @@ def to_dicts(ds, wanted):
 
     return ds.map(tf.autograph.experimental.do_not_convert(merge),
                   num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def _onto_padded(boxes, size, image):
+    """Boxes [B, N, 4] as fractions of each image's own [height, width] (`size` [B, 2]) ->
+    fractions of the padded batch's images (`image` [B, H, W, 3])."""
+    scale = tf.cast(size, tf.float32) / tf.cast(tf.shape(image)[1:3], tf.float32)  # [B, 2]
+    return boxes * tf.tile(scale, [1, 2])[:, None, :]
 
 
 def _cut(padded, count):

@@ -58,7 +58,9 @@ def _ordered(spec):
         ds = ds.repeat() if spec.epochs == FOREVER else ds.repeat(spec.epochs)
     ds = _decode(ds, spec, plan, pieces, host_seed, skips)
     if spec.fields is not None:
-        ds = fields_lib.to_dicts(ds, spec.fields)
+        ds = fields_lib.to_dicts(ds, spec.fields, padded_images=(
+            spec.pixels.size is None and batches.size is not None
+            and batches.native == "padded"))
     if not reading.skip_corrupt or training:  # one image per record (skips padded, _padded)
         ds = ds.apply(tf.data.experimental.assert_cardinality(
             _batches(plan, training, spec.epochs, batches)))
@@ -174,7 +176,10 @@ def _resumable(spec):
     if not callable(stream.start):
         stream.position()  # a position off the global batch boundaries fails here, at once
     source = resumable.make_source(split_info, spec.reading.skip_corrupt)
-    ds = resumable.decoded(stream, source, spec.pixels, spec.reading.skip_corrupt)
+    ds = resumable.decoded(stream, source, spec.pixels, spec.reading.skip_corrupt, spec.fields)
+    if spec.fields is not None:  # flat tuples through the checks (fields_lib.flat_fn)
+        ds = fields_lib.to_dicts(ds.map(fields_lib.nested(spec.fields, spec.pixels.with_keys)),
+                                 spec.fields)
     # every step comes, skip_corrupt or not (a skipped record is replaced)
     if stream.epochs == FOREVER:
         ds = ds.apply(tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY))

@@ -17,7 +17,7 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
-from readers import images, offset_records, order as order_lib, ranged
+from readers import fields as fields_lib, images, offset_records, order as order_lib, ranged
 from readers.checked import fused_batch
 from readers.shards import sentinel_record
 
@@ -197,14 +197,16 @@ def python_read(source):
     return in_tf
 
 
-def decoded(stream, source, pixels, skip_corrupt):
+def decoded(stream, source, pixels, skip_corrupt, fields=None):
     """Batches of (images, labels[, keys]) of this host's records, decoded by one parallel
     map (one record a call, as a plain tf.data pipeline); a record that does not decode is
     named (check_batches) or, with skip_corrupt, replaced (realigned). Windows are planned
     by a Python generator (one call per ~1,024 records, ~0.2 ms) and read in C++
     (read_window), two windows at once; reading errors travel in-band, so the map's
-    `ignore_errors` only ever drops records that did not decode."""
-    fn = images.example_fn(True, pixels)
+    `ignore_errors` only ever drops records that did not decode. `fields` (a readers.Fields):
+    their values come after the label, flat (readers/fields.flat_fn)."""
+    fn = (images.example_fn(True, pixels) if fields is None
+          else fields_lib.flat_fn(True, pixels, fields))
     seed = stream.order.seed  # the order and the pixels share it
 
     @tf.autograph.experimental.do_not_convert  # no tensor control flow: tracing stays cheap

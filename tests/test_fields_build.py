@@ -269,6 +269,92 @@ def test_unbatched_ragged_lists_are_cut_to_their_length(built):
     assert {tuple(e["objects"]["boxes"].shape) for e in ds} <= {(0, 4), (1, 4)}
 
 
+def test_reader_fields_with_keys_pair_each_value_with_its_record(built):
+    import readers
+
+    ds = readers.make_dataset(built["root"], "train", batch_size=4, image_size=32,
+                              training=False, with_keys=True,
+                              fields=readers.Fields(("caption", "objects"), augment=False))
+    batch = next(iter(ds))
+    keys = [k.decode() for k in batch["key"].numpy()]
+    assert sorted(keys) == ["o1.jpg", "o3.jpg", "o6.jpg", "o8.jpg"]
+    captions = dict(zip(keys, (c.decode() for c in batch["caption"].numpy())))
+    assert captions == {"o1.jpg": "orientation 1", "o3.jpg": "", "o6.jpg": "orientation 6",
+                        "o8.jpg": "orientation 8"}
+    assert _boxes_frame_red(batch["image"].numpy(), batch["objects"]["boxes"].numpy(),
+                            batch["objects"]["count"].numpy()) == 4
+
+
+@pytest.mark.parametrize("native", ["ragged", "padded"])
+def test_reader_fields_at_the_stored_size_flip_boxes_with_the_pixels(built, native):
+    """image_size=None: whole images at 40x24, the pixels of the reader without fields (the
+    same flips), each box on its red square, flipped ones too."""
+    import readers
+
+    def read(**kw):
+        return readers.make_dataset(built["root"], "train", batch_size=2, image_size=None,
+                                    training=True, seed=5, repeat=True,
+                                    native_batching=native, **kw).take(6)
+
+    def dense(images):
+        return images.to_tensor().numpy() if native == "ragged" else images.numpy()
+
+    xmins = set()
+    for plain, batch in zip(read(), read(fields=["objects"])):
+        images = dense(batch["image"])
+        assert images.shape == (2, 24, 40, 3)
+        np.testing.assert_array_equal(images, dense(plain[0]))
+        np.testing.assert_array_equal(batch["label"].numpy(), plain[1].numpy())
+        objects = batch["objects"]
+        boxes, counts = objects["boxes"].numpy(), objects["count"].numpy()
+        assert counts.tolist() == [1, 1]
+        assert _boxes_frame_red(images, boxes, counts) == 2
+        xmins.update(round(float(x), 3) for x in boxes[:, 0, 1])
+    assert xmins == {0.25, 0.5}  # as stored, and flipped (1 - xmax)
+
+
+def test_boxes_onto_a_padded_batch_keep_their_pixels():
+    """Native "padded" batches: an image smaller than the batch's largest is padded at the
+    bottom and right, so its boxes shrink to fractions of the padded size."""
+    import tensorflow as tf
+
+    from readers.fields import _onto_padded
+
+    images = tf.zeros([2, 48, 80, 3])
+    boxes = tf.constant([[[0.5, 0.25, 0.875, 0.5]], [[0.5, 0.25, 0.875, 0.5]]])
+    got = _onto_padded(boxes, tf.constant([[48, 80], [24, 40]]), images).numpy()
+    assert got.tolist() == [[[0.5, 0.25, 0.875, 0.5]], [[0.25, 0.125, 0.4375, 0.25]]]
+
+
+def test_reader_fields_from_a_start_position(built):
+    """start= (the resumable order): the same pixels and labels as without fields, each
+    step's fields on their records, and a resumed stream is the rest of the first."""
+    import readers
+
+    def read(start, **kw):
+        return list(readers.make_dataset(built["root"], "train", batch_size=2, image_size=32,
+                                         seed=7, start=start, with_keys=True, **kw))
+
+    plain, full = read(0), read(0, fields=["tags", "objects", "caption"])
+    assert len(full) == len(plain) == 2
+    tags = {"o1.jpg": [-1, -1, -1], "o3.jpg": [1, 0, -1], "o6.jpg": [2, -1, -1],
+            "o8.jpg": [2, -1, -1]}
+    for (image, label, keys), batch in zip(plain, full):
+        np.testing.assert_array_equal(batch["image"].numpy(), image.numpy())
+        np.testing.assert_array_equal(batch["label"].numpy(), label.numpy())
+        got = [k.decode() for k in batch["key"].numpy()]
+        assert got == [k.decode() for k in keys.numpy()]
+        assert dict(zip(got, batch["tags"].numpy().tolist())) == {k: tags[k] for k in got}
+        assert [c.decode() for c in batch["caption"].numpy()] == [
+            "" if k == "o3.jpg" else f"orientation {k[1]}" for k in got]
+        assert _boxes_frame_red(batch["image"].numpy(), batch["objects"]["boxes"].numpy(),
+                                batch["objects"]["count"].numpy()) >= 1
+    resumed = read(1, fields=["tags", "objects", "caption"])
+    assert len(resumed) == 1
+    np.testing.assert_array_equal(resumed[0]["image"].numpy(), full[1]["image"].numpy())
+    assert resumed[0]["key"].numpy().tolist() == full[1]["key"].numpy().tolist()
+
+
 def tf_ragged():
     import tensorflow as tf
 

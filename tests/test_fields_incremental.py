@@ -105,3 +105,64 @@ def test_dropped_content_duplicates_keep_the_fields_of_the_rows_kept(tmp_path):
     cat = pd.read_parquet(f"{result['version_dir']}/{layout.CATALOG}").set_index("key")
     assert sorted(cat.index) == ["a.jpg", "c.jpg"]
     assert cat.loc["c.jpg", "caption"] == "about c" and list(cat.loc["a.jpg", "tags"]) == ["a"]
+
+
+def test_a_field_removed_or_retyped_reframes_never_decodes(tmp_path):
+    """A field dropped from the schema, or declared with another type whose values the
+    manifest still spells, re-frames the records holding a value for it from their stored
+    bytes (none decoded); records without one are kept as they are. Then the schema goes
+    altogether: the records keep the image's features only."""
+    from dataset_format import schema as image_schema
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for name, colour in COLOURS.items():
+        (data / f"{name}.jpg").write_bytes(image_bytes(colour, size=(32, 24)))
+    values = {"a": {"caption": "all three", "score": 3, "tags": ["t", "u"]},
+              "b": {"caption": "a caption only"}, "c": {"score": 7}, "d": {"tags": ["u"]}}
+    rows = [{"uri": f"{n}.jpg", "label": "x", **values.get(n, {})} for n in COLOURS]
+    _write(data, rows, {"caption": "string", "score": "int", "tags": "classes"})
+    args = ("--max_delta_share", "1", "--splits", "train=0.5,validation=0.5")
+    first = build(data / "m.jsonl", tmp_path / "ds", *FAST, "--schema", data / "s.json", *args)
+    assert first["manifest"]["build"]["converted"] == len(COLOURS)
+    before = _records(first)
+    assert before["a.jpg"][1]["tags/label"].values == (0, 1)
+
+    for row in rows:  # caption removed; score int -> float; tags classes -> list[string]
+        row.pop("caption", None)
+    _write(data, rows, {"score": "float", "tags": {"type": "list[string]", "max_len": 4}})
+    second = build(data / "m.jsonl", tmp_path / "ds", *FAST, "--schema", data / "s.json",
+                   *args)
+    assert second["manifest"]["build"] == dict(second["manifest"]["build"], converted=0,
+                                               reframed=4)
+    after = _records(second)
+    a = after["a.jpg"][1]
+    assert "caption" not in a and "tags/label" not in a and "tags/text" not in a
+    assert a["score"] == examples.ListFeature("float", (3.0,))
+    assert a["tags"] == examples.ListFeature("bytes", (b"t", b"u"))
+    assert set(after["b.jpg"][1]) == set(image_schema.FEATURES)  # its only value removed
+    assert after["c.jpg"][1]["score"].values == (7.0,)
+    assert after["d.jpg"][1]["tags"].values == (b"u",)
+    for key, (split, parsed) in before.items():
+        assert after[key][0] == split
+        assert after[key][1]["image/encoded"] == parsed["image/encoded"]
+        if key in ("e.jpg", "f.jpg"):  # no value for any field: kept byte for byte
+            assert after[key][1] == parsed
+    import pandas as pd
+    import pyarrow.parquet as pq
+
+    catalog = f"{second['version_dir']}/{layout.CATALOG}"
+    columns = pq.read_schema(catalog)
+    assert "caption" not in columns.names and str(columns.field("score").type) == "double"
+    cat = pd.read_parquet(catalog).set_index("key")
+    assert cat.loc["c.jpg", "score"] == 7.0 and list(cat.loc["a.jpg", "tags"]) == ["t", "u"]
+
+    (data / "m.jsonl").write_text("".join(
+        json.dumps({"uri": r["uri"], "label": "x"}) + "\n" for r in rows))
+    third = build(data / "m.jsonl", tmp_path / "ds", *FAST, *args)
+    assert third["manifest"]["build"] == dict(third["manifest"]["build"], converted=0,
+                                              reframed=3)
+    assert "fields" not in third["manifest"]
+    for key, (split, parsed) in _records(third).items():
+        assert set(parsed) == set(image_schema.FEATURES), key
+        assert parsed["image/encoded"] == before[key][1]["image/encoded"]

@@ -274,7 +274,7 @@ def test_listing_line_positions_are_image_ref_fields():
     from beam_pipeline import refs
 
     ref = ImageRef("k", "u", "l", "s", 7, "st", "sha", refs.StoredFrame("p", 1, 2), "md5",
-                   {"caption": "c"})
+                   '{"caption": "c"}')
     fields = json.loads(ref.to_json())
     names = [f.name for f in dataclasses.fields(ImageRef)]
     assert len(fields) == len(names) == 10

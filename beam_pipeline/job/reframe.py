@@ -56,9 +56,12 @@ def reframe(record, key, label_id, label, fields=None):
 
     `fields`: in a build declaring fields, the image's field features
     (dataset_format/fields.features): they replace whatever fields the stored record had,
-    so a changed caption, tag or box costs a parse and a serialization, not a decode."""
-    if fields is None:
+    so a changed caption, tag or box, or a field removed or retyped, costs a parse and a
+    serialization, not a decode."""
+    if fields is None:  # a build without fields: any a previous version declared left out
         features = parse_example(record)
+        if len(features) != len(schema.FEATURES):
+            features = {k: v for k, v in features.items() if k in schema.FEATURES}
     else:  # every value of every list: the image's own features back to scalars
         features = {k: v.values[0] for k, v in parse_features(record).items()
                     if k in schema.FEATURES}

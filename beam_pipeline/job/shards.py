@@ -159,7 +159,7 @@ class WriteShardFn(beam.DoFn):
                     height=made.height, width=made.width, input_size=ref.size,
                     input_stamp=ref.stamp, input_sha256=made.input_sha256,
                     input_md5=ref.md5, phash=made.phash, phash_center=made.phash_center,
-                    near_descriptor=made.descriptor, fields=ref.fields))
+                    near_descriptor=made.descriptor, fields=made.fields))
                 passed_through += made.passed_through
                 reframed += made.reframed
                 converted += not made.reframed
@@ -183,25 +183,27 @@ class WriteShardFn(beam.DoFn):
         """One listed image -> _Made: its stored record re-framed (ref.source: no decode),
         or its input converted. Raises images.ImageError for an input that is rejected."""
         label_id = self.label_ids[ref.label]
+        values = None if self.fields is None else field_types.values_from_text(ref.fields)
         if ref.source is not None:
             try:
                 if read_error is not None:
                     raise read_error
-                record, f = reframe.reframe(data, ref.key, label_id, ref.label,
-                                            self._features(ref))
+                record, f = reframe.reframe(data, ref.key, label_id, ref.label, None if values
+                                            is None else field_types.features(self.fields, values))
                 return _Made(parts=(record,), length=len(record),
                              sha256=f[schema.SHA256].decode(), height=f[schema.HEIGHT],
                              width=f[schema.WIDTH], input_sha256=ref.sha256, passed_through=0,
                              moments=None, phash=ref.source.phash,
                              phash_center=ref.source.phash_center,
-                             descriptor=_descriptor(ref.source.descriptor), reframed=True)
+                             descriptor=_descriptor(ref.source.descriptor), reframed=True,
+                             fields=values)
             except Exception as e:  # the stored record damaged or gone: convert instead
                 logging.warning("%s: converting %s again (%s)", ref.source.path, ref.uri, e)
                 data, read_error = inputs.fetch(ref.uri, self.encode_options.max_bytes, ref.stamp)
                 return dataclasses.replace(
                     self._again(ref, data, read_error, f"{ref.source.path}: {e}"),
                     repaired=True)
-        return self._converted(ref, data, read_error)
+        return self._converted(ref, data, read_error, values)
 
     def _again(self, ref, data, read_error, why):
         """A damaged stored record's input converted again; its failure says both."""
@@ -215,7 +217,7 @@ class WriteShardFn(beam.DoFn):
         """A reuse/copy task's damaged record (its CatalogRow) -> (its frame converted again
         from the input, the row with the new record's fields), or (None, error record)."""
         ref = ImageRef(row.key, row.uri, row.label, row.split, row.input_size, row.input_stamp,
-                       fields=row.fields)
+                       fields=None if row.fields is None else field_types.values_text(row.fields))
         logging.warning("%s: converting %s again", why, ref.uri)
         data, read_error = inputs.fetch(ref.uri, self.encode_options.max_bytes, ref.stamp)
         try:
@@ -228,13 +230,17 @@ class WriteShardFn(beam.DoFn):
             input_sha256=made.input_sha256, phash=made.phash, phash_center=made.phash_center,
             near_descriptor=made.descriptor)
 
-    def _converted(self, ref, data, read_error):
-        """An input's bytes converted -> _Made (ImageError when it is rejected)."""
+    def _converted(self, ref, data, read_error, values=None):
+        """An input's bytes converted -> _Made (ImageError when it is rejected). `values`:
+        its declared fields' (None: read here from ref.fields, in a build with fields)."""
+        if values is None and self.fields is not None:
+            values = field_types.values_from_text(ref.fields)
+        features = None if values is None else field_types.features(self.fields, values)
         label_id = self.label_ids[ref.label]
         encoded = self._convert(data, read_error)
         sha256 = hashlib.sha256(encoded.data).hexdigest()
         parts, length = records.example_parts(encoded, label_id, ref.label, ref.key, sha256,
-                                              self._features(ref))
+                                              features)
         # Stored as it came: the input's hash is the stored image's (one pass, not two).
         input_sha256 = (sha256 if encoded.data is data or encoded.data == data
                         else hashlib.sha256(data).hexdigest())
@@ -242,13 +248,7 @@ class WriteShardFn(beam.DoFn):
                      width=encoded.width, input_sha256=input_sha256,
                      passed_through=encoded.passed_through, moments=encoded.moments,
                      phash=_signed(encoded.phash), phash_center=_signed(encoded.phash_center),
-                     descriptor=encoded.descriptor)
-
-    def _features(self, ref):
-        """The Example features of `ref`'s declared fields, or None (a build without)."""
-        if self.fields is None:
-            return None
-        return field_types.features(self.fields, ref.fields or {})
+                     descriptor=encoded.descriptor, fields=values)
 
     def _convert(self, data, read_error):
         """Image bytes -> images.Encoded; ImageError for an unreadable or unusable input."""
@@ -292,6 +292,7 @@ class _Made:
     descriptor: Optional[bytes]   # ... and the pairs' second opinion (dedup/descriptor.py)
     reframed: bool = False
     repaired: bool = False        # its stored record was damaged: converted again
+    fields: Optional[dict] = None  # its declared fields' values (the catalog row's columns)
 
 
 class _Progress:

@@ -389,11 +389,13 @@ class IdentityConfig:
     reuse: bool            # the previous version's records may be reused (policy.can_reuse)
     verify: bool = False   # --verify_inputs: hash every input
     resplit: bool = False  # --resplit: no split map, no previous splits
+    stale: frozenset = frozenset()  # previous fields removed or retyped (fields.stale_fields)
 
 
 def resolve_listing(listing, past, config, spill_dir):
     """The identity stage: the listing's refs (by key) against what the build starts from
     (history.History: the previous catalog when intact, the split map) -> Resolved."""
-    rows = CatalogRows(past.catalog) if past.catalog and not config.resplit else None
+    rows = (CatalogRows(past.catalog, config.stale) if past.catalog and not config.resplit
+            else None)
     return resolve(listing.by_key, rows, config.splits, spill_dir, reuse=config.reuse,
                    verify=config.verify, split_map=past.split_map)

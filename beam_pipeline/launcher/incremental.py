@@ -28,6 +28,7 @@ from beam_pipeline.algorithms.spill import SortedSpill
 from beam_pipeline.job.contracts import Kind, Origin, PlannedShard, ShardPlan
 from beam_pipeline.launcher import identity
 from beam_pipeline.launcher.plan import iter_shards
+from beam_pipeline.launcher.previous import fields_digest
 from beam_pipeline.launcher.rules import auto_num_shards, shard_sort_key
 from dataset_format.catalog_schema import CatalogRow
 from dataset_format.dataset_info import ShardInfo
@@ -83,7 +84,9 @@ def kept_as_is(ref, row):
     """The stored record is this image's, byte for byte: same key, label, split and declared
     fields' values (another caption or box: re-framed)."""
     return row is not None and (row["key"], row["label"], row["split"]) == (
-        ref.key, ref.label, ref.split) and (row.get("fields") or None) == (ref.fields or None)
+        ref.key, ref.label, ref.split) and (
+            row.get("fields") is ref.fields is None  # a build without fields, as before
+            or fields_digest(row.get("fields")) == fields_digest(ref.fields))
 
 
 def plan_increment(resolved, previous_vdir, previous, spill_dir, target_shard_mb,

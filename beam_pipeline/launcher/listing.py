@@ -57,7 +57,7 @@ class Fingerprint:
     def add(self, r):
         self.h.update(json.dumps([r.key, r.uri, r.size, r.stamp, r.label, r.split]).encode())
         if getattr(r, "fields", None) is not None:  # declared fields' values: a changed caption
-            self.h.update(json.dumps(r.fields, sort_keys=True).encode())  # is a change
+            self.h.update(r.fields.encode())  # is a change (the text: keys sorted)
         self.h.update(b"\n")
 
     def hexdigest(self):
@@ -235,8 +235,9 @@ def plan_listing(items, fingerprint, known_labels, spill_dir, write_error, schem
                 continue
             if ref.label:  # "": a manifest row with fields and no class
                 plan.labels_present.add(ref.label)
+            values = field_types.values_from_text(ref.fields) if class_fields else None
             for f in class_fields:
-                value = ref.fields and ref.fields.get(f.name)
+                value = values.get(f.name)
                 if value:
                     plan.classes_present.setdefault(f.name, set()).update(
                         field_types.class_names(f, value))

@@ -147,7 +147,8 @@ def list_manifest(path, schema=None):
             values = None
             if schema:
                 try:
-                    values = field_types.check_row(schema, row, text=text)
+                    values = field_types.values_text(
+                        field_types.check_row(schema, row, text=text))
                 except field_types.FieldError as e:
                     yield error_record(full, "read", "bad_field", f"{path}:{n}: {e}")
                     continue

@@ -29,6 +29,12 @@ class ReusePolicy:
     fields: Optional[dict] = None  # the declared fields (fields.Schema.to_json()), or None
 
 
+def stale_fields(policy, previous):
+    """The previous version's fields its records must leave (fields.stale_fields)."""
+    return fields.stale_fields(previous.manifest.get("fields") if previous else None,
+                               policy.fields)
+
+
 def can_reuse(policy, previous):
     """The previous version's records are what this build would store (the same
     options.RECORD_OPTIONS, the same software: stored bytes depend on the codecs), so they may
@@ -36,15 +42,16 @@ def can_reuse(policy, previous):
     manifest's build.workers) against the one this build's shards will be written with
     (this process's: launch from the worker image's build; commit refuses a version whose
     shards disagree); a version written before workers' builds were recorded is compared
-    by its launcher's `generator`, as it was then."""
+    by its launcher's `generator`, as it was then. Declared fields never stop reuse: a
+    record whose values changed, or that holds a field removed or retyped since, is
+    re-framed (fields.stale_fields)."""
     if previous is None or policy.resplit or not previous.has_catalog:
         return False
     written_by = writer_build(previous)
     same_code = (written_by == code_build.worker_build() if written_by is not None
                  else previous.generator == generator())
     return (not opts.changed(previous.config, policy.config, opts.RECORD_OPTIONS)
-            and previous.key_scheme == layout.KEY_SCHEME and same_code
-            and fields.keeps_records(previous.manifest.get("fields"), policy.fields))
+            and previous.key_scheme == layout.KEY_SCHEME and same_code)
 
 
 def writer_build(previous):

@@ -80,7 +80,8 @@ def prepare(build, root):
             return UpToDate(past.version)
         reuse = policy.can_reuse(reuse_policy, previous) and past.catalog is not None
         resolved = identity.resolve_listing(listed, past, identity.IdentityConfig(
-            parse_splits(build.splits), reuse, build.verify_inputs, build.resplit), scratch)
+            parse_splits(build.splits), reuse, build.verify_inputs, build.resplit,
+            policy.stale_fields(reuse_policy, previous)), scratch)
         listed.by_key.close()  # joined: its scratch (~250 bytes an image) is free again
         if same and not resolved.changed():
             return UpToDate(past.version, "every input's bytes verified")

@@ -17,7 +17,7 @@ from typing import NamedTuple, Optional
 
 from beam_pipeline.algorithms.spill import SortedSpill
 from beam_pipeline.store import catalog, files
-from dataset_format import catalog_schema
+from dataset_format import catalog_schema, fields as field_types
 from dataset_format.catalog_schema import DESCRIPTOR
 
 # What identity decides with, read column-wise from the catalog.
@@ -43,21 +43,27 @@ class Stored(NamedTuple):
 
 
 def fields_digest(fields):
-    """A short digest of declared field values, so a compact record can tell an edited
+    """A short digest of declared field values ({name: value}, a catalog row's, or a listing
+    line's text of them: fields.values_text), so a compact record can tell an edited
     caption or box (a re-frame) from unchanged values without holding them. None: none."""
-    if not fields:
+    if isinstance(fields, dict):
+        fields = fields and field_types.values_text(fields)
+    if not fields or fields == "{}":
         return None
     import hashlib
 
-    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+    return hashlib.sha256(fields.encode()).hexdigest()[:16]
 
 
 class CatalogRows:
     """A catalog.parquet read again as often as needed: identity columns for the spills,
-    full rows (as catalog.iter_rows gives them) by row number."""
+    full rows (as catalog.iter_rows gives them) by row number. `stale`: names of fields
+    removed or retyped since (fields.stale_fields): a row's value for one is renamed
+    fields.STALE + name, so the row's fields digest matches no listed image's and its
+    record is re-framed with the listing's values."""
 
-    def __init__(self, path):
-        self.path = path
+    def __init__(self, path, stale=frozenset()):
+        self.path, self.stale = path, stale
 
     def identity(self):
         """(row number, {column: value} of IDENTITY_COLUMNS and, with declared fields, the
@@ -71,8 +77,15 @@ class CatalogRows:
         for table in catalog.iter_tables(self.path, columns=wanted):
             columns = table.to_pydict()
             for values in zip(*(columns[c] for c in wanted)):
-                yield number, catalog_schema.nest_fields(dict(zip(wanted, values)))
+                yield number, self._marked(catalog_schema.nest_fields(dict(zip(wanted, values))))
                 number += 1
+
+    def _marked(self, row):
+        found = self.stale and row.get(catalog_schema.FIELDS)
+        if found:
+            for name in self.stale & found.keys():
+                found[field_types.STALE + name] = found.pop(name)
+        return row
 
     def full(self, wanted):
         """Ascending row numbers (repeats allowed) -> (number, full row dict), reading only
@@ -97,7 +110,7 @@ class CatalogRows:
                         if row.get(DESCRIPTOR) is not None and not isinstance(
                                 row[DESCRIPTOR], str):
                             row[DESCRIPTOR] = base64.b64encode(row[DESCRIPTOR]).decode()
-                        yield number, catalog_schema.nest_fields(dict(row))
+                        yield number, self._marked(catalog_schema.nest_fields(dict(row)))
                         number = next(wanted, None)
                     if number is None:
                         return
