@@ -97,7 +97,8 @@ def read_label_file(path):
         names = [l.strip() for l in data.decode().splitlines() if l.strip()]
     except Exception as e:
         _outage(e, f"--label_file {path}")
-        raise UserError(f"--label_file {path}: cannot read it ({e})") from e
+        cause = e.__cause__ if isinstance(e, transient.StorageUnavailable) else e
+        raise UserError(f"--label_file {path}: cannot read it ({cause})") from e
     if not names or len(set(names)) != len(names):
         raise UserError(f"--label_file {path}: needs one unique class name per line")
     return names
