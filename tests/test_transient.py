@@ -442,3 +442,34 @@ def _delete(gcs, uri):
     bucket, name = gcs.split(uri)
     if gcs.exists(uri):
         gcs.client.bucket(bucket).blob(name).delete()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("status", [403, 503])
+def test_a_work_item_that_cannot_read_an_input_fails_and_its_retry_writes_every_image(
+        proxy, gcs, patient_retries, tmp_path, status):
+    """The shard writer DoFn as Dataflow runs it (tests/dataflow_sim.py): an attempt that
+    meets a 403 (or 503s past the retries) on an input raises, naming the object, instead of
+    writing a shard without it and a row blaming it; the service's retry, once storage
+    answers, writes every image and the version has no error."""
+    from tests.dataflow_sim import plan
+    from tests.helpers import make_images
+
+    bucket = gcs.create_bucket()
+    make_images(tmp_path / "in", {"cat": 3, "dog": 3})
+    src, root = f"gs://{bucket}/in", f"gs://{bucket}/out"
+    gcs.upload_tree(tmp_path / "in", src)
+    job = plan(["--input", src, "--output", root, "--name", "night", "--num_shards", "1",
+                "--splits", "train=1.0", "--no_transform", "--max_error_rate", "0"])
+    (task,) = job.tasks
+    proxy.fail("in/dog/001.jpg", status, method="GET")
+    try:
+        with pytest.raises(transient.StorageUnavailable,
+                           match=rf"^cannot read {src}/dog/001\.jpg \(.*{status}"):
+            job.attempt(task)
+    finally:
+        proxy.fail_clear()
+    retried = job.attempt(task)
+    assert (retried.num_examples, retried.errors) == (6, ())
+    manifest = job.commit([retried])
+    assert manifest["accounting"]["written"] == 6 and manifest["errors"]["count"] == 0
