@@ -14,7 +14,7 @@ import uuid
 
 from apache_beam.io.filesystems import FileSystems
 
-from beam_pipeline.store import gcs, gcs_delete
+from beam_pipeline.store import gcs, gcs_delete, transient
 from dataset_format import frames, layout
 
 
@@ -34,8 +34,6 @@ def objects(pattern):
     failure is transient, then raises StorageUnavailable naming `pattern`: an empty answer
     would say nothing is there (no failed run to resume from, a version id free to claim).
     Names starting with "." (temp files) are left out locally, as glob leaves them."""
-    from beam_pipeline.store import transient
-
     def listing():
         return gcs.matching(pattern) if is_gcs(pattern) else _local_objects(pattern)
 
