@@ -473,3 +473,26 @@ def test_a_work_item_that_cannot_read_an_input_fails_and_its_retry_writes_every_
     assert (retried.num_examples, retried.errors) == (6, ())
     manifest = job.commit([retried])
     assert manifest["accounting"]["written"] == 6 and manifest["errors"]["count"] == 0
+
+
+def test_an_input_is_rejected_only_for_what_is_its_own(tmp_path):
+    """inputs.fetch and its local read-ahead: missing, a folder, a link loop, a mode that
+    forbids reading are the input's rows; an outage or a credential raises, naming it."""
+    from beam_pipeline.job import inputs
+
+    (tmp_path / "folder.jpg").mkdir()
+    os.symlink("loop.jpg", tmp_path / "loop.jpg")  # ELOOP
+    for name, kind in [("gone.jpg", FileNotFoundError), ("folder.jpg", IsADirectoryError),
+                       ("loop.jpg", OSError)]:
+        path = str(tmp_path / name)
+        for data, error in (inputs.fetch(path), inputs._LocalRead(path, 0).result()):
+            assert data is None and isinstance(error, kind), (name, error)
+    denied = PermissionError(errno.EACCES, "Permission denied")
+    assert inputs.rejection(str(tmp_path / "x.jpg"), denied) is denied  # its mode: its row
+    for uri, error in [("gs://b/in/x.jpg", exceptions.Forbidden("403 GET …/x.jpg")),
+                       ("gs://b/in/x.jpg", exceptions.ServiceUnavailable("503")),
+                       ("gs://b/in/x.jpg", auth_exceptions.RefreshError("no token")),
+                       (str(tmp_path / "x.jpg"), OSError(errno.ESTALE, "Stale file handle"))]:
+        with pytest.raises(transient.StorageUnavailable, match=rf"^cannot read {uri} \("):
+            inputs.rejection(uri, error)
+    assert inputs.rejection("gs://b/in/x.jpg", exceptions.NotFound("404")).code == 404
