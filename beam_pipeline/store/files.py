@@ -67,9 +67,9 @@ def _local_objects(pattern):
     for folder, subfolders, names in os.walk(top or ".", onerror=failed):
         if deepest is not None and folder.count("/") - top.count("/") >= deepest:
             subfolders[:] = []
-        found += [path for path in (os.path.join(folder, name) for name in sorted(names)
-                                    if not name.startswith("."))
-                  if wanted.match(path)]
+        found += [path for path in (os.path.join(folder, name)[0 if top else 2:]
+                                    for name in sorted(names) if not name.startswith("."))
+                  if wanted.match(path)]  # (a pattern without a folder: "./" cut)
     return found
 
 
