@@ -159,15 +159,16 @@ def both_at_once(job, task, mine_storage, zombie_storage, gate):
 def test_a_zombie_attempt_with_other_bytes_overwrites_nothing_and_the_manifest_matches_the_bucket(
         inputs, gcs, proxy, tmp_path, committed):
     """One shard's DoFn twice at once: this process, and a zombie on another worker (a
-    separate process) whose storage path refuses it one image (403: an image fault, so its
-    shard holds one record less). The first to finish puts the shard at its final name; the
+    separate process) whose storage path no longer finds one image's listed generation (404:
+    it changed during the build, so its shard holds one record less; a 403 would be no
+    image fault: its attempt would fail, store/transient.py). The first to finish puts the shard at its final name; the
     other cannot overwrite it and keeps its own copy. Whichever attempt Dataflow commits,
     the published manifest describes the object in the bucket."""
     src, root = inputs
     job = plan(["--input", src, "--output", root, *ARGS])
     (task,) = job.tasks
     with FaultProxy(gcs.endpoint) as zombie_storage:  # open until the end: the emulator's
-        zombie_storage.fail("in/dog/002.jpg", 403)     # mediaLinks name the proxy they came by
+        zombie_storage.fail("in/dog/002.jpg", 404)     # mediaLinks name the proxy they came by
         mine, theirs = both_at_once(job, task, proxy, zombie_storage, tmp_path / "gate")
         check_zombie_outcome(job, gcs, mine, theirs, committed)
 
@@ -179,7 +180,7 @@ def test_a_copied_shard_written_by_two_attempts_at_once_publishes_what_the_bucke
     """An incremental night: one input deleted, so its shard's surviving records are copied
     from the previous version (a "copy" task) and the other shard is reused. The copy task
     runs twice at once; the zombie's storage does not find the previous shard (its records
-    are converted again from their inputs) and refuses one of those inputs (rejected). The reuse task
+    are converted again from their inputs) and does not find one of those inputs (rejected). The reuse task
     runs twice at once too, in two threads. Whichever copy attempt is committed, every
     shard's manifest entry is the object in the bucket, and every input is written or
     rejected with a reason."""
@@ -196,7 +197,7 @@ def test_a_copied_shard_written_by_two_attempts_at_once_publishes_what_the_bucke
         # The previous shard gone for the zombie (a 403 or a 503 would be no damage: its
         # task would fail and be retried, store/transient.py)
         zombie_storage.fail(f"out/versions/{first['version']}/{header['source']}", 404)
-        zombie_storage.fail(refused, 403)
+        zombie_storage.fail(refused, 404)  # (a 403 fails the attempt: not the image's)
         mine, theirs = both_at_once(job, copy_task, proxy, zombie_storage, tmp_path / "gate")
     (reuse_task,) = [t for t in job.tasks if t is not copy_task]
     assert reuse_task.kind == Kind.REUSE
@@ -235,7 +236,7 @@ def _object(gcs, uri):
 
 def check_zombie_outcome(job, gcs, mine, theirs, committed):
     assert (mine.num_examples, theirs.num_examples) == (6, 5)
-    assert [e["reason"] for e in theirs.errors] == ["unreadable"]
+    assert [e["reason"] for e in theirs.errors] == ["changed_during_build"]
     final = f"{job.spec.vdir}/{mine.path}"
     winner, loser = sorted((mine, theirs), key=lambda r: r.temp != final)
     assert winner.temp == final and loser.temp.startswith(f"{job.spec.tmp_dir}/")

@@ -12,10 +12,11 @@ import os
 
 import pytest
 from google.api_core import exceptions
+from google.auth import exceptions as auth_exceptions
 
 from beam_pipeline import cli
 from beam_pipeline.store import gcs as gcs_store
-from beam_pipeline.store import transient
+from beam_pipeline.store import transient, versions
 from dataset_format import layout, storage
 from tests.faults import FaultProxy
 from tests.helpers import image_bytes, noise_image
@@ -32,6 +33,9 @@ ARGS = ["--name", "pets", "--target_shard_mb", "0.002", "--no_transform",
     (exceptions.TooManyRequests("429"), True, False),
     (exceptions.Forbidden("403"), True, False),           # credentials: not the file's fault
     (exceptions.Unauthorized("401"), True, False),
+    (auth_exceptions.RefreshError("401, then no new token"), True, False),
+    (auth_exceptions.InvalidOperation("Anonymous credentials cannot be refreshed."), True,
+     False),  # a ValueError, but the credentials'
     (exceptions.RetryError("deadline", exceptions.ServiceUnavailable("503")), True, False),
     (TimeoutError("timed out"), True, False),
     (OSError(errno.EIO, "Input/output error"), True, False),
@@ -260,3 +264,235 @@ def test_a_latest_naming_a_missing_version_on_gcs_is_replaced(night, gcs, capsys
     assert latest_of(gcs, root) == result.version > previous
     after = _splits(gcs, result.version_dir)
     assert {s: after[s] for s in before} == before
+
+
+# --- the job's reads, listings and checks: a failure that proves nothing fails the night -----
+
+@pytest.fixture
+def patient_retries(monkeypatch):
+    """Retries give up after 3 s, a request after 2 s: past a "timeout" answer (5 s), but
+    not so short that a build's many parallel reads on a busy 2-core machine time out."""
+    for module in (gcs_store, storage):
+        monkeypatch.setattr(module, "READ_DEADLINE", 3.0)
+        monkeypatch.setattr(module, "REQUEST_TIMEOUT", 2.0)
+    monkeypatch.setattr(transient, "RETRY_SECONDS", 3.0)
+
+
+def _failed_night(proxy, gcs, capsys, argv, target, status, code=1):
+    """Run a build with requests whose target holds `target` answered `status` -> its one
+    error line (asserted: the exit `code`, one line, no traceback, the fault met). The
+    failed build's version is deleted after (its finished shards would be the next
+    night's to look into, and that is not what these tests are about)."""
+    root = argv[argv.index("--output") + 1]
+    before = latest_of(gcs, root)
+    proxy.fail(target, status, method="GET")
+    try:
+        got = cli.main(argv)
+        hits = list(proxy.forced_hits)
+    finally:
+        proxy.fail_clear()
+        for version in _unpublished(gcs, root, before):
+            for uri in gcs.list(f"{root}/versions/{version}/"):
+                _delete(gcs, uri)
+    assert hits and {h[0] for h in hits} == {status}, hits
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error")]
+    assert got == code, err
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def _unpublished(gcs, root, since):
+    """The version directories under `root` newer than `since` (a failed build's)."""
+    names = {uri[len(f"{root}/versions/"):].split("/")[0]
+             for uri in gcs.list(f"{root}/versions/")}
+    return sorted(v for v in names if v > since)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("status", [403, 401, 503, 429, "timeout"])
+def test_an_input_the_job_cannot_read_fails_the_night_and_blames_no_image(
+        night, proxy, gcs, patient_retries, capsys, status):
+    """Before: a 403 on an input was that image's row in errors.jsonl, counted against
+    --max_error_rate (a wrong credential on a whole bucket ended as exit 3, "retry won't
+    help", after writing its rows). A credential, an outage or a timeout says nothing about
+    the image: exit 1, one line naming the object and the status, nothing published."""
+    src, root, _ = night
+    v1 = latest_of(gcs, root)
+    add_image(gcs, src)
+    new = sorted(gcs.list(f"{src}/cat/"))[-1]  # the image only tonight's job reads
+    line = _failed_night(proxy, gcs, capsys, ["--input", src, "--output", root, *ARGS],
+                         new[len("gs://"):].split("/", 1)[1], status)
+    assert line.startswith(f"error: build failed: cannot read {new} ("), line
+    if status == 401:  # the client asks for new credentials first: the emulator's are
+        assert "credentials" in line, line  # anonymous (InvalidOperation), GCS's RefreshError
+    elif status != "timeout":
+        assert str(status) in line, line
+    assert latest_of(gcs, root) == v1  # nothing published
+    for version in _unpublished(gcs, root, v1):  # ... and no row blames the image
+        for uri in gcs.list(f"{root}/versions/{version}/"):
+            if "errors" in uri.rsplit("/", 1)[-1]:
+                assert new.encode() not in gcs.read(uri), uri
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("status", [403])  # (503s: each of 8 tasks retries; index cases above)
+def test_a_stored_shard_the_job_cannot_read_fails_the_night_instead_of_copying_it(
+        night, proxy, gcs, patient_retries, capsys, status):
+    """An incremental night reads each unchanged shard's metadata (is it the manifest's?)
+    and index: a failure that proves nothing fails the task, naming the file; it does not
+    copy (or convert) the shard's records as if it were damaged."""
+    src, root, _ = night
+    v1 = latest_of(gcs, root)
+    add_image(gcs, src)
+    line = _failed_night(proxy, gcs, capsys, ["--input", src, "--output", root, *ARGS],
+                         ".tfrecord-", status)
+    assert line.startswith(f"error: build failed: cannot read {root}/versions/"), line
+    assert ".tfrecord-" in line and str(status) in line, line
+    assert latest_of(gcs, root) == v1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("status", [503, 403])
+def test_a_failed_runs_shards_that_cannot_be_listed_fail_the_night_not_its_resume(
+        night, proxy, gcs, patient_retries, capsys, caplog, status):
+    """Before: the listing of a failed run's finished shards answered "none" on any error,
+    so the night converted every image that run had finished again."""
+    src, root, _ = night
+    v1 = latest_of(gcs, root)
+    published = _splits(gcs, f"{root}/versions/{v1}")
+    failed = versions.new_version_id()  # an unpublished version newer than LATEST
+    junk = f"{root}/versions/{failed}/.tmp/{ARGS[1]}-train-00000.0{layout.FRAGMENT_SUFFIX}"
+    gcs.upload_bytes(junk, b"not Parquet")  # damage: "not resumable", once it is listed
+    add_image(gcs, src)
+    try:
+        line = _failed_night(proxy, gcs, capsys, ["--input", src, "--output", root, *ARGS],
+                             f"versions/{failed}/.tmp/", status)
+        assert line.startswith("error: build failed: cannot read the listing of "
+                               f"{root}/versions/{failed}/.tmp/*{layout.FRAGMENT_SUFFIX} ("), line
+        assert latest_of(gcs, root) == v1
+        gcs.upload_bytes(junk, b"not Parquet")  # (_failed_night deleted the failed version)
+        result = cli.run(["--input", src, "--output", root, *ARGS])  # storage answers again
+        new = len(_splits(gcs, result.version_dir)) - len(published)
+        assert result.status == "published" and result.manifest["build"]["converted"] == new
+        assert f"{junk}: not resumable" in caplog.text  # the damaged fragment, named
+    finally:
+        _delete(gcs, junk)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("status", [503, 403])
+def test_the_versions_a_build_resumes_from_are_listed_or_it_fails(night, proxy, gcs,
+                                                                  patient_retries, status):
+    """versions.failed_runs: before, any listing error was "no failed run" (no resume)."""
+    _, root, _ = night
+    proxy.fail("prefix=ds/versions/", status, method="GET")
+    try:
+        with pytest.raises(transient.StorageUnavailable,
+                           match=rf"^cannot read {root}/versions \(.*{status}"):
+            versions.failed_runs(root, latest_of(gcs, root), None)
+    finally:
+        proxy.fail_clear()
+    latest = latest_of(gcs, root)
+    assert versions.failed_runs(root, latest, None) == tuple(
+        f"{root}/versions/{v}" for v in reversed(_unpublished(gcs, root, latest)))[:3]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("status, code", [(503, 1), ("timeout", 1), (403, 2)])
+def test_a_label_file_out_of_reach_is_an_outage_not_a_wrong_command(
+        night, proxy, gcs, patient_retries, capsys, status, code):
+    """Before: any failure to read --label_file was exit 2 ("the command is wrong"), so a
+    scheduler would not retry a night that met a 503. A 403 stays the command's."""
+    src, root, _ = night
+    labels = f"{src.rsplit('/', 1)[0]}/labels.txt"
+    gcs.upload_bytes(labels, b"cat\ndog\n")
+    line = _failed_night(proxy, gcs, capsys, ["--input", src, "--output", root, *ARGS,
+                                         "--label_file", labels], "labels.txt", status, code)
+    assert labels in line, line
+    if code == 2:
+        assert line.startswith(f"error: --label_file {labels}: cannot read it (403 "), line
+
+
+def test_a_local_listing_that_fails_is_not_an_empty_one(tmp_path):
+    """files.objects: glob (and Beam's local match) lists a folder it cannot read as empty."""
+    from beam_pipeline.store import files
+
+    (tmp_path / "v" / ".tmp" / "sub").mkdir(parents=True)
+    for name in ("a.x", "b.x", ".hidden.x", "c.y", "sub/d.x"):
+        (tmp_path / "v" / ".tmp" / name).write_bytes(b"1")
+    assert files.objects(f"{tmp_path}/v/.tmp/*.x") == [f"{tmp_path}/v/.tmp/{n}"
+                                                       for n in ("a.x", "b.x")]
+    assert files.objects(f"{tmp_path}/v/**") == [f"{tmp_path}/v/.tmp/{n}" for n in
+                                                 ("a.x", "b.x", "c.y", "sub/d.x")]
+    assert files.objects(f"{tmp_path}/gone/*.x") == []  # nothing there: nothing matches
+    if os.geteuid() == 0:
+        return  # root lists a mode-000 folder
+    (tmp_path / "v" / ".tmp").chmod(0)
+    try:
+        with pytest.raises(transient.StorageUnavailable,
+                           match=rf"cannot read the listing of {tmp_path}/v/\.tmp/\*\.x "
+                                 r"\(PermissionError: \[Errno 13\]"):
+            files.objects(f"{tmp_path}/v/.tmp/*.x")
+    finally:
+        (tmp_path / "v" / ".tmp").chmod(0o755)
+
+
+def _delete(gcs, uri):
+    bucket, name = gcs.split(uri)
+    if gcs.exists(uri):
+        gcs.client.bucket(bucket).blob(name).delete()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("status", [403, 503])
+def test_a_work_item_that_cannot_read_an_input_fails_and_its_retry_writes_every_image(
+        proxy, gcs, patient_retries, tmp_path, status):
+    """The shard writer DoFn as Dataflow runs it (tests/dataflow_sim.py): an attempt that
+    meets a 403 (or 503s past the retries) on an input raises, naming the object, instead of
+    writing a shard without it and a row blaming it; the service's retry, once storage
+    answers, writes every image and the version has no error."""
+    from tests.dataflow_sim import plan
+    from tests.helpers import make_images
+
+    bucket = gcs.create_bucket()
+    make_images(tmp_path / "in", {"cat": 3, "dog": 3})
+    src, root = f"gs://{bucket}/in", f"gs://{bucket}/out"
+    gcs.upload_tree(tmp_path / "in", src)
+    job = plan(["--input", src, "--output", root, "--name", "night", "--num_shards", "1",
+                "--splits", "train=1.0", "--no_transform", "--max_error_rate", "0"])
+    (task,) = job.tasks
+    proxy.fail("in/dog/001.jpg", status, method="GET")
+    try:
+        with pytest.raises(transient.StorageUnavailable,
+                           match=rf"^cannot read {src}/dog/001\.jpg \(.*{status}"):
+            job.attempt(task)
+    finally:
+        proxy.fail_clear()
+    retried = job.attempt(task)
+    assert (retried.num_examples, retried.errors) == (6, ())
+    manifest = job.commit([retried])
+    assert manifest["accounting"]["written"] == 6 and manifest["errors"]["count"] == 0
+
+
+def test_an_input_is_rejected_only_for_what_is_its_own(tmp_path):
+    """inputs.fetch and its local read-ahead: missing, a folder, a link loop, a mode that
+    forbids reading are the input's rows; an outage or a credential raises, naming it."""
+    from beam_pipeline.job import inputs
+
+    (tmp_path / "folder.jpg").mkdir()
+    os.symlink("loop.jpg", tmp_path / "loop.jpg")  # ELOOP
+    for name, kind in [("gone.jpg", FileNotFoundError), ("folder.jpg", IsADirectoryError),
+                       ("loop.jpg", OSError)]:
+        path = str(tmp_path / name)
+        for data, error in (inputs.fetch(path), inputs._LocalRead(path, 0).result()):
+            assert data is None and isinstance(error, kind), (name, error)
+    denied = PermissionError(errno.EACCES, "Permission denied")
+    assert inputs.rejection(str(tmp_path / "x.jpg"), denied) is denied  # its mode: its row
+    for uri, error in [("gs://b/in/x.jpg", exceptions.Forbidden("403 GET …/x.jpg")),
+                       ("gs://b/in/x.jpg", exceptions.ServiceUnavailable("503")),
+                       ("gs://b/in/x.jpg", auth_exceptions.RefreshError("no token")),
+                       (str(tmp_path / "x.jpg"), OSError(errno.ESTALE, "Stale file handle"))]:
+        with pytest.raises(transient.StorageUnavailable, match=rf"^cannot read {uri} \("):
+            inputs.rejection(uri, error)
+    assert inputs.rejection("gs://b/in/x.jpg", exceptions.NotFound("404")).code == 404

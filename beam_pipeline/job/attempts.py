@@ -32,7 +32,7 @@ from beam_pipeline.algorithms.read_ahead import threaded
 from beam_pipeline.job import code_build
 from beam_pipeline.job.contracts import ShardResult
 from beam_pipeline.job.rewrite import copy_frames, with_rows
-from beam_pipeline.store import catalog, files, gcs
+from beam_pipeline.store import catalog, files, gcs, transient
 from dataset_format import layout
 
 FRAGMENT_SUFFIX = layout.FRAGMENT_SUFFIX  # an attempt's fragment: .tmp/SHARD.ATTEMPT + this
@@ -104,19 +104,25 @@ def finished(vdirs):
 
 
 def _in_place(shard, result):
-    """The finished shard `result` recorded is at `shard`, with its index (cheap checks)."""
-    if shard.startswith("gs://"):
-        if files.size_and_crc32c(shard) != (result.num_bytes, result.crc32c):
-            return False
-    else:
-        import os
+    """The finished shard `result` recorded is at `shard`, with its index (cheap checks).
+    A check that fails without proving the file gone raises StorageUnavailable
+    (store/transient.py): not taking the shard would convert its images again."""
+    import os
 
-        try:
-            if os.path.getsize(shard) != result.num_bytes:
-                return False
-        except OSError:
+    def size():
+        if shard.startswith("gs://"):
+            return files.size_and_crc32c(shard)
+        return os.path.getsize(shard), result.crc32c  # its checksum: read by the task
+
+    try:
+        if transient.retrying(size, shard) != (result.num_bytes, result.crc32c):
             return False
-    return not result.index_temp or files.exists(layout.index_name(shard))
+    except transient.StorageUnavailable:
+        raise
+    except Exception:  # damage (retrying raises nothing else): gone
+        return False
+    index = layout.index_name(shard)
+    return not result.index_temp or transient.retrying(lambda: files.exists(index), index)
 
 
 def share(header, lost, result, vdir, write_index=True, redo=None):
@@ -183,14 +189,18 @@ def _recorded(fragment, quiet=False):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    try:
+    def read():
         if fragment.startswith("gs://"):
-            metadata = pq.read_metadata(pa.BufferReader(gcs.read_bytes(fragment))).metadata
-        else:
-            metadata = pq.read_metadata(fragment).metadata
+            return pq.read_metadata(pa.BufferReader(gcs.read_bytes(fragment))).metadata
+        return pq.read_metadata(fragment).metadata
+
+    try:  # a read that fails without proving damage fails the build (not "not resumable")
+        metadata = transient.retrying(read, fragment)
         if quiet and (not metadata or RECORD_KEY.encode() not in metadata):
             return None
         return json.loads(metadata[RECORD_KEY.encode()])
-    except Exception as e:
+    except transient.StorageUnavailable:
+        raise
+    except Exception as e:  # damage: gone, cut short, not Parquet
         logging.warning("%s: not resumable (%s)", fragment, e)
         return None

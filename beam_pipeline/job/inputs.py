@@ -2,7 +2,8 @@
 
 An input is its file (local or gs://, at the generation the listing stamped) or, for a
 record an earlier version stored (ref.source), that record's frame, read by byte range.
-Rejections are data (the error beside the ref); a transient storage error is raised.
+Rejections are data (the error beside the ref) only for proven damage; a transient or
+denied storage error is raised as StorageUnavailable naming the file (store/transient.py).
 """
 
 import os
@@ -37,21 +38,36 @@ CHANGED = "changed_during_build"  # errors.jsonl reason: the listed generation i
 
 
 def fetch(uri, max_bytes=0, stamp=""):
-    """(bytes, None) or (None, the error that makes this input a rejection). A transient
-    storage error (429/5xx past the retry deadline, a reset) is raised instead: the runner
-    retries the bundle, and the shard never depends on when the service was busy."""
+    """(bytes, None) or (None, the error that makes this input a rejection: proven damage,
+    i.e. gone or replaced since listing; locally also a file we may not read). Anything
+    else raises StorageUnavailable naming `uri` (a local EIO, ESTALE, ... retried first):
+    a 429/5xx past the retry deadline, a timeout, a reset, a 401/403 (a credential, not
+    the image). The runner retries the bundle, and then the build fails (exit 1) with
+    nothing published: counted as rejected images, an outage or a wrong credential would
+    be blamed on the images and end as an exceeded error budget (exit 3)."""
     try:
-        data = read_bytes(uri, max_bytes, stamp)
+        data = transient.retrying(lambda: read_bytes(uri, max_bytes, stamp), uri)
     except gcs.GenerationGone as e:
         return None, images.ImageError(
             "read", CHANGED, f"{e}: it changed during the build (the next build reads it)")
-    except Exception as e:  # a vanished or unreadable file is data, not a crash
-        if gcs.is_transient(e):
-            raise
-        return None, e
+    except Exception as e:
+        return None, rejection(uri, e)
     if data is None:  # it grew past the limit after it was listed
         return None, _too_large(max_bytes)
     return data, None
+
+
+def rejection(uri, error):
+    """`error` when it is the input's own: damage, or a local file's OSError that is not an
+    outage (EACCES, ELOOP: its mode or its links are the input's, and errors.jsonl says so);
+    else StorageUnavailable naming `uri`, raised."""
+    cause = error.__cause__ if isinstance(error, transient.StorageUnavailable) else error
+    if transient.is_damage(cause) or ("://" not in uri and isinstance(cause, OSError)
+                                       and not transient.is_local_outage(cause)):
+        return cause
+    if isinstance(error, transient.StorageUnavailable):
+        raise error
+    raise transient.unavailable(error, uri) from error
 
 
 def _too_large(max_bytes):
@@ -76,7 +92,7 @@ def _fetch_for(ref, max_bytes=0):
         return reframe.read_stored(ref.source), None
     except Exception as e:  # damaged or gone: converted from its input instead
         if transient.is_transient(e):  # storage busy: the task fails and is retried
-            raise
+            raise transient.unavailable(e, ref.source.path) from e
         return None, e
 
 
@@ -133,10 +149,10 @@ class _LocalRead:
     result(): the (bytes, error) of fetch, without a thread."""
 
     def __init__(self, path, max_bytes):
-        self.max_bytes, self.file, self.error = max_bytes, None, None
+        self.path, self.max_bytes, self.file, self.error = path, max_bytes, None, None
         try:
             self.file = open(path, "rb")  # what Beam's local FileSystems.open does
-        except OSError as e:  # a vanished or unreadable file is data, not a crash
+        except OSError as e:  # judged in result(): the input's own, or the storage's
             self.error = e
             return
         try:
@@ -145,13 +161,17 @@ class _LocalRead:
             pass
 
     def result(self):
+        if self.error is None:
+            try:
+                with self.file:
+                    data = (self.file.read(self.max_bytes + 1) if self.max_bytes
+                            else self.file.read())
+            except OSError as e:
+                self.error = e
         if self.error is not None:
-            return None, self.error
-        try:
-            with self.file:
-                data = self.file.read(self.max_bytes + 1) if self.max_bytes else self.file.read()
-        except OSError as e:
-            return None, e
+            if transient.is_local_outage(self.error):  # EIO, ESTALE, ...: read again, retried
+                return fetch(self.path, self.max_bytes)
+            return None, rejection(self.path, self.error)
         if self.max_bytes and len(data) > self.max_bytes:  # it grew past the limit
             return None, _too_large(self.max_bytes)
         return data, None

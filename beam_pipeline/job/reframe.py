@@ -29,7 +29,7 @@ def read_stored_run(sources):
         frames_read = ranges.read_run(sources[0].path, run)
     except Exception as e:  # each is converted from its input instead ...
         if transient.is_transient(e):  # ... unless storage is only busy: the task retries
-            raise
+            raise transient.unavailable(e, sources[0].path) from e
         return [(None, e)] * len(sources)
     out = []
     for source, frame in zip(sources, frames_read):

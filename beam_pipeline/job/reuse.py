@@ -21,7 +21,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from beam_pipeline.job.contracts import Kind
 from beam_pipeline.job.rewrite import copy_frames, with_rows
-from beam_pipeline.store import files, gcs, transient
+from beam_pipeline.store import files, transient
 from dataset_format import frames, layout, storage
 from dataset_format.catalog_schema import CatalogRow
 
@@ -120,21 +120,26 @@ def unlike_manifest(path, header):
     size and crc32c come from its metadata (no download); a local file is read once
     (CRC-32C at several GB/s: a small part of what a hard link saves over a copy)."""
     want_size = header.get("num_bytes")
-    try:
+
+    def sums():
         if path.startswith("gs://") and header.get("crc32c"):
-            bucket, name = gcs.gcs_blob(path)
-            blob = bucket.get_blob(name)
-            if blob is None:
-                return "missing"
-            size, crc = blob.size, blob.crc32c
-        else:
-            legacy = bool(header.get("sha256")) and not header.get("crc32c")
-            size, crc, sha = _local_sums(path, legacy)
-            if legacy:
-                crc = None if sha == header["sha256"] else "?"
+            sized = files.size_and_crc32c(path)
+            if sized is None:
+                raise FileNotFoundError(path)
+            return sized
+        legacy = bool(header.get("sha256")) and not header.get("crc32c")
+        size, crc, sha = _local_sums(path, legacy)
+        if legacy:
+            crc = None if sha == header["sha256"] else "?"
+        return size, crc
+
+    try:  # a failure that proves nothing (a 503, a 403, EIO) fails the task: a blip must
+        size, crc = transient.retrying(sums, path)  # not turn a shared shard into a copy
+    except transient.StorageUnavailable:
+        raise
     except FileNotFoundError:
         return "missing"
-    except OSError as e:
+    except Exception as e:  # damage: retrying raises nothing else
         return f"unreadable ({e})"
     if want_size is not None and size != want_size:
         return f"{size} bytes, the manifest says {want_size}"

@@ -1,14 +1,13 @@
 """Checks of the inputs and the environment before any work: each a one-line UserError
-naming what to fix (exit 2)."""
+naming what to fix (exit 2); a storage outage met while checking is StorageUnavailable
+(exit 1), not the command's mistake."""
 
 import importlib.util
 import os
 
-from apache_beam.io.filesystems import FileSystems
-
 from beam_pipeline.errors import UserError
 from beam_pipeline.launcher import listing
-from beam_pipeline.store import files
+from beam_pipeline.store import files, transient
 
 
 def preflight(pipeline_options, build):
@@ -75,16 +74,31 @@ def check_writable(root):
         files.write_bytes(probe, b"ok")
         files.delete(probe)
     except Exception as e:
+        _outage(e, f"--output {root}")
         raise UserError(f"--output {root}: not writable ({type(e).__name__}: {e})") from e
+
+
+def _outage(error, what):
+    """Raise StorageUnavailable (exit 1) when `error` is the storage's, not the command's: a
+    429/5xx past the retries, a timeout, a local EIO. A 403 or EACCES stays the command's
+    (exit 2): the option names something this build may not use."""
+    if transient.is_transient(error) and not transient.is_denied(error):
+        if isinstance(error, transient.StorageUnavailable):
+            raise error
+        raise transient.StorageUnavailable(
+            f"{what}: storage did not answer ({' '.join(str(error).split())[:200]}); "
+            "nothing was built: run again once it does") from error
 
 
 def read_label_file(path):
     """--label_file -> its class names, in order: one unique name per line."""
-    try:
-        with FileSystems.open(path) as f:
-            names = [l.strip() for l in f.read().decode().splitlines() if l.strip()]
+    try:  # gs://: one GET through the process's client, retried as every read of ours
+        data = transient.retrying(lambda: files.read_bytes(path), f"--label_file {path}")
+        names = [l.strip() for l in data.decode().splitlines() if l.strip()]
     except Exception as e:
-        raise UserError(f"--label_file {path}: cannot read it ({e})") from e
+        _outage(e, f"--label_file {path}")
+        cause = e.__cause__ if isinstance(e, transient.StorageUnavailable) else e
+        raise UserError(f"--label_file {path}: cannot read it ({cause})") from e
     if not names or len(set(names)) != len(names):
         raise UserError(f"--label_file {path}: needs one unique class name per line")
     return names

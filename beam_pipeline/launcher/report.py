@@ -141,7 +141,11 @@ class ProgressPrinter:
 
     def done(self):
         total = 0
-        for p in files.objects(self.directory + "/*"):  # one listing, one GET per file
+        try:  # one listing, one GET per file
+            found = files.objects(self.directory + "/*")
+        except Exception:  # progress is a courtesy: a listing that fails costs a line
+            return 0
+        for p in found:
             try:
                 total += json.loads(files.read_bytes(p))["done"]
             except Exception:

@@ -14,7 +14,7 @@ import uuid
 
 from apache_beam.io.filesystems import FileSystems
 
-from beam_pipeline.store import gcs, gcs_delete
+from beam_pipeline.store import gcs, gcs_delete, transient
 from dataset_format import frames, layout
 
 
@@ -30,13 +30,47 @@ def exists(path):
 
 def objects(pattern):
     """The paths matching `pattern` (FileSystems.match's syntax: `*` within a name, `**`
-    across folders); none when nothing matches or the listing fails."""
+    across folders); none when nothing matches. A listing that fails is retried while the
+    failure is transient, then raises StorageUnavailable naming `pattern`: an empty answer
+    would say nothing is there (no failed run to resume from, a version id free to claim).
+    Names starting with "." (temp files) are left out locally, as glob leaves them."""
+    def listing():
+        return gcs.matching(pattern) if is_gcs(pattern) else _local_objects(pattern)
+
     try:
-        if is_gcs(pattern):
-            return gcs.matching(pattern)
-        return [m.path for m in FileSystems.match([pattern])[0].metadata_list]
-    except Exception:
-        return []
+        return transient.retrying(listing, f"the listing of {pattern}")
+    except transient.StorageUnavailable:
+        raise
+    except Exception as e:  # not even damage: a listing proves nothing about a file
+        raise transient.unavailable(e, f"the listing of {pattern}") from e
+
+
+def _local_objects(pattern):
+    """objects() on a local filesystem. Not glob (nor Beam's FileSystems.match, which uses
+    it): glob takes a folder it cannot read (EIO, ESTALE, EACCES) for an empty one."""
+    import re
+
+    from apache_beam.io.filesystem import FileSystem
+
+    wanted = re.compile(FileSystem.translate_pattern(pattern))
+    fixed = re.match(r"^[^[*?]*", pattern).group(0)
+    top = fixed.rstrip("/") if fixed.endswith("/") else os.path.dirname(fixed)
+    if fixed == pattern:  # no wildcard: the file itself
+        return [pattern] if os.path.isfile(pattern) else []
+    deepest = None if "**" in pattern else pattern.count("/") - top.count("/") - 1
+
+    def failed(error):
+        if not (isinstance(error, FileNotFoundError) and error.filename == top):
+            raise error  # a missing top folder: nothing matches
+
+    found = []
+    for folder, subfolders, names in os.walk(top or ".", onerror=failed):
+        if deepest is not None and folder.count("/") - top.count("/") >= deepest:
+            subfolders[:] = []
+        found += [path for path in (os.path.join(folder, name)[0 if top else 2:]
+                                    for name in sorted(names) if not name.startswith("."))
+                  if wanted.match(path)]  # (a pattern without a folder: "./" cut)
+    return found
 
 
 def read_bytes(path):

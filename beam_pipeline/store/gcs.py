@@ -134,9 +134,12 @@ def matching(pattern):
 
     prefix = re.match(r"^[^[*?]*", pattern).group(0)
     wanted = re.compile(FileSystem.translate_pattern(pattern))
+    from google.cloud.storage.retry import DEFAULT_RETRY
+
     bucket, name = gcs_blob(prefix)
     found = (f"gs://{bucket.name}/{b.name}" for b in client().list_blobs(
-        bucket.name, prefix=name, fields="items(name),nextPageToken"))
+        bucket.name, prefix=name, fields="items(name),nextPageToken", timeout=REQUEST_TIMEOUT,
+        retry=DEFAULT_RETRY.with_deadline(READ_DEADLINE)))
     return [path for path in found if wanted.match(path)]
 
 

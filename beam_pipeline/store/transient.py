@@ -75,10 +75,15 @@ def is_denied(error):
 
 
 def _denied(e):
-    """A 401 or 403 from the storage service."""
+    """A 401 or 403 from the storage service, or credentials that could not be had (a
+    401 makes the client refresh them: RefreshError; anonymous ones raise InvalidOperation,
+    a ValueError that says nothing about the file)."""
     from google.api_core import exceptions
+    from google.auth import exceptions as auth
 
     if isinstance(e, (exceptions.Forbidden, exceptions.Unauthorized)):
+        return True
+    if isinstance(e, auth.GoogleAuthError) and not isinstance(e, auth.TransportError):
         return True
     status = getattr(getattr(e, "response", None), "status_code", None)
     return status in (401, 403)

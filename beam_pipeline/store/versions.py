@@ -6,7 +6,6 @@ Writer-side twin of dataset_format.layout, on Beam FileSystems so gs:// works th
 
 import datetime
 import json
-import logging
 import os
 import random
 import time
@@ -129,12 +128,16 @@ RESUME_FROM = 3  # failed runs a build looks into for finished shards (newest fi
 def failed_runs(root, latest, own):
     """Unpublished versions newer than `latest` (runs that failed, were cancelled, or were
     killed since), newest first, but `own`: where a build looks for finished shards of the
-    same plan (job/attempts.py). None when the versions cannot be listed."""
+    same plan (job/attempts.py). A listing that fails is retried while the failure is
+    transient, then raises StorageUnavailable: "no failed run" would convert again what one
+    finished."""
+    where = layout.join(root, layout.VERSIONS)
     try:
-        found = list_versions(root)
-    except Exception as e:
-        logging.warning("no resume: cannot list the versions of %s (%s)", root, e)
-        return ()
+        found = transient.retrying(lambda: list_versions(root), where)
+    except transient.StorageUnavailable:
+        raise
+    except Exception as e:  # a listing proves nothing about a version
+        raise transient.unavailable(e, where) from e
     return tuple(layout.version_dir(root, v) for v, done in sorted(found.items(), reverse=True)
                  if not done and v != own and (latest is None or v > latest))[:RESUME_FROM]
 
