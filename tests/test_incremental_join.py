@@ -88,9 +88,10 @@ def test_each_image_is_kept_changed_added_or_removed(tmp_path, previous):
         (_, _, _, _, copy0), (_, _, _, _, copy1) = listings[:2]
         assert json.loads(copy0[0]) == {"source": "train-00000-of-00002.tfrecord",
                                         "sha256": "0" * 64}
+        # A kept image: its previous catalog row (a, d: rows 0 and 3) and its input now.
         kept = [json.loads(line) for line in copy0[1:] + copy1[1:]]
-        assert [(r["key"], r["position"], r["uri"]) for r in kept] == [
-            ("a", 0, "/new/a"), ("d", 1, "/new/d")]  # old positions; the new uri
+        assert kept == [[0, "/new/a", 10, "1:1", "a" * 64, None],
+                        [3, "/new/d", 10, "1:1", "d" * 64, None]]
         fresh = sorted(ImageRef.from_json(l).key for *_, kind, _, lines in listings[2:]
                        for l in lines)
         assert fresh == ["b", "e"]
