@@ -44,7 +44,8 @@ from beam_pipeline.launcher.previous import (CatalogRows, Previous, RowList, Sto
                                              fields_digest)
 from beam_pipeline.launcher.same_bytes import (  # noqa: F401 (input_sha256: tests)
     by_content, by_md5, first_match, hashed, input_sha256)
-from beam_pipeline.refs import LINE_KEY, LINE_SIZE, LINE_SPLIT, ImageRef, Listed, StoredFrame
+from beam_pipeline.refs import (LINE_KEY, LINE_SHA256, LINE_SIZE, LINE_SPLIT, ImageRef, Listed,
+                                StoredFrame)
 from beam_pipeline.algorithms.spill import SortedSpill, join_sorted
 from beam_pipeline.store import split_map as split_maps
 from dataset_format import layout
@@ -206,7 +207,8 @@ def resolve(by_key, rows, splits, spill_dir, reuse=True, verify=False, split_map
             if line is None:
                 out.counts[Became.REMOVED] += 1
                 continue
-            ref = Listed._make(json.loads(line))  # its fields; no ImageRef built
+            fields = json.loads(line)  # ImageRef.to_json's list
+            ref = Listed._make(fields)  # its fields by name; no ImageRef built
             if old is None:
                 orphans.add(json_string(ref.uri), line)
                 continue
@@ -215,10 +217,10 @@ def resolve(by_key, rows, splits, spill_dir, reuse=True, verify=False, split_map
                 rehash.add(json_string(ref.key), f"[{line},{old}]")
             elif _same_stamp(ref, row) or _same_md5(ref, row):
                 split = ref.split or row.split
-                ref = ref._replace(split=split, sha256=row.input_sha256)
-                out.add_line(ref.key, split, ref.size, json.dumps(ref),
+                fields[LINE_SPLIT], fields[LINE_SHA256] = split, row.input_sha256
+                out.add_line(ref.key, split, ref.size, json.dumps(fields),
                              row.row if reuse else None,
-                             _same_bytes(ref, row))  # a Listed is a tuple: the same JSON
+                             _same_values(ref.label, split, ref.fields, row))
             else:  # other bytes, which may have been published before
                 changed.add(json_string(ref.uri), line)
         for (ref, row), same in _hashed_pairs(out, rehash):
@@ -254,8 +256,12 @@ def _same_bytes(ref, row):
     """Same key, same bytes: unchanged, or changed when its label, split or declared fields
     moved (a manifest row relabelled, a caption or box edited: its record is then
     re-framed)."""
-    same = ((ref.label, ref.split) == (row.label, row.split)
-            and fields_digest(ref.fields) == row.fields)
+    return _same_values(ref.label, ref.split, ref.fields, row)
+
+
+def _same_values(label, split, fields, row):
+    """_same_bytes of a ref's label, split and declared fields."""
+    same = label == row.label and split == row.split and fields_digest(fields) == row.fields
     return Became.UNCHANGED if same else Became.CHANGED
 
 

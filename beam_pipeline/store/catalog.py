@@ -178,12 +178,13 @@ def read_numbered(path, numbers):
     numbers = list(numbers)
     if not numbers:
         return []
+    key = _identity(path)
     with files.open_seekable(path) as f:
-        metadata = _FOOTERS.get(path)
+        metadata = _FOOTERS.get(key)
         source = pq.ParquetFile(f, metadata=metadata)
         if metadata is None:
             _FOOTERS.clear()  # one previous catalog a job: keep the last one only
-            _FOOTERS[path] = source.metadata
+            _FOOTERS[key] = source.metadata
         starts = _group_starts(path, source.metadata)
         if numbers[-1] >= starts[-1]:
             raise ValueError(f"{path}: no row {numbers[-1]} (it holds {starts[-1]})")
@@ -199,7 +200,19 @@ def read_numbered(path, numbers):
     return rows
 
 
-_FOOTERS = {}  # path -> the Parquet footer read_numbered read last
+_FOOTERS = {}  # _identity(path) -> the Parquet footer read_numbered read last (~2.4 KB
+              # a row group: ~18 MB for the 7,500 shards of 10M photographs)
+
+
+def _identity(path):
+    """A catalog file's cache key: a version's gs:// catalog is written once; a local one is
+    keyed by its size and mtime too (a file rewritten in place is read again)."""
+    if files.is_gcs(path):
+        return path
+    import os
+
+    stat = os.stat(path)
+    return path, stat.st_size, stat.st_mtime_ns
 
 
 def _group_starts(path, metadata):
