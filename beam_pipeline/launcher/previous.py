@@ -105,7 +105,7 @@ class CatalogRows:
             for number, key, uri, label, split, size, stamp, sha, md5 in zip(
                     numbers, c["key"], c["uri"], c["label"], c["split"], c["input_size"],
                     c["input_stamp"], c["input_sha256"], c["input_md5"]):
-                yield key, uri, Stored(number, size, stamp, sha, md5, label, split)
+                yield key, uri, Stored._make((number, size, stamp, sha, md5, label, split, None))
 
     def full(self, wanted, columns=None):
         """Ascending row numbers (repeats allowed) -> (number, row dict), reading only the
