@@ -114,7 +114,7 @@ def publish(spec_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from beam_pipeline.job import commit
+    from beam_pipeline.job import commit, reuse
     from beam_pipeline.job.contracts import Kind, ShardTask
     from beam_pipeline.job.manifest import Finalized, build_manifest
     from beam_pipeline.store import catalog, files, versions
@@ -136,28 +136,30 @@ def publish(spec_path):
                                      spec.num_shards[task.split])
             columns = {c: [] for c in names}
             offset = 0
-            with open(task.listing) as listing:
-                if task.kind != Kind.IMAGES:
-                    next(listing)  # the source shard's header
-                for position, line in enumerate(listing):
-                    value = json.loads(line)
-                    if task.kind == Kind.IMAGES:  # an ImageRef list (refs.LINE_* positions)
-                        key, uri, label, split, size, stamp, sha, _, md5 = value
-                        row = {"key": key, "uri": uri, "label": label,
-                               "label_id": label_ids[label], "split": split, "sha256": sha,
-                               "height": 1, "width": 1, "input_size": size,
-                               "input_stamp": stamp, "input_md5": md5,
-                               "input_sha256": sha or hashlib.sha256(md5.encode()).hexdigest()}
-                        row["sha256"] = row["input_sha256"]
-                    else:  # a kept catalog row
-                        row = value
-                    row.update(shard=task.shard, file=name, position=position, offset=offset,
-                               length=row["input_size"] + 16)
-                    offset += row["length"]
-                    for c in names:
-                        columns[c].append(row.get(c))
-                    counts = label_counts[task.split]
-                    counts[row["label"]] = counts.get(row["label"], 0) + 1
+            if task.kind == Kind.IMAGES:  # ImageRef lists (refs.LINE_* positions)
+                with open(task.listing) as listing:
+                    values = [json.loads(line) for line in listing]
+            else:  # kept images: their previous rows, read as the job reads them
+                values = [r.to_dict() for r in reuse.read_task(task.listing,
+                                                               spec.previous_vdir)[1]]
+            for position, value in enumerate(values):
+                if task.kind == Kind.IMAGES:
+                    key, uri, label, split, size, stamp, sha, _, md5 = value
+                    row = {"key": key, "uri": uri, "label": label,
+                           "label_id": label_ids[label], "split": split, "sha256": sha,
+                           "height": 1, "width": 1, "input_size": size,
+                           "input_stamp": stamp, "input_md5": md5,
+                           "input_sha256": sha or hashlib.sha256(md5.encode()).hexdigest()}
+                    row["sha256"] = row["input_sha256"]
+                else:  # a kept image's row, its input's values updated
+                    row = value
+                row.update(shard=task.shard, file=name, position=position, offset=offset,
+                           length=row["input_size"] + 16)
+                offset += row["length"]
+                for c in names:
+                    columns[c].append(row.get(c))
+                counts = label_counts[task.split]
+                counts[row["label"]] = counts.get(row["label"], 0) + 1
             out.write_table(pa.table(columns, schema=catalog.SCHEMA))
             shards[task.split].append({"path": name, "num_examples": len(columns["key"]),
                                        "num_bytes": offset, "crc32c": "AAAAAA==",
@@ -168,7 +170,7 @@ def publish(spec_path):
     done = Finalized(results=(), shards=shards, catalog_rows=rows, label_counts=label_counts,
                      error_reasons={}, split_map=map_entry)
     manifest = build_manifest(spec, done, datetime.datetime.now(datetime.timezone.utc))
-    files.write_json(layout.join(spec.vdir, layout.MANIFEST), manifest)
+    files.write_whole(layout.join(spec.vdir, layout.MANIFEST), manifest.to_json().encode())
     versions.publish(spec.root, spec.version)
     shutil.rmtree(spec.tmp_dir)
 

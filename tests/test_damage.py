@@ -111,7 +111,8 @@ def test_a_damaged_record_whose_input_is_gone_is_rejected_and_said(tmp_path):
     listing.write_text("\n".join([json.dumps({"source": shard["path"], "crc32c":
                                               shard["crc32c"], "num_bytes":
                                               shard["num_bytes"]})]
-                                 + [json.dumps(r) for r in rows]))
+                                 + [json.dumps([i, r["uri"], r["input_size"], r["input_stamp"],
+                                               None, None]) for i, r in enumerate(rows)]))
     out = tmp_path / "out"
     fn = WriteShardFn(str(out / ".tmp"), "pets", {"train": 1}, {"cat": 0}, EncodeOptions(),
                       True, previous_vdir=vdir)

@@ -191,7 +191,7 @@ def test_a_copied_shard_written_by_two_attempts_at_once_publishes_what_the_bucke
     gcs.client.bucket(bucket).blob("in/cat/000.jpg").delete()
     job = plan(["--input", src, "--output", root, *args])
     (copy_task,) = [t for t in job.tasks if t.kind == Kind.COPY]
-    header, kept = reuse.read_task(copy_task.listing)
+    header, kept = reuse.read_task(copy_task.listing, job.spec.previous_vdir)
     refused = kept[0].uri.split("/", 3)[3]
     with FaultProxy(gcs.endpoint) as zombie_storage:
         # The previous shard gone for the zombie (a 403 or a 503 would be no damage: its

@@ -88,9 +88,10 @@ def test_each_image_is_kept_changed_added_or_removed(tmp_path, previous):
         (_, _, _, _, copy0), (_, _, _, _, copy1) = listings[:2]
         assert json.loads(copy0[0]) == {"source": "train-00000-of-00002.tfrecord",
                                         "sha256": "0" * 64}
+        # A kept image: its previous catalog row (a, d: rows 0 and 3) and its input now.
         kept = [json.loads(line) for line in copy0[1:] + copy1[1:]]
-        assert [(r["key"], r["position"], r["uri"]) for r in kept] == [
-            ("a", 0, "/new/a"), ("d", 1, "/new/d")]  # old positions; the new uri
+        assert kept == [[0, "/new/a", 10, "1:1", "a" * 64, None],
+                        [3, "/new/d", 10, "1:1", "d" * 64, None]]
         fresh = sorted(ImageRef.from_json(l).key for *_, kind, _, lines in listings[2:]
                        for l in lines)
         assert fresh == ["b", "e"]
@@ -157,3 +158,38 @@ def test_too_many_delta_images_mean_a_full_build(tmp_path, previous):
     inc = planned(tmp_path, new, previous, max_delta_share=0.5)
     assert inc is not None and inc.counts["added"] == 4
     inc.close()
+
+
+def test_kept_rows_come_back_grouped_by_shard_in_row_order(tmp_path):
+    """In catalog order they are appended as they come; a shard's rows met apart (resume's
+    key order) switch to a sort by file and row number, the lines kept."""
+    in_order = incremental.KeptRows(str(tmp_path))
+    for file, number in [("s0", 0), ("s0", 1), ("s1", 2)]:
+        in_order.add(file, number, f"[{number}, \"u\"]")
+    assert in_order.spill is None
+    assert list(in_order) == [("s0", '[0, "u"]'), ("s0", '[1, "u"]'), ("s1", '[2, "u"]')]
+    in_order.close()
+    apart = incremental.KeptRows(str(tmp_path))
+    for file, number in [("s1", 3), ("s0", 1), ("s1", 2), ("s0", 0)]:
+        apart.add(file, number, f"[{number}, \"u\"]")
+    assert apart.spill is not None
+    assert list(apart) == [("s0", '[0, "u"]'), ("s0", '[1, "u"]'), ("s1", '[2, "u"]'),
+                           ("s1", '[3, "u"]')]
+    apart.close()
+    assert list(tmp_path.iterdir()) == []  # both closed: nothing left in scratch
+
+
+def test_the_job_reads_kept_rows_by_number_across_row_groups(tmp_path):
+    path = str(tmp_path / layout.CATALOG)
+    rows = [row(f"k{i}", i // 3, i % 3) for i in range(7)]
+    with FragmentWriter(path) as writer:  # 3 rows a row group: [0-2] [3-5] [6]
+        for r in rows:
+            writer.append(CatalogRow.from_dict(r))
+            if len(writer.rows) == 3:
+                writer._flush()
+    got = catalog.read_numbered(path, [1, 2, 2, 5, 6])
+    assert [(r.key, r.position, r.uri) for r in got] == [
+        ("k1", 1, "/old/k1"), ("k2", 2, "/old/k2"), ("k2", 2, "/old/k2"),
+        ("k5", 2, "/old/k5"), ("k6", 0, "/old/k6")]
+    with pytest.raises(ValueError, match=r"catalog.parquet: no row 7 \(it holds 7\)"):
+        catalog.read_numbered(path, [0, 7])

@@ -21,17 +21,28 @@ from apache_beam.io.filesystems import FileSystems
 
 from beam_pipeline.job.contracts import Kind
 from beam_pipeline.job.rewrite import copy_frames, with_rows
-from beam_pipeline.store import files, transient
+from beam_pipeline.store import catalog, files, transient
 from dataset_format import frames, layout, storage
-from dataset_format.catalog_schema import CatalogRow
 
 RAW = CompressionTypes.UNCOMPRESSED
 
 
-def read_task(listing):
-    """A reuse/copy listing -> (header dict, [kept CatalogRows in shard order])."""
+def read_task(listing, previous_vdir):
+    """A reuse/copy listing -> (header dict, [kept CatalogRows in shard order]).
+
+    After its header, a line per kept image: [row number in the previous version's
+    catalog, uri, input_size, input_stamp, input_sha256, input_md5]
+    (launcher/incremental.kept_line). The row is read from that catalog (the row groups of
+    this shard only) and takes the input's values the listing gives: the same bytes, found
+    under a new stamp or uri (a sha256 or md5 of null keeps the row's)."""
     lines = [line for line in files.read_bytes(listing).decode().splitlines() if line]
-    return json.loads(lines[0]), [CatalogRow.from_json(line) for line in lines[1:]]
+    kept = [json.loads(line) for line in lines[1:]]
+    stored = catalog.read_numbered(layout.join(previous_vdir, layout.CATALOG),
+                                   [k[0] for k in kept])
+    rows = [row.replace(uri=uri, input_size=size, input_stamp=stamp,
+                        input_sha256=sha256 or row.input_sha256, input_md5=md5 or row.input_md5)
+            for row, (_, uri, size, stamp, sha256, md5) in zip(stored, kept)]
+    return json.loads(lines[0]), rows
 
 
 def link_or_copy(source, target):
@@ -61,7 +72,7 @@ def run(kind, result, listing, previous_vdir, write_index, redo=None, vdir=None,
     index is not the catalog's, the same bytes from any attempt, straight to its final name
     in `vdir` when given.
     """
-    header, rows = read_task(listing)
+    header, rows = read_task(listing, previous_vdir)
     source = layout.shard_file(previous_vdir, header["source"])
     split, shard, final, temp = result.split, result.shard, result.path, result.temp
     damage = None if kind == Kind.COPY else unlike_manifest(source, header)

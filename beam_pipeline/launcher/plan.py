@@ -95,7 +95,7 @@ def _slot(position, n):
 def _full_build_lines(resolved, reframe, previous_vdir):
     """A full build's listing lines: with the stored record to re-frame when there is one
     (and `reframe`); the others as they were spilled."""
-    for line, row in resolved.ref_lines():
+    for line, row in resolved.ref_lines(identity.FRAME_COLUMNS if reframe else ("file",)):
         if row is not None and reframe:
             ref = ImageRef.from_json(line)
             line = dataclasses.replace(

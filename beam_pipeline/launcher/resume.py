@@ -112,7 +112,8 @@ def take(resolved, finished, shard_settings, spill_dir, copies=True):
         dropped = SortedSpill(spill_dir)  # ("i key", key) of the keys a candidate loses
         matched = collections.Counter()
         moved = collections.defaultdict(lambda: [0, 0, 0])  # i -> [images, bytes, stored]
-        for key, line, row, olds in _join(_keyed(resolved.ref_lines(), spill_dir), old):
+        keyed = _keyed(resolved.numbered_lines(("file",)), spill_dir)  # a row: stored or not
+        for key, line, row, olds in _join(((k, line, row) for k, line, _, row in keyed), old):
             i = None
             if line is not None and olds:
                 fields = json.loads(line)
@@ -167,14 +168,25 @@ class Remainder(identity.Sized):
             if item is not None and gone is None:
                 yield item
 
-    def ref_lines(self):
-        """(ImageRef JSON, row) of the images no taken shard holds, in key order."""
-        return self._kept((key, (line, row)) for key, line, row
-                          in _keyed(self.resolved.ref_lines(), self.spill_dir))
+    def numbered_lines(self, columns=None):
+        """(ImageRef JSON, previous catalog row number or None, row or None) of the images
+        no taken shard holds, in key order."""
+        return self._kept((key, item) for key, *item
+                          in _keyed(self.resolved.numbered_lines(columns), self.spill_dir))
 
-    def refs(self):
+    def ref_lines(self, columns=None):
+        """(ImageRef JSON, row) of the images no taken shard holds, in key order."""
+        for line, _, row in self.numbered_lines(columns):
+            yield line, row
+
+    def ref_fields(self, columns=None):
+        """(parsed ImageRef JSON, row number, row) of the images no taken shard holds."""
+        for line, number, row in self.numbered_lines(columns):
+            yield json.loads(line), number, row
+
+    def refs(self, columns=None):
         """(ImageRef, row) of the images no taken shard holds, in key order."""
-        for line, row in self.ref_lines():
+        for line, row in self.ref_lines(columns):
             yield ImageRef.from_json(line), row
 
     def close(self):
@@ -199,17 +211,17 @@ def _by_number(spill):
     return losses
 
 
-def _keyed(ref_lines, spill_dir):
-    """(ImageRef JSON, row) -> (sort key, line, row) in key order (json_string(key), as the
-    old spill is keyed). The identity stage gives the images with a stored record in
-    catalog order first (one pass over catalog.parquet), so they are sorted again here, on
-    disk: only when a failed run left finished shards to take."""
+def _keyed(numbered_lines, spill_dir):
+    """(ImageRef JSON, row number, row) -> (sort key, line, row number, row) in key order
+    (json_string(key), as the old spill is keyed). The identity stage gives the images
+    with a stored record in catalog order first (one pass over catalog.parquet), so they
+    are sorted again here, on disk: only when a failed run left finished shards to take."""
     with SortedSpill(spill_dir) as spill:
-        for line, row in ref_lines:
-            spill.add(json_string(json.loads(line)[LINE_KEY]), json.dumps([line, row]))
+        for line, number, row in numbered_lines:
+            spill.add(json_string(json.loads(line)[LINE_KEY]), json.dumps([line, number, row]))
         for key, value in spill:
-            line, row = json.loads(value)
-            yield key, line, row
+            line, number, row = json.loads(value)
+            yield key, line, number, row
 
 
 def _join(keyed, old):

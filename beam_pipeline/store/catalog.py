@@ -168,6 +168,62 @@ def iter_tables(path, columns=None, row_groups=None):
             yield source.read_row_group(i, columns=columns)
 
 
+def read_numbered(path, numbers):
+    """Rows of a catalog file by row number (file order, from 0; ascending, repeats allowed)
+    -> [CatalogRow], reading only the row groups (one per shard) that hold them: a reuse or
+    copy task's kept rows, which its listing names by number (job/reuse.read_task). The
+    footer is read once per process and file (~1 MB a million rows), not once a task."""
+    import bisect
+
+    numbers = list(numbers)
+    if not numbers:
+        return []
+    key = _identity(path)
+    with files.open_seekable(path) as f:
+        metadata = _FOOTERS.get(key)
+        source = pq.ParquetFile(f, metadata=metadata)
+        if metadata is None:
+            _FOOTERS.clear()  # one previous catalog a job: keep the last one only
+            _FOOTERS[key] = source.metadata
+        starts = _group_starts(path, source.metadata)
+        if numbers[-1] >= starts[-1]:
+            raise ValueError(f"{path}: no row {numbers[-1]} (it holds {starts[-1]})")
+        rows, i = [], 0
+        while i < len(numbers):
+            group = bisect.bisect_right(starts, numbers[i]) - 1
+            start, end = starts[group], starts[group + 1]
+            j = bisect.bisect_left(numbers, end, i)
+            table = source.read_row_group(group).take([n - start for n in numbers[i:j]])
+            rows += [CatalogRow.from_dict(catalog_schema.nest_fields(r))
+                     for r in table.to_pylist()]
+            i = j
+    return rows
+
+
+_FOOTERS = {}  # _identity(path) -> the Parquet footer read_numbered read last (~2.4 KB
+              # a row group: ~18 MB for the 7,500 shards of 10M photographs)
+
+
+def _identity(path):
+    """A catalog file's cache key: a version's gs:// catalog is written once; a local one is
+    keyed by its size and mtime too (a file rewritten in place is read again)."""
+    if files.is_gcs(path):
+        return path
+    import os
+
+    stat = os.stat(path)
+    return path, stat.st_size, stat.st_mtime_ns
+
+
+def _group_starts(path, metadata):
+    """Each row group's first row number, then the row count."""
+    starts, total = [], 0
+    for group in range(metadata.num_row_groups):
+        starts.append(total)
+        total += metadata.row_group(group).num_rows
+    return starts + [total]
+
+
 def fragment_schema(path):
     """A catalog file's columns as an Arrow schema (SCHEMA when it has no field columns)."""
     with files.open_seekable(path) as f:
