@@ -17,8 +17,10 @@ from beam_pipeline.job.manifest import Finalized, build_manifest
 from beam_pipeline.store import catalog, files
 from dataset_format import frames, layout
 from dataset_format.catalog_schema import CatalogRow
+from dataset_format.error_record import ErrorRecord
 
 VERSION = "20260401T000000Z"
+ERROR = ErrorRecord("x", "decode", "truncated", "Premature end of JPEG file")
 
 
 def _spec(root, **kw):
@@ -34,15 +36,14 @@ def test_build_manifest_is_a_function_of_spec_and_finalized_values():
     results = (ShardResult("train", 0, num_examples=2, num_bytes=30, label_counts={"cat": 2},
                            kind="reuse", writer="a:1", passed_through=1),
                ShardResult("train", 1, num_examples=1, num_bytes=10, label_counts={"dog": 1},
-                           kind="images", writer="a:1", errors=({"reason": "truncated"},),
-                           converted=1),
-               ShardResult(None, None, errors=({"reason": "truncated"},)))
+                           kind="images", writer="a:1", errors=(ERROR,), converted=1),
+               ShardResult(None, None, errors=(ERROR,)))
     entry = {"path": "s", "num_examples": 2, "num_bytes": 30, "sha256": "h", "origin": "hash"}
     done = Finalized(
         results=results,
         shards={"test": [dict(entry, num_examples=0, num_bytes=0)],
                 "train": [entry, dict(entry, num_examples=1, num_bytes=10, origin="delta")]},
-        errors=({"reason": "truncated"},) * 2 + ({"reason": "not_found"},),
+        errors=(ERROR,) * 2 + (ErrorRecord("y", "read", "not_found", "gone"),),
         catalog_rows=3, longer_sides={24: 2, 30: 1},
         content_duplicates={"groups": 1, "across_splits": 0, "path": "duplicates.jsonl"},
         dropped=1)
@@ -97,7 +98,7 @@ def test_commit_transform_drops_content_duplicates_and_publishes(tmp_path):
     os.makedirs(spec.tmp_dir)
     results = [_temp_shard(spec.tmp_dir, "train", 0, [b"a", b"b"]),
                _temp_shard(spec.tmp_dir, "train", 1, [b"c", b"a"]),  # b"a" again: dropped
-               ShardResult(None, None, errors=({"uri": "x", "reason": "truncated"},))]
+               ShardResult(None, None, errors=(ERROR,))]
 
     def check(manifests):
         m = manifests[0]

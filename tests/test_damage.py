@@ -122,8 +122,8 @@ def test_a_damaged_record_whose_input_is_gone_is_rejected_and_said(tmp_path):
     done = reuse.run("reuse", result, str(listing), vdir, True, redo=fn._redo)
     fn.teardown()
     assert done.num_examples == 5 and done.repaired == 0
-    assert [(e["uri"], e["reason"]) for e in done.errors] == [(row["uri"], "damaged_record")]
-    assert "stored record is damaged" in done.errors[0]["detail"]
+    assert [(e.uri, e.reason) for e in done.errors] == [(row["uri"], "damaged_record")]
+    assert "stored record is damaged" in done.errors[0].detail
 
 
 @pytest.mark.slow

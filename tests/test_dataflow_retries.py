@@ -209,7 +209,7 @@ def test_a_copied_shard_written_by_two_attempts_at_once_publishes_what_the_bucke
         f"../{first['version']}/")
     others = reused[:1]
     assert (mine.num_examples, theirs.num_examples) == (len(kept), len(kept) - 1)
-    assert [e["reason"] for e in theirs.errors] == ["damaged_record"]
+    assert [e.reason for e in theirs.errors] == ["damaged_record"]
     final = f"{job.spec.vdir}/{mine.path}"
     winner, loser = sorted((mine, theirs), key=lambda r: r.temp != final)
     assert winner.temp == final and loser.temp.startswith(f"{job.spec.tmp_dir}/")
@@ -235,7 +235,7 @@ def _object(gcs, uri):
 
 def check_zombie_outcome(job, gcs, mine, theirs, committed):
     assert (mine.num_examples, theirs.num_examples) == (6, 5)
-    assert [e["reason"] for e in theirs.errors] == ["unreadable"]
+    assert [e.reason for e in theirs.errors] == ["unreadable"]
     final = f"{job.spec.vdir}/{mine.path}"
     winner, loser = sorted((mine, theirs), key=lambda r: r.temp != final)
     assert winner.temp == final and loser.temp.startswith(f"{job.spec.tmp_dir}/")

@@ -14,6 +14,7 @@ from beam_pipeline.job.shards import WriteShardFn
 from beam_pipeline.refs import ImageRef
 from beam_pipeline.store import catalog
 from dataset_format import frames, layout
+from dataset_format.error_record import ErrorRecord
 from tests.helpers import CLASS_COLOURS, image_bytes
 
 LABEL_IDS = {"cat": 0, "dog": 1}
@@ -50,7 +51,7 @@ def _check(expected_keys, moments):
             index = frames.parse_index(f.read())
         rows = list(catalog.iter_rows(r.catalog_temp))
         got = (r.split, r.shard, r.path, r.kind, r.origin, r.num_examples, r.num_bytes,
-               r.crc32c, r.sha256, r.label_counts, [e["reason"] for e in r.errors], index,
+               r.crc32c, r.sha256, r.label_counts, [e.reason for e in r.errors], index,
                [(row["key"], row["position"], row["offset"], row["length"]) for row in rows])
         want = ("train", 0, layout.shard_name("t", "train", 0, 1), "images", "hash",
                 len(expected_keys), len(data), frames.file_crc32c(data), None,
@@ -95,11 +96,11 @@ def test_shard_task_keeps_the_index_line_format():
 def test_shard_result_round_trips_through_json():
     result = ShardResult("train", 2, path="p", temp="t", num_examples=2, num_bytes=10,
                          crc32c="AAAAAA==", label_counts={"cat": 2}, passed_through=1,
-                         errors=({"uri": "x", "reason": "truncated"},), kind="images",
+                         errors=(ErrorRecord("x", "decode", "truncated", "Premature end"),), kind="images",
                          writer="h:1", catalog_temp="c", index_temp="i",
                          pixel_moments=PixelMoments(4, (1.0, 2.5, 3.0), (9.0, 0.25, 1e20)))
     assert ShardResult.from_json(result.to_json()) == result
-    errors_only = ShardResult(None, None, errors=({"reason": "unreadable"},))
+    errors_only = ShardResult(None, None, errors=(ErrorRecord("y", "read", "unreadable", "gone"),))
     assert ShardResult.from_json(errors_only.to_json()) == errors_only
 
 

@@ -17,11 +17,11 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from beam_pipeline.job import images, records
-from beam_pipeline.errors import error_record
 from beam_pipeline.job.contracts import ShardResult
 from beam_pipeline.job.inputs import fetch
 from beam_pipeline.store import files
 from dataset_format import frames, layout, schema
+from dataset_format.error_record import ErrorRecord
 
 
 CONTENTS = "beam_sink_contents.parquet"  # under VDIR/.tmp/: what the split map adds
@@ -42,8 +42,8 @@ class ToRecordFn(beam.DoFn):
                     "read", "unreadable", f"{type(error).__name__}: {error}")) from error
             encoded = images.convert(data, self.encode_options)
         except images.ImageError as e:
-            yield beam.pvalue.TaggedOutput("errors", error_record(ref.uri, e.stage, e.reason,
-                                                                  e.detail))
+            yield beam.pvalue.TaggedOutput("errors", ErrorRecord(ref.uri, e.stage, e.reason,
+                                                                 e.detail))
             return
         yield ref.split, records.make_example(encoded, self.label_ids[ref.label], ref.label,
                                               ref.key)

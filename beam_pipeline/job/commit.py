@@ -332,7 +332,7 @@ class Commit(beam.PTransform):
         counts = results | "LabelCounts" >> beam.CombineGlobally(SumLabelCounts())
         error_files = (results
                        | "ErrorLines" >> beam.FlatMap(
-                           lambda r: [json.dumps(e, sort_keys=True) for e in r.errors])
+                           lambda r: [e.to_json() for e in r.errors])
                        | "WriteErrors" >> beam.io.WriteToText(
                            layout.join(self.spec.tmp_dir, layout.SHARD_ERRORS),
                            file_name_suffix=layout.JSONL, shard_name_template="", num_shards=1))

@@ -15,6 +15,7 @@ import apache_beam as beam
 from beam_pipeline import defaults
 from beam_pipeline.kinds import Kind, Origin  # noqa: F401  (the plan's words, re-exported)
 from dataset_format import layout
+from dataset_format.error_record import ErrorRecord
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,7 +182,7 @@ class ShardResult:
     crc32c: Optional[str] = None
     sha256: Optional[str] = None
     label_counts: dict = dataclasses.field(default_factory=dict)  # class name -> records
-    errors: tuple = ()                  # error records for errors.jsonl
+    errors: tuple = ()                  # ErrorRecords for errors.jsonl
     passed_through: int = 0             # JPEGs stored as they came
     converted: int = 0                  # images decoded and converted
     reframed: int = 0                   # stored records re-framed under a new key or label
@@ -225,7 +226,8 @@ class ShardResult:
             moments = PixelMoments(moments["count"], tuple(moments["sum"]),
                                    tuple(moments["sum_sq"]))
         kind = fields["kind"] and Kind(fields["kind"])
-        return cls(**dict(fields, errors=tuple(fields["errors"]), pixel_moments=moments,
+        errors = tuple(ErrorRecord.from_dict(e) for e in fields["errors"])
+        return cls(**dict(fields, errors=errors, pixel_moments=moments,
                           kind=kind, origin=Origin(fields["origin"])))
 
 

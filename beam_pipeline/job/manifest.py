@@ -116,7 +116,7 @@ def accounting(spec, done):
 def by_reason(errors):
     reasons = {}
     for e in errors:
-        reasons[e["reason"]] = reasons.get(e["reason"], 0) + 1
+        reasons[e.reason] = reasons.get(e.reason, 0) + 1
     return reasons
 
 

@@ -23,11 +23,11 @@ from beam_pipeline.store import catalog, files, gcs
 from beam_pipeline.dedup import perceptual
 from beam_pipeline.job import (attempts, code_build, images, inputs, records, reframe, reuse,
                                workers)
-from beam_pipeline.errors import error_record
 from beam_pipeline.job.contracts import Kind, PixelMoments, ShardResult
 from beam_pipeline.job.shard_file import ShardFile
 from beam_pipeline.refs import ImageRef
 from dataset_format import fields as field_types, frames, layout, schema
+from dataset_format.error_record import ErrorRecord
 from dataset_format.catalog_schema import CatalogRow
 
 DAMAGED = "damaged_record"  # errors.jsonl: a damaged stored record whose input is gone
@@ -145,7 +145,7 @@ class WriteShardFn(beam.DoFn):
                 try:
                     made = self._make(ref, data, read_error)
                 except images.ImageError as e:
-                    errors.append(error_record(ref.uri, e.stage, e.reason, e.detail))
+                    errors.append(ErrorRecord(ref.uri, e.stage, e.reason, e.detail))
                     Metrics.counter("errors", e.reason).inc()
                     progress.tick()
                     continue
@@ -221,7 +221,7 @@ class WriteShardFn(beam.DoFn):
         try:
             made = self._again(ref, data, read_error, why)
         except images.ImageError as e:
-            return None, error_record(ref.uri, e.stage, e.reason, e.detail)
+            return None, ErrorRecord(ref.uri, e.stage, e.reason, e.detail)
         head, tail = frames.frame_ends(made.parts, made.length)
         return b"".join((head, *made.parts, tail)), row.replace(
             sha256=made.sha256, height=made.height, width=made.width,
