@@ -65,8 +65,8 @@ def test_an_input_rewritten_after_listing_is_rejected_as_changed_and_the_next_ni
     gcs.upload_bytes(changed, image_bytes((230, 30, 30)))  # a new generation; the listed one is gone
     results = [job.attempt(task) for task in job.tasks]
     errors = [e for r in results for e in r.errors]
-    assert [(e["uri"], e["reason"]) for e in errors] == [(changed, "changed_during_build")]
-    assert "it changed during the build (the next build reads it)" in errors[0]["detail"]
+    assert [(e.uri, e.reason) for e in errors] == [(changed, "changed_during_build")]
+    assert "it changed during the build (the next build reads it)" in errors[0].detail
     manifest = job.commit(results)
     assert manifest["accounting"]["written"] == 5 and manifest["errors"]["by_reason"] == {
         "changed_during_build": 1}
