@@ -1,4 +1,6 @@
-"""User-facing errors and the errors.jsonl record (docs/format.md)."""
+"""The build's own exceptions: what the user can fix, and what a retry would repeat.
+
+The errors.jsonl record is dataset_format/error_record.py's ErrorRecord."""
 
 
 class UserError(Exception):
@@ -9,6 +11,3 @@ class RetryWontHelp(RuntimeError):
     """A build that failed in a way the same command on the same inputs would repeat (too
     many rejected inputs): exit 3, so a scheduler retries only the failures worth it."""
 
-
-def error_record(uri, stage, reason, detail):
-    return {"uri": uri, "stage": stage, "reason": reason, "detail": detail}

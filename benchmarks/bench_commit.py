@@ -40,6 +40,12 @@ sys.path.insert(0, HERE)
 from common import Record, add_record_argument  # noqa: E402
 LABELS = 1000
 NAME = "bench"
+EMPTY_RESULT = json.loads(  # ShardResult(None, None).to_json()
+    '{"split": null, "shard": null, "path": null, "temp": null, "num_examples": 0, '
+    '"num_bytes": 0, "crc32c": null, "sha256": null, "label_counts": {}, "errors": [], '
+    '"passed_through": 0, "converted": 0, "reframed": 0, "repaired": 0, "kind": null, '
+    '"origin": "hash", "writer": null, "catalog_temp": null, "index_temp": null, '
+    '"pixel_moments": null, "resumed": false, "shared": null, "build": null}')
 
 
 def shard_name(shard, n):
@@ -83,13 +89,14 @@ def child(args):
     for i in range(n):
         final = shard_name(i, n)
         temp = f"{vdir}/{final}" if new else f"{vdir}/.tmp/{final}.attempt"
-        results.append(ShardResult(
-            "train", i, path=final, temp=temp, num_examples=1, num_bytes=len(frame),
-            sha256=f"{i:064x}", label_counts={f"c{i % LABELS}": 1},
-            errors=({"uri": f"gs://in/{i}.jpg", "stage": "read", "reason": "truncated",
-                     "detail": "x"},) if i % 10 == 0 else (),
+        # From its JSON: one flat object in this checkout and in those before (--code).
+        results.append(ShardResult.from_json(json.dumps(dict(
+            EMPTY_RESULT, split="train", shard=i, path=final, temp=temp, num_examples=1,
+            num_bytes=len(frame), sha256=f"{i:064x}", label_counts={f"c{i % LABELS}": 1},
+            errors=[{"uri": f"gs://in/{i}.jpg", "stage": "read", "reason": "truncated",
+                     "detail": "x"}] if i % 10 == 0 else [],
             kind="images", writer=f"w{i % 32}:1",
-            catalog_temp=f"{vdir}/.tmp/{final}.attempt.catalog.parquet"))
+            catalog_temp=f"{vdir}/.tmp/{final}.attempt.catalog.parquet"))))
     spec = CommitSpec(
         root=root, version="20260101T000000Z", name=NAME,
         labels=tuple(f"c{i}" for i in range(LABELS)), num_shards={"train": n},

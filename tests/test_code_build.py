@@ -43,12 +43,12 @@ def test_a_doubled_bundle_on_a_worker_of_another_build_is_refused_naming_both(
     job = plan(["--input", src, "--output", root, *ARGS])
     first, second = job.tasks
     mine = [job.attempt(first), job.attempt(second)]
-    assert [r.build for r in mine] == [code_build.worker_build()] * 2
+    assert [r.writer.build for r in mine] == [code_build.worker_build()] * 2
     with monkeypatch.context() as m:
         other_worker(m)
         zombie = job.attempt(second)  # same shard, same bytes, another build
-    assert zombie.build == OTHER and zombie.crc32c == mine[1].crc32c
-    names = sorted(r.path for r in mine)
+    assert zombie.writer.build == OTHER and zombie.written.crc32c == mine[1].written.crc32c
+    names = sorted(r.files.path for r in mine)
     expected = (f"shards of two code builds in one version: {names[0]} was written by "
                 f"{code_build.describe(code_build.worker_build())}; {names[1]} by "
                 f"{code_build.describe(OTHER)}; nothing published (name the worker image by "
@@ -95,13 +95,15 @@ def test_reuse_compares_the_build_that_wrote_the_shards_not_the_launchers():
 
 
 def test_one_build_ignores_shards_that_recorded_none():
-    from beam_pipeline.job.contracts import ShardResult
+    from beam_pipeline.job.contracts import ShardFiles, ShardResult, Writer
+
+    def result(shard, path, build=None):
+        return ShardResult("train", shard, files=ShardFiles(path), writer=Writer(build=build))
 
     build = code_build.worker_build()
-    results = [ShardResult("train", 0, "a", build=build), ShardResult("train", 1, "b"),
-               ShardResult(None, None)]
+    results = [result(0, "a", build), result(1, "b"), ShardResult(None, None)]
     assert commit.one_build(results) == build
-    assert commit.one_build([ShardResult("train", 0, "a")]) is None
+    assert commit.one_build([result(0, "a")]) is None
     with pytest.raises(commit.MixedBuilds, match=r"^shards of two code builds in one version: "
                        r"a was written by .*; b by .*pillow 0\.0\.1"):
-        commit.one_build(results + [ShardResult("train", 1, "b", build=OTHER)])
+        commit.one_build(results + [result(1, "b", OTHER)])

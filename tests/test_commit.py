@@ -12,13 +12,15 @@ from apache_beam.testing.util import BeamAssertException, assert_that
 
 from beam_pipeline.job.commit import Commit
 from beam_pipeline.job.contracts import CommitSpec, Dedup, Listed
-from beam_pipeline.job.contracts import ShardResult
+from beam_pipeline.job.contracts import Made, ShardFiles, ShardResult, Sums, Writer, Written
 from beam_pipeline.job.manifest import Finalized, build_manifest
 from beam_pipeline.store import catalog, files
 from dataset_format import frames, layout
 from dataset_format.catalog_schema import CatalogRow
+from dataset_format.error_record import ErrorRecord
 
 VERSION = "20260401T000000Z"
+ERROR = ErrorRecord("x", "decode", "truncated", "Premature end of JPEG file")
 
 
 def _spec(root, **kw):
@@ -31,18 +33,19 @@ def _spec(root, **kw):
 
 def test_build_manifest_is_a_function_of_spec_and_finalized_values():
     spec = _spec("/nowhere", increment={"from": "20260301T000000Z", "removed": 1})
-    results = (ShardResult("train", 0, num_examples=2, num_bytes=30, label_counts={"cat": 2},
-                           kind="reuse", writer="a:1", passed_through=1),
-               ShardResult("train", 1, num_examples=1, num_bytes=10, label_counts={"dog": 1},
-                           kind="images", writer="a:1", errors=({"reason": "truncated"},),
-                           converted=1),
-               ShardResult(None, None, errors=({"reason": "truncated"},)))
+    results = (ShardResult("train", 0, kind="reuse", written=Written(2, 30),
+                           made=Made(passed_through=1), sums=Sums({"cat": 2}),
+                           writer=Writer("a:1")),
+               ShardResult("train", 1, kind="images", written=Written(1, 10),
+                           made=Made(converted=1), sums=Sums({"dog": 1}), errors=(ERROR,),
+                           writer=Writer("a:1")),
+               ShardResult(None, None, errors=(ERROR,)))
     entry = {"path": "s", "num_examples": 2, "num_bytes": 30, "sha256": "h", "origin": "hash"}
     done = Finalized(
         results=results,
         shards={"test": [dict(entry, num_examples=0, num_bytes=0)],
                 "train": [entry, dict(entry, num_examples=1, num_bytes=10, origin="delta")]},
-        errors=({"reason": "truncated"},) * 2 + ({"reason": "not_found"},),
+        errors=(ERROR,) * 2 + (ErrorRecord("y", "read", "not_found", "gone"),),
         catalog_rows=3, longer_sides={24: 2, 30: 1},
         content_duplicates={"groups": 1, "across_splits": 0, "path": "duplicates.jsonl"},
         dropped=1)
@@ -86,10 +89,11 @@ def _temp_shard(tmp, split, shard, payloads):
     with catalog.FragmentWriter(temp + layout.FRAGMENT_SUFFIX) as fragment:
         for row in rows:
             fragment.append(CatalogRow.from_dict(row))
-    return ShardResult(split, shard, path=final, temp=temp, num_examples=len(payloads),
-                       num_bytes=len(data), crc32c=frames.file_crc32c(data),
-                       label_counts={"cat": len(payloads)}, kind="images", writer="h:1",
-                       catalog_temp=temp + layout.FRAGMENT_SUFFIX)
+    return ShardResult(split, shard, kind="images",
+                       files=ShardFiles(path=final, temp=temp,
+                                        catalog_temp=temp + layout.FRAGMENT_SUFFIX),
+                       written=Written(len(payloads), len(data), frames.file_crc32c(data)),
+                       sums=Sums({"cat": len(payloads)}), writer=Writer("h:1"))
 
 
 def test_commit_transform_drops_content_duplicates_and_publishes(tmp_path):
@@ -97,7 +101,7 @@ def test_commit_transform_drops_content_duplicates_and_publishes(tmp_path):
     os.makedirs(spec.tmp_dir)
     results = [_temp_shard(spec.tmp_dir, "train", 0, [b"a", b"b"]),
                _temp_shard(spec.tmp_dir, "train", 1, [b"c", b"a"]),  # b"a" again: dropped
-               ShardResult(None, None, errors=({"uri": "x", "reason": "truncated"},))]
+               ShardResult(None, None, errors=(ERROR,))]
 
     def check(manifests):
         m = manifests[0]
@@ -139,5 +143,7 @@ def test_catalog_tables_use_the_system_allocator():
 def test_a_shard_entry_has_the_crc32c_or_else_the_sha256_of_a_reused_older_shard():
     from beam_pipeline.job.commit import checksum
 
-    assert checksum(ShardResult("train", 0, crc32c="AAAAAA==")) == {"crc32c": "AAAAAA=="}
-    assert checksum(ShardResult("train", 0, sha256="ab" * 32)) == {"sha256": "ab" * 32}
+    assert checksum(ShardResult("train", 0, written=Written(crc32c="AAAAAA=="))) == {
+        "crc32c": "AAAAAA=="}
+    assert checksum(ShardResult("train", 0, written=Written(sha256="ab" * 32))) == {
+        "sha256": "ab" * 32}

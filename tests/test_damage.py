@@ -95,7 +95,7 @@ def test_a_damaged_record_whose_input_is_gone_is_rejected_and_said(tmp_path):
     """The input is gone by the time the job reads it (deleted after listing): the damaged
     record is rejected with a reason, not copied."""
     from beam_pipeline.job import reuse
-    from beam_pipeline.job.contracts import ShardResult
+    from beam_pipeline.job.contracts import ShardFiles, ShardResult
     from beam_pipeline.job.images import EncodeOptions
     from beam_pipeline.job.shards import WriteShardFn
     from beam_pipeline.store import catalog
@@ -117,14 +117,14 @@ def test_a_damaged_record_whose_input_is_gone_is_rejected_and_said(tmp_path):
     fn = WriteShardFn(str(out / ".tmp"), "pets", {"train": 1}, {"cat": 0}, EncodeOptions(),
                       True, previous_vdir=vdir)
     fn.setup()
-    result = ShardResult(split="train", shard=0, path=shard["path"],
-                         temp=str(out / shard["path"]),
-                         catalog_temp=str(out / "fragment.parquet"))
+    result = ShardResult(split="train", shard=0,
+                         files=ShardFiles(path=shard["path"], temp=str(out / shard["path"]),
+                                          catalog_temp=str(out / "fragment.parquet")))
     done = reuse.run("reuse", result, str(listing), vdir, True, redo=fn._redo)
     fn.teardown()
-    assert done.num_examples == 5 and done.repaired == 0
-    assert [(e["uri"], e["reason"]) for e in done.errors] == [(row["uri"], "damaged_record")]
-    assert "stored record is damaged" in done.errors[0]["detail"]
+    assert done.written.num_examples == 5 and done.made.repaired == 0
+    assert [(e.uri, e.reason) for e in done.errors] == [(row["uri"], "damaged_record")]
+    assert "stored record is damaged" in done.errors[0].detail
 
 
 @pytest.mark.slow

@@ -65,8 +65,8 @@ def test_an_input_rewritten_after_listing_is_rejected_as_changed_and_the_next_ni
     gcs.upload_bytes(changed, image_bytes((230, 30, 30)))  # a new generation; the listed one is gone
     results = [job.attempt(task) for task in job.tasks]
     errors = [e for r in results for e in r.errors]
-    assert [(e["uri"], e["reason"]) for e in errors] == [(changed, "changed_during_build")]
-    assert "it changed during the build (the next build reads it)" in errors[0]["detail"]
+    assert [(e.uri, e.reason) for e in errors] == [(changed, "changed_during_build")]
+    assert "it changed during the build (the next build reads it)" in errors[0].detail
     manifest = job.commit(results)
     assert manifest["accounting"]["written"] == 5 and manifest["errors"]["by_reason"] == {
         "changed_during_build": 1}
@@ -88,7 +88,7 @@ def test_429s_past_the_retry_deadline_fail_the_bundle_and_its_retry_writes_every
     assert gcs_store.is_transient(failed.value), failed.value  # not an "unreadable" image
     proxy.fail_clear()
     retried = job.attempt(task)  # the runner retries the bundle once GCS answers again
-    assert (retried.num_examples, retried.errors) == (6, ())
+    assert (retried.written.num_examples, retried.errors) == (6, ())
     manifest = job.commit([retried])
     assert manifest["accounting"]["written"] == 6 and manifest["errors"]["count"] == 0
 
@@ -203,18 +203,19 @@ def test_a_copied_shard_written_by_two_attempts_at_once_publishes_what_the_bucke
     assert reuse_task.kind == Kind.REUSE
     with concurrent.futures.ThreadPoolExecutor(2) as pool:  # two attempts in one worker
         reused = list(pool.map(job.attempt, [reuse_task] * 2))
-    assert reused[0].num_examples == reused[1].num_examples > 0
-    assert (reused[0].num_bytes, reused[0].crc32c) == (reused[1].num_bytes, reused[1].crc32c)
+    assert reused[0].written.num_examples == reused[1].written.num_examples > 0
+    assert reused[0].written == reused[1].written
     # Both attempts share the previous version's file: neither writes a shard.
-    assert reused[0].shared == reused[1].shared and reused[0].shared.startswith(
+    assert reused[0].files.shared == reused[1].files.shared and reused[0].files.shared.startswith(
         f"../{first['version']}/")
     others = reused[:1]
-    assert (mine.num_examples, theirs.num_examples) == (len(kept), len(kept) - 1)
-    assert [e["reason"] for e in theirs.errors] == ["damaged_record"]
-    final = f"{job.spec.vdir}/{mine.path}"
-    winner, loser = sorted((mine, theirs), key=lambda r: r.temp != final)
-    assert winner.temp == final and loser.temp.startswith(f"{job.spec.tmp_dir}/")
-    assert _object(gcs, final) == (winner.num_bytes, winner.crc32c)  # not overwritten
+    assert (mine.written.num_examples, theirs.written.num_examples) == (len(kept), len(kept) - 1)
+    assert [e.reason for e in theirs.errors] == ["damaged_record"]
+    final = f"{job.spec.vdir}/{mine.files.path}"
+    winner, loser = sorted((mine, theirs), key=lambda r: r.files.temp != final)
+    assert winner.files.temp == final and loser.files.temp.startswith(f"{job.spec.tmp_dir}/")
+    assert _object(gcs, final) == (winner.written.num_bytes,  # not overwritten
+                                   winner.written.crc32c)
     chosen = winner if committed == "winner" else loser
     manifest = job.commit([chosen, *others])
     shards = manifest["splits"]["train"]["shards"]
@@ -223,7 +224,8 @@ def test_a_copied_shard_written_by_two_attempts_at_once_publishes_what_the_bucke
             gcs, layout.shard_file(job.spec.vdir, entry["path"])), entry
     assert [e["path"].startswith(f"../{first['version']}/") for e in shards].count(True) == 1
     written, rejected = manifest["accounting"]["written"], manifest["errors"]["count"]
-    assert written == sum(r.num_examples for r in (chosen, *others)) == manifest["catalog"]["rows"]
+    assert written == sum(r.written.num_examples for r in (chosen, *others)) == manifest[
+        "catalog"]["rows"]
     assert (written + rejected, rejected) == (5, len(chosen.errors))  # 6 inputs, one deleted
 
 
@@ -235,20 +237,22 @@ def _object(gcs, uri):
 
 
 def check_zombie_outcome(job, gcs, mine, theirs, committed):
-    assert (mine.num_examples, theirs.num_examples) == (6, 5)
-    assert [e["reason"] for e in theirs.errors] == ["changed_during_build"]
-    final = f"{job.spec.vdir}/{mine.path}"
-    winner, loser = sorted((mine, theirs), key=lambda r: r.temp != final)
-    assert winner.temp == final and loser.temp.startswith(f"{job.spec.tmp_dir}/")
+    assert (mine.written.num_examples, theirs.written.num_examples) == (6, 5)
+    assert [e.reason for e in theirs.errors] == ["changed_during_build"]
+    final = f"{job.spec.vdir}/{mine.files.path}"
+    winner, loser = sorted((mine, theirs), key=lambda r: r.files.temp != final)
+    assert winner.files.temp == final and loser.files.temp.startswith(f"{job.spec.tmp_dir}/")
     bucket, name = final[len("gs://"):].split("/", 1)
     in_bucket = gcs.client.bucket(bucket).get_blob(name)
-    assert (in_bucket.size, in_bucket.crc32c) == (winner.num_bytes, winner.crc32c)  # untouched
+    assert (in_bucket.size, in_bucket.crc32c) == (winner.written.num_bytes,  # untouched
+                                                  winner.written.crc32c)
     chosen = winner if committed == "winner" else loser
     manifest = job.commit([chosen])
     (entry,) = manifest["splits"]["train"]["shards"]
     in_bucket = gcs.client.bucket(bucket).get_blob(name)  # commit renamed the loser's over it
     assert (entry["num_bytes"], entry["crc32c"]) == (in_bucket.size, in_bucket.crc32c)
-    assert (entry["num_examples"], manifest["catalog"]["rows"]) == (chosen.num_examples,) * 2
+    assert (entry["num_examples"], manifest["catalog"]["rows"]) == (
+        chosen.written.num_examples,) * 2
     assert manifest["errors"]["count"] == len(chosen.errors)
 
 

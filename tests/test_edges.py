@@ -136,8 +136,8 @@ def test_a_broken_link_is_an_error_record_not_a_silent_skip(tmp_path):
     os.symlink(tmp_path / "gone.jpg", src / "cat" / "broken.jpg")
     refs, errors = listed(src)
     assert len(refs) == 2
-    assert [(e["uri"], e["reason"]) for e in errors] == [(str(src / "cat" / "broken.jpg"),
-                                                          "not_found")]
+    assert [(e.uri, e.reason) for e in errors] == [(str(src / "cat" / "broken.jpg"),
+                                                      "not_found")]
 
 
 # --- inputs checked before any work ----------------------------------------------------------
@@ -201,8 +201,8 @@ def test_an_input_over_the_size_limit_is_never_read(tmp_path):
     refs, errors = listed(src, max_bytes=1 << 30)
     assert len(refs) == 2
     [error] = errors
-    assert (error["uri"], error["reason"]) == (str(huge), "too_large")
-    assert "3221225472 bytes, over --max_image_mb (1024 MiB)" in error["detail"]
+    assert (error.uri, error.reason) == (str(huge), "too_large")
+    assert "3221225472 bytes, over --max_image_mb (1024 MiB)" in error.detail
 
 
 # --- gs:// listings: retried, literal, and a 403 is the user's -------------------------------

@@ -46,6 +46,8 @@ def specials(directory):
 
 def test_special_files_are_rejected_at_listing_never_opened(tmp_path):
     from beam_pipeline.launcher import listing
+    from beam_pipeline.refs import ImageRef
+    from dataset_format.error_record import ErrorRecord
 
     src = tmp_path / "in"
     make_images(src, {"cat": {"a.jpg": tiny_image(1, "jpg")}})
@@ -56,12 +58,12 @@ def test_special_files_are_rejected_at_listing_never_opened(tmp_path):
     try:
         for spec in (src, manifest):
             items = list(listing.iter_inputs([str(spec)]))
-            errors = sorted((e["uri"], e["reason"], e["detail"]) for e in items
-                            if isinstance(e, dict))
+            errors = sorted((e.uri, e.reason, e.detail) for e in items
+                            if isinstance(e, ErrorRecord))
             assert errors == sorted(
                 (p, walk.SPECIAL_FILE, f"{k}, not a regular file: never opened")
                 for p, k in kinds.items())
-            assert [r.uri for r in items if not isinstance(r, dict)] == [f"{src}/cat/a.jpg"]
+            assert [r.uri for r in items if isinstance(r, ImageRef)] == [f"{src}/cat/a.jpg"]
     finally:
         server.close()
 

@@ -182,6 +182,8 @@ def _manifest(tmp_path, name, text):
 
 def test_manifest_rows_carry_checked_fields_and_bad_rows_become_errors(tmp_path):
     from beam_pipeline.launcher.manifests import list_manifest
+    from beam_pipeline.refs import ImageRef
+    from dataset_format.error_record import ErrorRecord
 
     schema = fields.from_json({"fields": {"n": "int", "tags": "classes"}})
     path = _manifest(tmp_path, "m.jsonl", "".join(json.dumps(r) + "\n" for r in [
@@ -189,12 +191,12 @@ def test_manifest_rows_carry_checked_fields_and_bad_rows_become_errors(tmp_path)
         {"uri": "b.jpg", "label": "x", "n": "1"},
         {"uri": "c.jpg", "label": "x"}]))
     items = list(list_manifest(path, schema))
-    refs = sorted((i.key, i.fields) for i in items if not isinstance(i, dict))
+    refs = sorted((i.key, i.fields) for i in items if isinstance(i, ImageRef))
     # the values ride as JSON text, keys sorted: the launcher hands it on unparsed
     assert refs == [("a.jpg", '{"n": 1, "tags": ["p"]}'), ("c.jpg", "{}")]
-    errors = [i for i in items if isinstance(i, dict)]
-    assert errors == [{"uri": str(tmp_path / "b.jpg"), "stage": "read", "reason": "bad_field",
-                       "detail": f"{path}:2: column 'n': expected int, found string: \"1\""}]
+    errors = [i for i in items if isinstance(i, ErrorRecord)]
+    assert errors == [ErrorRecord(str(tmp_path / "b.jpg"), "read", "bad_field",
+                                  f"{path}:2: column 'n': expected int, found string: \"1\"")]
     # without a schema, further columns are ignored as before, and refs carry no fields
     assert all(i.fields is None for i in list_manifest(path))
 
@@ -202,6 +204,7 @@ def test_manifest_rows_carry_checked_fields_and_bad_rows_become_errors(tmp_path)
 def test_csv_header_names_only_declared_fields(tmp_path):
     from beam_pipeline.errors import UserError
     from beam_pipeline.launcher.manifests import list_manifest
+    from beam_pipeline.refs import ImageRef
 
     schema = fields.from_json({"fields": {"n": "int"}})
     path = _manifest(tmp_path, "m.csv", "uri,label,n,colour\na.jpg,x,1,red\n")
@@ -210,7 +213,7 @@ def test_csv_header_names_only_declared_fields(tmp_path):
         list(list_manifest(path, schema))
     path = _manifest(tmp_path, "m2.csv", "uri,label,n\na.jpg,x,7\nb.jpg,x,\n")
     got = {i.key: fields.values_from_text(i.fields) for i in list_manifest(path, schema)
-           if not isinstance(i, dict)}
+           if isinstance(i, ImageRef)}
     assert got == {"a.jpg": {"n": 7}, "b.jpg": {}}  # a CSV cell as its type; empty: absent
 
 

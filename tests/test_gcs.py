@@ -160,7 +160,8 @@ def test_commit_retried_after_failed_manifest_write_keeps_listing_errors(
         gcs, gcs_bucket, monkeypatch):
     """A retried commit (the manifest write failed once) must publish the same accounting."""
     from beam_pipeline.job import commit
-    from beam_pipeline.job.contracts import CommitSpec, Listed, ShardResult
+    from beam_pipeline.job.contracts import (CommitSpec, Listed, Made, ShardFiles, ShardResult,
+                                             Sums, Written)
     from beam_pipeline.store import files
 
     root, version = f"gs://{gcs_bucket}/ds", "20260105T000000Z"
@@ -170,9 +171,9 @@ def test_commit_retried_after_failed_manifest_write_keeps_listing_errors(
                                      b'"reason": "not_found", "detail": "gone"}\n')
     temp = f"{vdir}/.tmp/p-train.tfrecord-00000-of-00001.abc"
     gcs.upload_bytes(temp, b"frame")
-    stats = [ShardResult(split="train", shard=0, temp=temp, num_examples=1, num_bytes=5,
-                         crc32c=frames.file_crc32c(b"frame"), label_counts={"cat": 1},
-                         passed_through=1)]
+    stats = [ShardResult(split="train", shard=0, files=ShardFiles(temp=temp),
+                         written=Written(1, 5, crc32c=frames.file_crc32c(b"frame")),
+                         made=Made(passed_through=1), sums=Sums({"cat": 1}))]
     spec = CommitSpec(
         root=root, version=version, name="p", labels=("cat",), num_shards={"train": 1},
         listed=Listed(2, 0, listing_errors), input_fingerprint="sha256:x",

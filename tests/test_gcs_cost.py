@@ -219,6 +219,8 @@ def test_a_manifest_costs_the_same_requests_in_any_row_order(gcs, gcs_bucket, tm
     batch of 1,000 lists one or two folders. In file order every batch listed all 5: 25
     requests, 0.005 a row."""
     from beam_pipeline.launcher import manifests
+    from beam_pipeline.refs import ImageRef
+    from dataset_format.error_record import ErrorRecord
 
     base = f"gs://{gcs_bucket}"
     folders = [f"f{i}" for i in range(5)]
@@ -231,10 +233,10 @@ def test_a_manifest_costs_the_same_requests_in_any_row_order(gcs, gcs_bucket, tm
     gcs_counter.reset()
     items = list(manifests.list_manifest(str(manifest)))
     requests = gcs_counter.totals()
-    refs = sorted(item.uri for item in items if not isinstance(item, dict))
-    missing = [item for item in items if isinstance(item, dict)]
+    refs = sorted(item.uri for item in items if isinstance(item, ImageRef))
+    missing = [item for item in items if isinstance(item, ErrorRecord)]
     assert refs == [f"{base}/{folder}/000000.jpg" for folder in folders]
-    assert len(missing) == 4995 and {m["reason"] for m in missing} == {"not_found"}
+    assert len(missing) == 4995 and {m.reason for m in missing} == {"not_found"}
     assert requests.get("metadata_get", 0) == 0
     assert requests["list"] <= 5 + len(folders)  # a batch's folders, each batch once
     assert requests["requests"] / len(uris) <= 0.002

@@ -165,9 +165,9 @@ def test_an_image_that_crashes_the_decoder_is_a_row_not_a_failed_build(tmp_path,
 
 def test_a_name_that_is_not_utf8_is_an_error_record_naming_its_bytes(tmp_path):
     """Before: the build failed in planning ('surrogates not allowed'), naming no file."""
-    from beam_pipeline.errors import error_record
     from beam_pipeline.launcher import listing
     from beam_pipeline.refs import ImageRef
+    from dataset_format.error_record import ErrorRecord
 
     os.makedirs(tmp_path / "cat")
     for name in (b"ok.jpg", b"caf\xe9.jpg"):
@@ -175,6 +175,6 @@ def test_a_name_that_is_not_utf8_is_an_error_record_naming_its_bytes(tmp_path):
             f.write(photo(random.Random(0), "JPEG"))
     items = list(listing.iter_inputs([str(tmp_path)]))
     assert [i.key for i in items if isinstance(i, ImageRef)] == ["cat/ok.jpg"]
-    assert [i for i in items if not isinstance(i, ImageRef)] == [error_record(
+    assert [i for i in items if not isinstance(i, ImageRef)] == [ErrorRecord(
         f"{tmp_path}/cat/caf\\xe9.jpg", "read", "bad_name",
         "the file name is not valid UTF-8; rename it")]

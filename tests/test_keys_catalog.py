@@ -12,6 +12,7 @@ from beam_pipeline.launcher import listing, plan, rules
 from beam_pipeline.refs import ImageRef
 from beam_pipeline.algorithms.spill import SortedSpill
 from dataset_format import layout, schema
+from dataset_format.error_record import ErrorRecord
 from tests.helpers import FAST, build, check_invariants, make_images, read_records
 
 SPLITS = rules.parse_splits("train=0.8,validation=0.1,test=0.1")
@@ -104,10 +105,10 @@ def test_plan_drops_a_file_listed_twice_and_reports_a_conflicting_one(tmp_path):
     refs = _refs(4)
     again = refs[1]
     conflict = ImageRef("x/" + refs[2].key, refs[2].uri, "other", None, refs[2].size, "15:15")
-    p, errors = _plan(refs + [again, conflict, {"uri": "gone.jpg", "reason": "not_found"}],
-                      tmp_path)
+    gone = ErrorRecord("gone.jpg", "read", "not_found", "no such file")
+    p, errors = _plan(refs + [again, conflict, gone], tmp_path)
     assert (p.listed, p.duplicates, p.errors, p.num_images) == (7, 1, 2, 4)
-    assert [e["reason"] for e in errors] == ["not_found", "conflicting_duplicate"]
+    assert [e.reason for e in errors] == ["not_found", "conflicting_duplicate"]
     p.by_key.close()
 
 

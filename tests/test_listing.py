@@ -106,8 +106,8 @@ def test_inputs_over_max_bytes_are_too_large_errors(tmp_path):
     put(root, "cat/big.jpg", data=b"x" * 2000)
     refs, errors = listed(root, max_bytes=1000)
     assert list(refs) == ["cat/small.jpg"]
-    assert [(e["uri"], e["reason"]) for e in errors] == [(str(root / "cat" / "big.jpg"),
-                                                          "too_large")]
+    assert [(e.uri, e.reason) for e in errors] == [(str(root / "cat" / "big.jpg"),
+                                                      "too_large")]
 
 
 # --- globs ------------------------------------------------------------------------------
@@ -168,7 +168,7 @@ def test_manifest_rows_missing_a_file_or_a_field_are_error_records(tmp_path):
     manifest.write_text("uri,label\na.jpg,cat\nmissing.jpg,cat\n,cat\na.jpg,\nfolder.jpg,cat\n")
     refs, errors = listed(manifest)
     assert list(refs) == ["a.jpg"]
-    assert [(e["uri"], e["reason"]) for e in errors] == [
+    assert [(e.uri, e.reason) for e in errors] == [
         (f"{manifest}:4", "bad_manifest_row"), ("a.jpg", "bad_manifest_row"),
         (str(data / "missing.jpg"), "not_found"), (str(data / "folder.jpg"), "not_found")]
 

@@ -475,7 +475,7 @@ def test_concurrent_publishers_leave_latest_on_the_newest(where, request, tmp_pa
 
 def commit_inputs(root, version):
     """What the job hands its commit stage: temp shards and listing errors in .tmp/."""
-    from beam_pipeline.job.contracts import ShardResult
+    from beam_pipeline.job.contracts import Made, ShardFiles, ShardResult, Sums, Written
     from dataset_format.frames import file_crc32c, tfrecord_frame
 
     vdir = layout.version_dir(root, version)
@@ -489,10 +489,11 @@ def commit_inputs(root, version):
         temp = layout.join(tmp, f"rel-train.tfrecord-0000{shard}-of-00002.abc")
         files.write_bytes(temp, frame)
         files.write_bytes(temp + layout.INDEX_SUFFIX, b"0 %d\n" % len(frame))
-        stats.append(ShardResult(split="train", shard=shard, temp=temp,
-                                 index_temp=temp + layout.INDEX_SUFFIX, num_examples=1,
-                                 num_bytes=len(frame), crc32c=file_crc32c(frame),
-                                 label_counts={"cat": 1}, passed_through=1))
+        stats.append(ShardResult(
+            split="train", shard=shard,
+            files=ShardFiles(temp=temp, index_temp=temp + layout.INDEX_SUFFIX),
+            written=Written(1, len(frame), crc32c=file_crc32c(frame)),
+            made=Made(passed_through=1), sums=Sums({"cat": 1})))
     spec = contracts.CommitSpec(
         root=root, version=version, name="rel", labels=("cat",), num_shards={"train": 2},
         listed=contracts.Listed(3, 0, listing_errors), input_fingerprint="sha256:x",

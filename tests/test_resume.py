@@ -195,10 +195,10 @@ def _keys_by_shard(vdir, names):
 
     keys = {}
     for f in attempts.finished([vdir]):
-        if f.result.path in names:
+        if f.result.files.path in names:
             import pyarrow.parquet as pq
 
-            keys[f.result.path] = pq.read_table(f.fragment, columns=["key"]).column(
+            keys[f.result.files.path] = pq.read_table(f.fragment, columns=["key"]).column(
                 "key").to_pylist()
     assert sorted(keys) == sorted(names)
     return keys
@@ -223,7 +223,7 @@ def test_a_failed_dataflow_job_resumes_on_gcs_after_images_were_added_and_delete
     failed = plan(["--input", src, "--output", root, *args])
     done = [failed.attempt(t) for t in failed.tasks[:2]]  # then the job fails
     lock.release_submitted(root, failed.spec.version)  # (its lock expires)
-    gone = f"{src}/{done[0].path and _first_key(gcs, done[0])}"
+    gone = f"{src}/{done[0].files.path and _first_key(gcs, done[0])}"
     gcs.client.bucket(bucket).blob(gone.split("/", 3)[3]).delete()
     gcs.upload_bytes(f"{src}/cat/new.jpg", image_bytes((10, 200, 60)))
 
@@ -233,11 +233,12 @@ def test_a_failed_dataflow_job_resumes_on_gcs_after_images_were_added_and_delete
     manifest = again.commit([again.attempt(t) for t in again.tasks])
     shared = [s["path"] for s in manifest["splits"]["train"]["shards"]
               if s["path"].startswith("../")]
-    assert shared == [f"../{failed.spec.version}/{done[1].path}"]
+    assert shared == [f"../{failed.spec.version}/{done[1].files.path}"]
     assert manifest["build"]["resumed_shards"] == 2
-    assert manifest["build"]["converted"] == 16 - done[1].num_examples - (
-        done[0].num_examples - 1)
-    assert not gcs.exists(f"{root}/versions/{again.spec.version}/{done[1].path}")  # not copied
+    assert manifest["build"]["converted"] == 16 - done[1].written.num_examples - (
+        done[0].written.num_examples - 1)
+    assert not gcs.exists(  # not copied
+        f"{root}/versions/{again.spec.version}/{done[1].files.path}")
     full = build(src, f"gs://{bucket}/full", *args)
     assert _examples(gcs, root, manifest) == _examples(gcs, f"gs://{bucket}/full",
                                                        full["manifest"])
@@ -248,7 +249,7 @@ def _first_key(gcs, result):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = pq.read_table(pa.BufferReader(gcs.read(result.catalog_temp)))
+    table = pq.read_table(pa.BufferReader(gcs.read(result.files.catalog_temp)))
     return table.column("key").to_pylist()[0]
 
 

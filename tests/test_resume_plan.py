@@ -4,7 +4,7 @@ listing, whatever else changed; held slots of the cut; new images after it."""
 import json
 
 from beam_pipeline.job import attempts
-from beam_pipeline.job.contracts import Kind, Origin, ShardResult
+from beam_pipeline.job.contracts import Kind, Origin, ShardFiles, ShardResult, Written
 from beam_pipeline.launcher import identity, listing, plan, resume, rules
 from beam_pipeline.refs import ImageRef
 from dataset_format import layout
@@ -39,8 +39,9 @@ def _killed_run(refs, tmp_path, finished_slots, settings="S"):
         path = str(tmp_path / "listings" / f"{slot}.jsonl")
         with open(path, "w") as f:
             f.writelines(line + "\n" for line in shards[slot])
-        result = ShardResult("train", slot, layout.shard_name("pets", "train", slot, N),
-                             num_examples=len(shards[slot]), origin=Origin.HASH)
+        result = ShardResult("train", slot, origin=Origin.HASH,
+                             files=ShardFiles(layout.shard_name("pets", "train", slot, N)),
+                             written=Written(len(shards[slot])))
         done.append(attempts.Finished(vdir, f"{vdir}/.tmp/{slot}.fragment", path, settings,
                                       result))
     keys = {s: [json.loads(line)[0] for line in lines] for s, lines in shards.items()}

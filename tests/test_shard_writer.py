@@ -3,17 +3,20 @@ and the temp shard, its index and catalog fragment agree with the result."""
 
 import hashlib
 import io
+import pickle
 
 import apache_beam as beam
 from apache_beam.testing import test_pipeline as beam_test
 from apache_beam.testing.util import BeamAssertException, assert_that
 
-from beam_pipeline.job.contracts import PixelMoments, ShardResult, ShardTask
+from beam_pipeline.job.contracts import (Made, PixelMoments, ShardFiles, ShardResult, ShardTask,
+                                         Sums, Writer, Written)
 from beam_pipeline.job.images import EncodeOptions
 from beam_pipeline.job.shards import WriteShardFn
 from beam_pipeline.refs import ImageRef
 from beam_pipeline.store import catalog
 from dataset_format import frames, layout
+from dataset_format.error_record import ErrorRecord
 from tests.helpers import CLASS_COLOURS, image_bytes
 
 LABEL_IDS = {"cat": 0, "dog": 1}
@@ -38,7 +41,7 @@ def _check(expected_keys, moments):
         if len(results) != 1 or not isinstance(results[0], ShardResult):
             raise BeamAssertException(f"one ShardResult expected, got {results!r}")
         r = results[0]
-        with open(r.temp, "rb") as f:
+        with open(r.files.temp, "rb") as f:
             data = f.read()
         offsets, offset, records = [], 0, []
         with io.BytesIO(data) as f:
@@ -46,11 +49,12 @@ def _check(expected_keys, moments):
                 records.append(frame[0])
                 offsets.append((offset, frame[1]))
                 offset += frame[1]
-        with open(r.index_temp) as f:
+        with open(r.files.index_temp) as f:
             index = frames.parse_index(f.read())
-        rows = list(catalog.iter_rows(r.catalog_temp))
-        got = (r.split, r.shard, r.path, r.kind, r.origin, r.num_examples, r.num_bytes,
-               r.crc32c, r.sha256, r.label_counts, [e["reason"] for e in r.errors], index,
+        rows = list(catalog.iter_rows(r.files.catalog_temp))
+        w = r.written
+        got = (r.split, r.shard, r.files.path, r.kind, r.origin, w.num_examples, w.num_bytes,
+               w.crc32c, w.sha256, r.sums.label_counts, [e.reason for e in r.errors], index,
                [(row["key"], row["position"], row["offset"], row["length"]) for row in rows])
         want = ("train", 0, layout.shard_name("t", "train", 0, 1), "images", "hash",
                 len(expected_keys), len(data), frames.file_crc32c(data), None,
@@ -58,9 +62,9 @@ def _check(expected_keys, moments):
                 [(k, i, o, n) for i, (k, (o, n)) in enumerate(zip(expected_keys, offsets))])
         if got != want:
             raise BeamAssertException(f"{got!r}\n!=\n{want!r}")
-        if moments and r.pixel_moments.count != 3 * 24 * 16:
-            raise BeamAssertException(f"pixel moments {r.pixel_moments!r}")
-        if not moments and r.pixel_moments is not None:
+        if moments and r.sums.pixel_moments.count != 3 * 24 * 16:
+            raise BeamAssertException(f"pixel moments {r.sums.pixel_moments!r}")
+        if not moments and r.sums.pixel_moments is not None:
             raise BeamAssertException("moments without --transform")
     return check
 
@@ -93,14 +97,55 @@ def test_shard_task_keeps_the_index_line_format():
 
 
 def test_shard_result_round_trips_through_json():
-    result = ShardResult("train", 2, path="p", temp="t", num_examples=2, num_bytes=10,
-                         crc32c="AAAAAA==", label_counts={"cat": 2}, passed_through=1,
-                         errors=({"uri": "x", "reason": "truncated"},), kind="images",
-                         writer="h:1", catalog_temp="c", index_temp="i",
-                         pixel_moments=PixelMoments(4, (1.0, 2.5, 3.0), (9.0, 0.25, 1e20)))
+    result = ShardResult(
+        "train", 2, kind="images",
+        files=ShardFiles(path="p", temp="t", index_temp="i", catalog_temp="c"),
+        written=Written(2, 10, crc32c="AAAAAA=="), made=Made(passed_through=1),
+        sums=Sums({"cat": 2}, PixelMoments(4, (1.0, 2.5, 3.0), (9.0, 0.25, 1e20))),
+        errors=(ErrorRecord("x", "decode", "truncated", "Premature end"),),
+        writer=Writer("h:1"))
     assert ShardResult.from_json(result.to_json()) == result
-    errors_only = ShardResult(None, None, errors=({"reason": "unreadable"},))
+    assert pickle.loads(pickle.dumps(result)) == result  # Beam may pickle it
+    errors_only = ShardResult(None, None, errors=(ErrorRecord("y", "read", "unreadable", "gone"),))
     assert ShardResult.from_json(errors_only.to_json()) == errors_only
+
+
+# A finished attempt's ShardResult as its catalog fragment records it (job/attempts.py) and a
+# later run resumes from: the one flat object the ShardResult had before its parts.
+FLAT_JSON = (
+    '{"split": "train", "shard": 3, "path": "p-train.tfrecord-00003-of-00004", "temp": '
+    '"/v/.tmp/p.abc", "num_examples": 7, "num_bytes": 1234, "crc32c": "AAAAAA==", "sha256": '
+    'null, "label_counts": {"cat": 4, "dog": 3}, "errors": [{"uri": "/in/x.jpg", "stage": '
+    '"decode", "reason": "truncated", "detail": "Premature end"}], "passed_through": 2, '
+    '"converted": 5, "reframed": 1, "repaired": 1, "kind": "images", "origin": "hash", '
+    '"writer": "host:12", "catalog_temp": "/v/.tmp/p.abc.catalog.parquet", "index_temp": '
+    '"/v/.tmp/p.abc.index", "pixel_moments": {"count": 10, "sum": [1.0, 2.0, 3.0], "sum_sq": '
+    '[4.0, 5.0, 6.0]}, "resumed": true, "shared": "../V/p", "build": {"package": "1.0", '
+    '"codecs": {"pillow": "10"}}}')
+
+EMPTY_JSON = (
+    '{"split": null, "shard": null, "path": null, "temp": null, "num_examples": 0, '
+    '"num_bytes": 0, "crc32c": null, "sha256": null, "label_counts": {}, "errors": [], '
+    '"passed_through": 0, "converted": 0, "reframed": 0, "repaired": 0, "kind": null, '
+    '"origin": "hash", "writer": null, "catalog_temp": null, "index_temp": null, '
+    '"pixel_moments": null, "resumed": false, "shared": null, "build": null}')
+
+
+def test_shard_result_json_is_the_flat_record_a_failed_runs_fragment_keeps():
+    result = ShardResult(
+        "train", 3, kind="images", origin="hash",
+        files=ShardFiles(path="p-train.tfrecord-00003-of-00004", temp="/v/.tmp/p.abc",
+                         index_temp="/v/.tmp/p.abc.index",
+                         catalog_temp="/v/.tmp/p.abc.catalog.parquet", shared="../V/p"),
+        written=Written(7, 1234, crc32c="AAAAAA=="), made=Made(2, 5, 1, 1, resumed=True),
+        sums=Sums({"cat": 4, "dog": 3}, PixelMoments(10, (1.0, 2.0, 3.0), (4.0, 5.0, 6.0))),
+        errors=(ErrorRecord("/in/x.jpg", "decode", "truncated", "Premature end"),),
+        writer=Writer("host:12", {"package": "1.0", "codecs": {"pillow": "10"}}))
+    assert result.to_json() == FLAT_JSON
+    assert ShardResult.from_json(FLAT_JSON) == result
+    assert ShardResult(None, None).to_json() == EMPTY_JSON
+    slim = result.slim()
+    assert (slim.sums, slim.errors, slim.written) == (Sums(), (), result.written)
 
 
 def test_shard_out_writes_the_frames_of_records_given_in_pieces(monkeypatch):

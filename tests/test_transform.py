@@ -192,22 +192,24 @@ def test_validation_and_test_images_do_not_influence_the_statistics(built):
 
 def test_analysis_rows_carry_exact_shard_sums():
     from beam_pipeline.job import analyze
-    from beam_pipeline.job.contracts import PixelMoments, ShardResult
+    from beam_pipeline.job.contracts import PixelMoments, ShardFiles, ShardResult, Sums, Written
+
+    def stats_of(split, shard, n, path, counts=None, moments=None):
+        return ShardResult(split, shard, files=ShardFiles(path), written=Written(n),
+                           sums=Sums(counts or {}, moments))
 
     labels = {"a": 0, "b": 1, "c": 2}
     big = 255.0 ** 2 * 4e10  # a shard's sum of squares beyond float32, exact in float64
-    stats = [ShardResult("train", 0, num_examples=3, path="x", label_counts={"c": 2, "a": 1},
-                         pixel_moments=PixelMoments(12, (1.0, 2.0, 3.0), (4.0, 5.0, big))),
-             ShardResult("train", 1, num_examples=0, path="y"),
-             ShardResult("validation", 0, num_examples=2, path="z", label_counts={"a": 2},
-                         pixel_moments=PixelMoments(1))]
+    stats = [stats_of("train", 0, 3, "x", {"c": 2, "a": 1},
+                      PixelMoments(12, (1.0, 2.0, 3.0), (4.0, 5.0, big))),
+             stats_of("train", 1, 0, "y"),
+             stats_of("validation", 0, 2, "z", {"a": 2}, PixelMoments(1))]
     rows = [r for s in stats for r in analyze.analysis_rows(s, "train", 3, labels)]
     assert len(rows) == 1
     assert rows[0][analyze.MOMENTS].tolist() == [12, 1, 2, 3, 4, 5, int(big)]
     assert rows[0][analyze.LABEL_COUNTS].tolist() == [1, 0, 2]
     with pytest.raises(ValueError, match="--no_transform"):  # e.g. --sink beam's stats
-        list(analyze.analysis_rows(ShardResult("train", 2, num_examples=1, path="w",
-                                               label_counts={"a": 1}), "train", 3, labels))
+        list(analyze.analysis_rows(stats_of("train", 2, 1, "w", {"a": 1}), "train", 3, labels))
 
 
 def test_rows_sum_exactly_to_numpy_statistics():

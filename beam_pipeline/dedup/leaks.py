@@ -96,7 +96,7 @@ def _rows(results, incremental):
     """Every stored image with a hash, as a grouping Row (old: paired by the previous run)."""
     for r in results:
         old = incremental and r.kind in OLD_KINDS
-        for table in catalog.iter_tables(r.catalog_temp, columns=_ROW_COLUMNS):
+        for table in catalog.iter_tables(r.files.catalog_temp, columns=_ROW_COLUMNS):
             columns = table.to_pydict()
             for key, split, phash, center, desc in zip(
                     columns["key"], columns["split"], columns["phash"], columns["phash_center"],
@@ -154,8 +154,8 @@ def _positions(results, keys):
     for r in results:
         if r.split == TRAIN:
             continue
-        for table in catalog.iter_tables(r.catalog_temp, columns=["key", "position"]):
+        for table in catalog.iter_tables(r.files.catalog_temp, columns=["key", "position"]):
             for row in table.to_pylist():
                 if row["key"] in keys:
-                    drop.setdefault(r.path, set()).add(row["position"])
+                    drop.setdefault(r.files.path, set()).add(row["position"])
     return drop

@@ -62,16 +62,16 @@ def analysis_rows(result, split, num_labels, label_ids):
     """ShardResult -> one analysis row for a shard of `split` with records (else nothing)."""
     import numpy as np
 
-    if result.split != split or not result.num_examples:
+    if result.split != split or not result.written.num_examples:
         return
-    moments = result.pixel_moments
+    moments = result.sums.pixel_moments
     if moments is None:  # --sink beam, or a shard an incremental build reused or copied
-        raise ValueError(f"shard stats for {result.path!r} ({result.kind or 'images'})"
+        raise ValueError(f"shard stats for {result.files.path!r} ({result.kind or 'images'})"
                          " carry no pixel moments: the transform analysis needs every train "
                          "shard written from its images (--sink shards, a full build) or "
                          "--no_transform")
     counts = np.zeros(num_labels, np.int64)
-    for label, n in result.label_counts.items():
+    for label, n in result.sums.label_counts.items():
         counts[label_ids[label]] = n
     # Sums of uint8 values (and squares) are integers, held exactly by the float64 stats.
     values = [moments.count, *moments.sum, *moments.sum_sq]

@@ -30,7 +30,7 @@ import logging
 
 from beam_pipeline.algorithms.read_ahead import threaded
 from beam_pipeline.job import code_build
-from beam_pipeline.job.contracts import ShardResult
+from beam_pipeline.job.contracts import Made, ShardFiles, ShardResult
 from beam_pipeline.job.rewrite import copy_frames, with_rows
 from beam_pipeline.store import catalog, files, gcs, transient
 from dataset_format import layout
@@ -71,7 +71,8 @@ class Finished:
     @property
     def source(self):
         """The file as another version's manifest names it: ../VERSION/NAME."""
-        return layout.shared_path(self.vdir.rstrip("/").rsplit("/", 1)[-1], self.result.path)
+        return layout.shared_path(self.vdir.rstrip("/").rsplit("/", 1)[-1],
+                                  self.result.files.path)
 
 
 def finished(vdirs):
@@ -89,7 +90,7 @@ def finished(vdirs):
         if not recorded or not recorded.get("settings"):
             return None
         result = ShardResult.from_json(recorded["result"])
-        if not _in_place(layout.join(vdir, result.path), result):
+        if not _in_place(layout.join(vdir, result.files.path), result):
             return None
         return Finished(vdir, fragment, layout.listing_file(layout.tmp_dir(vdir), result.split,
                                                             result.shard),
@@ -97,8 +98,8 @@ def finished(vdirs):
 
     found, seen = [], set()
     for _, shard in threaded(fragments, check, 16):
-        if shard is not None and (shard.vdir, shard.result.path) not in seen:
-            seen.add((shard.vdir, shard.result.path))  # (two attempts of one shard)
+        if shard is not None and (shard.vdir, shard.result.files.path) not in seen:
+            seen.add((shard.vdir, shard.result.files.path))  # (two attempts of one shard)
             found.append(shard)
     return found
 
@@ -112,17 +113,17 @@ def _in_place(shard, result):
     def size():
         if shard.startswith("gs://"):
             return files.size_and_crc32c(shard)
-        return os.path.getsize(shard), result.crc32c  # its checksum: read by the task
+        return os.path.getsize(shard), result.written.crc32c  # its checksum: read by the task
 
     try:
-        if transient.retrying(size, shard) != (result.num_bytes, result.crc32c):
+        if transient.retrying(size, shard) != (result.written.num_bytes, result.written.crc32c):
             return False
     except transient.StorageUnavailable:
         raise
     except Exception:  # damage (retrying raises nothing else): gone
         return False
     index = layout.index_name(shard)
-    return not result.index_temp or transient.retrying(lambda: files.exists(index), index)
+    return not result.files.index_temp or transient.retrying(lambda: files.exists(index), index)
 
 
 def share(header, lost, result, vdir, write_index=True, redo=None):
@@ -144,21 +145,25 @@ def share(header, lost, result, vdir, write_index=True, redo=None):
         rows = [r for r in catalog.read_rows(header["fragment"]) if r.key not in lost]
         copied, errors, redone = copy_frames(shard, result, rows, write_index, redo)
         return dataclasses.replace(
-            copied, errors=tuple(errors), converted=redone, repaired=redone, reframed=0,
-            passed_through=sum(r.sha256 == r.input_sha256 for r in rows), resumed=True,
-            build=recorded.build)
-    if files.size_and_crc32c(shard) != (recorded.num_bytes, recorded.crc32c) or (
-            recorded.index_temp and not files.exists(layout.index_name(shard))):
+            copied, errors=tuple(errors),
+            made=Made(passed_through=sum(r.sha256 == r.input_sha256 for r in rows),
+                      converted=redone, repaired=redone, resumed=True),
+            writer=dataclasses.replace(copied.writer, build=recorded.writer.build))
+    if files.size_and_crc32c(shard) != (recorded.written.num_bytes,
+                                        recorded.written.crc32c) or (
+            recorded.files.index_temp and not files.exists(layout.index_name(shard))):
         logging.warning("%s: not what its fragment recorded; its listing is converted again",
                         shard)
         return None
     rows = [r.replace(split=result.split, shard=result.shard, file=source)
             for r in catalog.read_rows(header["fragment"])]
     shared = dataclasses.replace(
-        recorded, split=result.split, shard=result.shard, path=result.path, temp=shard,
-        shared=source, index_temp=None, catalog_temp=result.catalog_temp,
-        writer=result.writer, kind=result.kind, converted=0, reframed=0, repaired=0,
-        resumed=True, pixel_moments=recorded.pixel_moments)
+        recorded, split=result.split, shard=result.shard, kind=result.kind,
+        files=ShardFiles(path=result.files.path, temp=shard, shared=source,
+                         catalog_temp=result.files.catalog_temp),
+        made=dataclasses.replace(recorded.made, converted=0, reframed=0, repaired=0,
+                                 resumed=True),
+        writer=dataclasses.replace(recorded.writer, process=result.writer.process))
     return with_rows(shared, rows, False)
 
 
@@ -166,21 +171,21 @@ def place(result, vdir):
     """A finished attempt (shard and index under temp names) -> the ShardResult commit
     needs: pointing at the final names when this attempt put them there or an earlier one
     put the same bytes there; else at its own temp names, for commit to rename."""
-    final = layout.join(vdir, result.path)
-    mine = (result.num_bytes, result.crc32c)
-    if not files.place_once(result.temp, final) and files.size_and_crc32c(final) != mine:
+    final = layout.join(vdir, result.files.path)
+    mine = (result.written.num_bytes, result.written.crc32c)
+    if not files.place_once(result.files.temp, final) and files.size_and_crc32c(final) != mine:
         logging.warning("%s: another attempt of this shard wrote other bytes (an input "
                         "changed between attempts?); this attempt's copy stays at %s, and "
                         "commit renames it if this attempt is the one committed",
-                        final, result.temp)
+                        final, result.files.temp)
         return result
-    files.delete_quietly(result.temp)
+    files.delete_quietly(result.files.temp)
     index = None
-    if result.index_temp:
+    if result.files.index_temp:
         index = layout.index_name(final)
-        files.place_once(result.index_temp, index)  # the same bytes if already there
-        files.delete_quietly(result.index_temp)
-    return dataclasses.replace(result, temp=final, index_temp=index)
+        files.place_once(result.files.index_temp, index)  # the same bytes if already there
+        files.delete_quietly(result.files.index_temp)
+    return result.with_files(temp=final, index_temp=index)
 
 
 def _recorded(fragment, quiet=False):

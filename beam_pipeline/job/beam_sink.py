@@ -17,11 +17,11 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from beam_pipeline.job import images, records
-from beam_pipeline.errors import error_record
-from beam_pipeline.job.contracts import ShardResult
+from beam_pipeline.job.contracts import ShardFiles, ShardResult, Sums, Written
 from beam_pipeline.job.inputs import fetch
 from beam_pipeline.store import files
 from dataset_format import frames, layout, schema
+from dataset_format.error_record import ErrorRecord
 
 
 CONTENTS = "beam_sink_contents.parquet"  # under VDIR/.tmp/: what the split map adds
@@ -42,8 +42,8 @@ class ToRecordFn(beam.DoFn):
                     "read", "unreadable", f"{type(error).__name__}: {error}")) from error
             encoded = images.convert(data, self.encode_options)
         except images.ImageError as e:
-            yield beam.pvalue.TaggedOutput("errors", error_record(ref.uri, e.stage, e.reason,
-                                                                  e.detail))
+            yield beam.pvalue.TaggedOutput("errors", ErrorRecord(ref.uri, e.stage, e.reason,
+                                                                 e.detail))
             return
         yield ref.split, records.make_example(encoded, self.label_ids[ref.label], ref.label,
                                               ref.key)
@@ -89,9 +89,10 @@ def shard_result(path, split, write_index):
         index_temp = path + layout.INDEX_SUFFIX
         with FileSystems.create(index_temp) as f:
             f.write(frames.index_bytes(offsets))
-    return ShardResult(split=split, shard=layout.parse_shard_name(path)[2], temp=path,
-                       num_examples=len(offsets), num_bytes=len(data), label_counts=counts,
-                       crc32c=frames.file_crc32c(data), index_temp=index_temp)
+    return ShardResult(split=split, shard=layout.parse_shard_name(path)[2],
+                       files=ShardFiles(temp=path, index_temp=index_temp),
+                       written=Written(len(offsets), len(data), crc32c=frames.file_crc32c(data)),
+                       sums=Sums(label_counts=counts))
 
 
 def _errors_as_result(errors):

@@ -77,13 +77,13 @@ def finalize(results, spec, label_counts=None, error_files=()):
     combined."""
     _check_one_build(results, spec)
     # Shards with a catalog fragment (not --sink beam), in split and shard order.
-    cataloged = sorted((r for r in results if r.catalog_temp),
+    cataloged = sorted((r for r in results if r.files.catalog_temp),
                        key=lambda r: (r.split, r.shard))
     original = cataloged
     cataloged, content_duplicates, dropped = _content_duplicates(cataloged, spec)
     cataloged, near_duplicates, leaked = _near_duplicates(cataloged, spec)
     rewritten = {(r.split, r.shard): r for r in cataloged}
-    results = tuple(rewritten.get((r.split, r.shard), r) if r.catalog_temp else r
+    results = tuple(rewritten.get((r.split, r.shard), r) if r.files.catalog_temp else r
                     for r in results)
     if label_counts is None:
         label_counts = sum_label_counts(results)
@@ -190,17 +190,17 @@ def one_build(results):
     """The code build every shard of `results` recorded (None: none recorded one); raises
     MixedBuilds naming two builds and a shard of each when they disagree."""
     first = None
-    for r in sorted((r for r in results if r.build), key=lambda r: (r.split, r.shard)):
+    for r in sorted((r for r in results if r.writer.build), key=lambda r: (r.split, r.shard)):
         if first is None:
             first = r
-        elif r.build != first.build:
+        elif r.writer.build != first.writer.build:
             raise MixedBuilds(
-                f"shards of two code builds in one version: {first.file} was written by "
-                f"{code_build.describe(first.build)}; {r.file} by "
-                f"{code_build.describe(r.build)}; nothing published (name the worker image by "
-                "digest or by the tag docker/image_tag.py prints, and launch from the same "
-                "build)")
-    return first and first.build
+                f"shards of two code builds in one version: {first.files.file} was written by "
+                f"{code_build.describe(first.writer.build)}; {r.files.file} by "
+                f"{code_build.describe(r.writer.build)}; nothing published (name the worker "
+                "image by digest or by the tag docker/image_tag.py prints, and launch from the "
+                "same build)")
+    return first and first.writer.build
 
 
 def _check_one_build(results, spec):
@@ -229,21 +229,23 @@ def _commit_shard(spec, split, shard, result):
             files.write_bytes(layout.index_name(final), b"")
         return {"path": final_name, "num_examples": 0, "num_bytes": 0,
                 "crc32c": frames.file_crc32c(b""), "origin": Origin.HASH}
-    if result.shared:  # an earlier version's file, reused where it is: nothing to move
-        return {"path": result.shared, "num_examples": result.num_examples,
-                "num_bytes": result.num_bytes, **checksum(result), "origin": result.origin}
-    if result.temp != final:  # written to a temp name (--sink beam, dropped duplicates)
-        _rename(result.temp, final)
-    if spec.write_index and result.index_temp and result.index_temp != layout.index_name(final):
-        _rename(result.index_temp, layout.index_name(final))
-    return {"path": final_name, "num_examples": result.num_examples,
-            "num_bytes": result.num_bytes, **checksum(result), "origin": result.origin}
+    where, written = result.files, result.written
+    if where.shared:  # an earlier version's file, reused where it is: nothing to move
+        return {"path": where.shared, "num_examples": written.num_examples,
+                "num_bytes": written.num_bytes, **checksum(result), "origin": result.origin}
+    if where.temp != final:  # written to a temp name (--sink beam, dropped duplicates)
+        _rename(where.temp, final)
+    if spec.write_index and where.index_temp and where.index_temp != layout.index_name(final):
+        _rename(where.index_temp, layout.index_name(final))
+    return {"path": final_name, "num_examples": written.num_examples,
+            "num_bytes": written.num_bytes, **checksum(result), "origin": result.origin}
 
 
 def checksum(result):
     """The shard entry's checksum field: crc32c, or sha256 for a shard reused from a version
     written before shards had a CRC-32C."""
-    return {"crc32c": result.crc32c} if result.crc32c else {"sha256": result.sha256}
+    written = result.written
+    return {"crc32c": written.crc32c} if written.crc32c else {"sha256": written.sha256}
 
 
 def _content_duplicates(ordered, spec):
@@ -251,13 +253,14 @@ def _content_duplicates(ordered, spec):
     shards that hold the extra copies. -> (results, manifest entry or None, number dropped)."""
     if not ordered:
         return ordered, None, 0
-    entry, extras = duplicates.report([r.catalog_temp for r in ordered], spec.vdir,
+    entry, extras = duplicates.report([r.files.catalog_temp for r in ordered], spec.vdir,
                                       collect_extras=spec.dedup.drop_content_duplicates)
     if not spec.dedup.drop_content_duplicates:
         return ordered, entry, 0
-    kept = [rewrite.keep_rows(r, extras[r.file], spec.write_index) if r.file in extras else r
-            for r in ordered]
-    return kept, entry, sum(a.num_examples - b.num_examples for a, b in zip(ordered, kept))
+    kept = [rewrite.keep_rows(r, extras[r.files.file], spec.write_index)
+            if r.files.file in extras else r for r in ordered]
+    return kept, entry, sum(a.written.num_examples - b.written.num_examples
+                            for a, b in zip(ordered, kept))
 
 
 def _near_duplicates(ordered, spec):
@@ -267,9 +270,10 @@ def _near_duplicates(ordered, spec):
     if not ordered or not spec.dedup.near_duplicates:
         return ordered, None, 0
     entry, drop = leaks.report(ordered, spec)
-    kept = [rewrite.keep_rows(r, drop[r.path], spec.write_index) if r.path in drop else r
-            for r in ordered]
-    return kept, entry, sum(a.num_examples - b.num_examples for a, b in zip(ordered, kept))
+    kept = [rewrite.keep_rows(r, drop[r.files.path], spec.write_index)
+            if r.files.path in drop else r for r in ordered]
+    return kept, entry, sum(a.written.num_examples - b.written.num_examples
+                            for a, b in zip(ordered, kept))
 
 
 def _merge_catalog(ordered, spec):
@@ -280,7 +284,7 @@ def _merge_catalog(ordered, spec):
     """
     if not ordered:
         return None, {}
-    return catalog.merge([r.catalog_temp for r in ordered],
+    return catalog.merge([r.files.catalog_temp for r in ordered],
                          layout.join(spec.vdir, layout.CATALOG))
 
 
@@ -332,7 +336,7 @@ class Commit(beam.PTransform):
         counts = results | "LabelCounts" >> beam.CombineGlobally(SumLabelCounts())
         error_files = (results
                        | "ErrorLines" >> beam.FlatMap(
-                           lambda r: [json.dumps(e, sort_keys=True) for e in r.errors])
+                           lambda r: [e.to_json() for e in r.errors])
                        | "WriteErrors" >> beam.io.WriteToText(
                            layout.join(self.spec.tmp_dir, layout.SHARD_ERRORS),
                            file_name_suffix=layout.JSONL, shard_name_template="", num_shards=1))

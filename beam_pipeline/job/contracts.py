@@ -15,6 +15,7 @@ import apache_beam as beam
 from beam_pipeline import defaults
 from beam_pipeline.kinds import Kind, Origin  # noqa: F401  (the plan's words, re-exported)
 from dataset_format import layout
+from dataset_format.error_record import ErrorRecord
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,47 +161,21 @@ class PixelMoments:
 
 
 @dataclasses.dataclass(frozen=True)
-class ShardResult:
-    """One shard written (or, split and shard None, errors alone: --sink beam).
+class ShardFiles:
+    """Where a shard and its companions are.
 
     `temp` is where this attempt wrote the shard: its final place in the version directory
     (job/shards.py writes there directly), or a temp name commit renames to `path`, as
-    `index_temp` to its index. Commit merges `catalog_temp` into the catalog and sums the
-    counts into the manifest.
+    `index_temp` to its index. Commit merges `catalog_temp` into the catalog.
     """
 
-    split: Optional[str]
-    shard: Optional[int]
     path: Optional[str] = None          # the shard's file name in the version directory
     temp: Optional[str] = None          # where this attempt wrote it
-    num_examples: int = 0
-    num_bytes: int = 0
-    # The file's checksum for the manifest: CRC-32C (dataset_format/frames.crc32c_text) for every
-    # shard written since format 2 carried it; sha256 (hex) only for a shard reused as is
-    # from a version written before.
-    crc32c: Optional[str] = None
-    sha256: Optional[str] = None
-    label_counts: dict = dataclasses.field(default_factory=dict)  # class name -> records
-    errors: tuple = ()                  # error records for errors.jsonl
-    passed_through: int = 0             # JPEGs stored as they came
-    converted: int = 0                  # images decoded and converted
-    reframed: int = 0                   # stored records re-framed under a new key or label
-    repaired: int = 0                   # stored records found damaged: converted again
-    kind: Optional[Kind] = None         # the ShardTask's kind (None: --sink beam)
-    origin: Origin = Origin.HASH
-    writer: Optional[str] = None        # host:pid of the writing process
-    catalog_temp: Optional[str] = None  # this shard's catalog fragment (None: --sink beam)
     index_temp: Optional[str] = None
-    pixel_moments: Optional[PixelMoments] = None  # --transform shards written from images
-    resumed: bool = False               # taken from a failed run's finished shard (attempts.py)
+    catalog_temp: Optional[str] = None  # this shard's catalog fragment (None: --sink beam)
     # Reused as it is where an earlier version wrote it: the manifest path ../VERSION/NAME
     # (`temp` is then that file). None: the shard is this version's own file, `path`.
     shared: Optional[str] = None
-    # The code build that wrote the shard's records (job/code_build.py): the writing
-    # worker's, or for a reuse/copy task the previous version's. None: not recorded (a
-    # fragment of a failed run written before builds were). Commit refuses a version
-    # whose shards name two builds.
-    build: Optional[dict] = None
 
     @property
     def file(self):
@@ -208,25 +183,118 @@ class ShardResult:
         directory; docs/format.md)."""
         return self.shared or self.path
 
+
+@dataclasses.dataclass(frozen=True)
+class Written:
+    """The shard file as the manifest lists it: its records, its size and its checksum."""
+
+    num_examples: int = 0
+    num_bytes: int = 0
+    # The file's checksum for the manifest: CRC-32C (dataset_format/frames.crc32c_text) for every
+    # shard written since format 2 carried it; sha256 (hex) only for a shard reused as is
+    # from a version written before.
+    crc32c: Optional[str] = None
+    sha256: Optional[str] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Made:
+    """How the shard's records came to be (the manifest's accounting and build counts)."""
+
+    passed_through: int = 0             # JPEGs stored as they came
+    converted: int = 0                  # images decoded and converted
+    reframed: int = 0                   # stored records re-framed under a new key or label
+    repaired: int = 0                   # stored records found damaged: converted again
+    resumed: bool = False               # taken from a failed run's finished shard (attempts.py)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sums:
+    """What commit sums across shards, of variable size (ShardResult.slim drops it)."""
+
+    label_counts: dict = dataclasses.field(default_factory=dict)  # class name -> records
+    pixel_moments: Optional[PixelMoments] = None  # --transform shards written from images
+
+
+@dataclasses.dataclass(frozen=True)
+class Writer:
+    """Who wrote the shard's records."""
+
+    process: Optional[str] = None       # host:pid of the writing process
+    # The code build that wrote the shard's records (job/code_build.py): the writing
+    # worker's, or for a reuse/copy task the previous version's. None: not recorded (a
+    # fragment of a failed run written before builds were). Commit refuses a version
+    # whose shards name two builds.
+    build: Optional[dict] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardResult:
+    """One shard written (or, split and shard None, errors alone: --sink beam), in parts:
+    where its files are, what the file is, how its records were made, the sums commit adds
+    up, its rejected inputs, and who wrote it. A stage changes a part with `with_files`,
+    `with_written` or `with_made` (or dataclasses.replace of a whole part)."""
+
+    split: Optional[str]
+    shard: Optional[int]
+    kind: Optional[Kind] = None         # the ShardTask's kind (None: --sink beam)
+    origin: Origin = Origin.HASH
+    files: ShardFiles = ShardFiles()
+    written: Written = Written()
+    made: Made = Made()
+    sums: Sums = Sums()
+    errors: tuple = ()                  # ErrorRecords for errors.jsonl
+    writer: Writer = Writer()
+
+    def with_files(self, **changes):
+        return dataclasses.replace(self, files=dataclasses.replace(self.files, **changes))
+
+    def with_written(self, **changes):
+        return dataclasses.replace(self, written=dataclasses.replace(self.written, **changes))
+
+    def with_made(self, **changes):
+        return dataclasses.replace(self, made=dataclasses.replace(self.made, **changes))
+
     def slim(self):
         """This result without its variable-size parts (label counts, error records, pixel
         moments): what commit's one list of every shard carries. The counts reach commit
         summed across workers and the errors as a file (job/commit.py, Commit)."""
-        return dataclasses.replace(self, label_counts={}, errors=(), pixel_moments=None)
+        return dataclasses.replace(self, sums=Sums(), errors=())
 
     def to_json(self):
-        return json.dumps(dataclasses.asdict(self))
+        """One flat object, its keys in the order of the flat ShardResult before its parts:
+        the record a failed run's fragment keeps (job/attempts.py) reads the same either way."""
+        f, w, m, s = self.files, self.written, self.made, self.sums
+        moments = s.pixel_moments and dataclasses.asdict(s.pixel_moments)
+        return json.dumps({
+            "split": self.split, "shard": self.shard, "path": f.path, "temp": f.temp,
+            "num_examples": w.num_examples, "num_bytes": w.num_bytes, "crc32c": w.crc32c,
+            "sha256": w.sha256, "label_counts": s.label_counts,
+            "errors": [e.to_dict() for e in self.errors],
+            "passed_through": m.passed_through, "converted": m.converted,
+            "reframed": m.reframed, "repaired": m.repaired, "kind": self.kind,
+            "origin": self.origin, "writer": self.writer.process,
+            "catalog_temp": f.catalog_temp, "index_temp": f.index_temp,
+            "pixel_moments": moments, "resumed": m.resumed, "shared": f.shared,
+            "build": self.writer.build})
 
     @classmethod
     def from_json(cls, text):
-        fields = json.loads(text)
-        moments = fields.pop("pixel_moments")
+        o = json.loads(text)
+        moments = o["pixel_moments"]
         if moments is not None:
             moments = PixelMoments(moments["count"], tuple(moments["sum"]),
                                    tuple(moments["sum_sq"]))
-        kind = fields["kind"] and Kind(fields["kind"])
-        return cls(**dict(fields, errors=tuple(fields["errors"]), pixel_moments=moments,
-                          kind=kind, origin=Origin(fields["origin"])))
+        return cls(
+            o["split"], o["shard"], kind=o["kind"] and Kind(o["kind"]), origin=Origin(o["origin"]),
+            files=ShardFiles(o["path"], o["temp"], o["index_temp"], o["catalog_temp"],
+                             o["shared"]),
+            written=Written(o["num_examples"], o["num_bytes"], o["crc32c"], o["sha256"]),
+            made=Made(o["passed_through"], o["converted"], o["reframed"], o["repaired"],
+                      o["resumed"]),
+            sums=Sums(o["label_counts"], moments),
+            errors=tuple(ErrorRecord.from_dict(e) for e in o["errors"]),
+            writer=Writer(o["writer"], o["build"]))
 
 
 class ShardResultCoder(beam.coders.Coder):

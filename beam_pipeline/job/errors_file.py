@@ -1,9 +1,8 @@
 """VDIR/errors.jsonl: the listing's error records and the shards', streamed into one file."""
 
-import json
-
 from beam_pipeline.store import files
 from dataset_format import layout
+from dataset_format.error_record import ErrorRecord
 
 
 def write_errors(results, spec, error_files=()):
@@ -14,15 +13,15 @@ def write_errors(results, spec, error_files=()):
     def lines():
         for path in (spec.listed.errors_path, *error_files):
             for line in _iter_lines(path):
-                yield json.loads(line)
+                yield ErrorRecord.from_json(line)
         for r in results:
             yield from r.errors
 
     with files.create_final(layout.join(spec.vdir, layout.ERRORS)) as out:
         batch = []
         for error in lines():
-            reasons[error["reason"]] = reasons.get(error["reason"], 0) + 1
-            batch.append(json.dumps(error, sort_keys=True) + "\n")
+            reasons[error.reason] = reasons.get(error.reason, 0) + 1
+            batch.append(error.to_json() + "\n")
             if len(batch) >= 4096:
                 out.write("".join(batch).encode())
                 batch = []

@@ -11,7 +11,7 @@ def sum_label_counts(results, into=None):
     counts = {} if into is None else into
     for r in results:
         if r.split is not None:
-            add_counts(counts, {r.split: r.label_counts})
+            add_counts(counts, {r.split: r.sums.label_counts})
     return counts
 
 
@@ -31,10 +31,10 @@ def minus_dropped(label_counts, before, after):
         if old is new:
             continue
         split = counts.setdefault(old.split, {})
-        for table in catalog.iter_tables(old.catalog_temp, columns=["label"]):
+        for table in catalog.iter_tables(old.files.catalog_temp, columns=["label"]):
             for label in table["label"].to_pylist():
                 split[label] = split.get(label, 0) - 1
-        add_counts(counts, {new.split: new.label_counts})
+        add_counts(counts, {new.split: new.sums.label_counts})
     return counts
 
 

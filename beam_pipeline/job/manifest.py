@@ -37,7 +37,7 @@ class Finalized:
         counts = {}
         for r in self.results:
             if r.split == split:
-                for label, c in r.label_counts.items():
+                for label, c in r.sums.label_counts.items():
                     counts[label] = counts.get(label, 0) + c
         return counts
 
@@ -74,13 +74,15 @@ def build_manifest(spec, done, created_at, parts=()):
         # Distinct processes that ran the shard writer (0 with --sink beam, which does not
         # say). Images decoded and converted, and stored records re-framed under a new key
         # or label; shards taken finished from a failed run (job/attempts.py).
-        build=BuildEntry(writer_processes=len({r.writer for r in done.results if r.writer}),
-                         converted=sum(r.converted for r in done.results),
-                         reframed=sum(r.reframed for r in done.results),
-                         resumed_shards=sum(r.resumed for r in done.results),
-                         repaired=sum(r.repaired for r in done.results),
+        build=BuildEntry(writer_processes=len({r.writer.process for r in done.results
+                                               if r.writer.process}),
+                         converted=sum(r.made.converted for r in done.results),
+                         reframed=sum(r.made.reframed for r in done.results),
+                         resumed_shards=sum(r.made.resumed for r in done.results),
+                         repaired=sum(r.made.repaired for r in done.results),
                          # the one build every shard recorded (commit checked)
-                         workers=next((r.build for r in done.results if r.build), None)),
+                         workers=next((r.writer.build for r in done.results if r.writer.build),
+                                      None)),
         sections=sections)
     return manifest.with_sections(*parts)
 
@@ -108,15 +110,15 @@ def accounting(spec, done):
     return Accounting(listed=spec.listed.listed,
                       duplicates=spec.listed.duplicates + done.dropped,
                       failed=sum(done.reasons().values()),
-                      written=sum(r.num_examples for r in done.results),
+                      written=sum(r.written.num_examples for r in done.results),
                       leaks=done.leaks,
-                      passed_through=sum(r.passed_through for r in done.results))
+                      passed_through=sum(r.made.passed_through for r in done.results))
 
 
 def by_reason(errors):
     reasons = {}
     for e in errors:
-        reasons[e["reason"]] = reasons.get(e["reason"], 0) + 1
+        reasons[e.reason] = reasons.get(e.reason, 0) + 1
     return reasons
 
 
@@ -125,9 +127,10 @@ def increment_summary(increment, results):
     done = {}
     for kind in (Kind.REUSE, Kind.COPY, Kind.IMAGES):
         of_kind = [r for r in results if r.kind == kind]
-        done[kind] = {"shards": len(of_kind), "examples": sum(r.num_examples for r in of_kind),
-                      "bytes": sum(r.num_bytes for r in of_kind)}
-    total = sum(r.num_bytes for r in results) or 1
+        done[kind] = {"shards": len(of_kind),
+                      "examples": sum(r.written.num_examples for r in of_kind),
+                      "bytes": sum(r.written.num_bytes for r in of_kind)}
+    total = sum(r.written.num_bytes for r in results) or 1
     return Increment(reused=done[Kind.REUSE], rewritten=done[Kind.COPY],
                      added_shards=done[Kind.IMAGES],
                      bytes_reused_share=round(done[Kind.REUSE]["bytes"] / total, 4),

@@ -74,7 +74,8 @@ def run(kind, result, listing, previous_vdir, write_index, redo=None, vdir=None,
     """
     header, rows = read_task(listing, previous_vdir)
     source = layout.shard_file(previous_vdir, header["source"])
-    split, shard, final, temp = result.split, result.shard, result.path, result.temp
+    split, shard = result.split, result.shard
+    final, temp = result.files.path, result.files.temp
     damage = None if kind == Kind.COPY else unlike_manifest(source, header)
     if kind == Kind.COPY or damage:
         result, errors, redone = copy_frames(source, result, rows, write_index, redo,
@@ -83,25 +84,24 @@ def run(kind, result, listing, previous_vdir, write_index, redo=None, vdir=None,
         if damage:
             logging.warning("%s: %s; its records copied one by one, CRCs checked", source,
                             damage)
-        return dataclasses.replace(result, errors=tuple(errors), repaired=redone,
-                                   converted=redone)
+        result = result.with_made(repaired=redone, converted=redone)
+        return dataclasses.replace(result, errors=tuple(errors))
     # The file as it is: its checksum as the previous manifest gave it (crc32c, or sha256
     # from a version written before shards had a CRC-32C).
-    result = dataclasses.replace(result, crc32c=header.get("crc32c"),
-                                 sha256=header.get("sha256"),
+    result = result.with_written(crc32c=header.get("crc32c"), sha256=header.get("sha256"),
                                  num_bytes=sum(r.length for r in rows))
     index = "".join(frames.index_line(r.offset, r.length) for r in rows)
     shared = layout.shared_path(posixpath.basename(previous_vdir.rstrip("/")), header["source"])
     if not write_index or _index_is(source, index):
         # Shared: the manifest and catalog name the file where it is; the index beside it
         # is the one readers use, so it must be the catalog's (a damaged one is not shared).
-        result = dataclasses.replace(result, shared=shared, temp=source, index_temp=None)
+        result = result.with_files(shared=shared, temp=source, index_temp=None)
         return with_rows(result, _placed(rows, split, shard, shared), False, catalog_schema)
     # Its index missing or not the catalog's: a copy, with a new index.
     if vdir is not None:
         temp = layout.join(vdir, final)
     link_or_copy(source, temp)
-    result = dataclasses.replace(result, temp=temp)
+    result = result.with_files(temp=temp)
     return with_rows(result, _placed(rows, split, shard, final), write_index, catalog_schema)
 
 

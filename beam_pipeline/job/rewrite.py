@@ -16,7 +16,7 @@ class Damaged(IOError):
 
 def copy_frames(source, result, rows, write_index, redo=None, deep=False, catalog_schema=None):
     """Copy the TFRecord frames of `rows` (catalog rows, in order) from `source` into a new
-    shard at result.temp, with its catalog fragment and index (job/shard_file.py), each
+    shard at result.files.temp, with its catalog fragment and index (job/shard_file.py), each
     record's CRCs checked on the way, so damage is never copied.
 
     The frames are read in runs (store/ranges.py): neighbouring kept frames in one ranged
@@ -43,7 +43,7 @@ def copy_frames(source, result, rows, write_index, redo=None, deep=False, catalo
                 row = redone_row
             offset = out.num_bytes
             out.write_frame(frame)
-            out.add(row.replace(split=result.split, shard=result.shard, file=result.path,
+            out.add(row.replace(split=result.split, shard=result.shard, file=result.files.path,
                                 position=out.num_examples, offset=offset, length=len(frame)))
     return _written(result, out, crc32c=out.crc32c, num_bytes=out.num_bytes), errors, redone
 
@@ -85,7 +85,7 @@ def damage(frame, row, deep=False):
 
 
 def with_rows(result, rows, write_index, catalog_schema=None):
-    """`result` (a shard in place at result.temp) with the catalog fragment and index of its
+    """`result` (a shard in place at result.files.temp) with the catalog fragment and index of its
     `rows` (CatalogRows) written, and counted."""
     with _files_of(result, write_index, shard=False, catalog_schema=catalog_schema) as out:
         for row in rows:
@@ -97,29 +97,31 @@ def _files_of(result, write_index, shard=True, catalog_schema=None):
     """The ShardFile of `result`: its temp shard (unless `shard` is in place already), its
     fragment (`catalog_schema`: the build's, catalog.schema_of) and, with `write_index`,
     its index."""
-    fragment = result.catalog_temp or result.temp + layout.FRAGMENT_SUFFIX
-    index = layout.index_name(result.temp) if write_index else None
-    return ShardFile(result.temp if shard else None, fragment, index, catalog_schema)
+    fragment = result.files.catalog_temp or result.files.temp + layout.FRAGMENT_SUFFIX
+    index = layout.index_name(result.files.temp) if write_index else None
+    return ShardFile(result.files.temp if shard else None, fragment, index, catalog_schema)
 
 
-def _written(result, out, **fields):
-    """`result` with what the ShardFile `out` wrote."""
-    return dataclasses.replace(result, catalog_temp=out.fragment_path,
-                               index_temp=out.index_path or result.index_temp,
-                               num_examples=out.num_examples, label_counts=out.label_counts,
-                               **fields)
+def _written(result, out, **written):
+    """`result` with what the ShardFile `out` wrote (`written`: the shard's size and
+    CRC-32C, when it wrote the shard)."""
+    return dataclasses.replace(
+        result.with_files(catalog_temp=out.fragment_path,
+                          index_temp=out.index_path or result.files.index_temp),
+        written=dataclasses.replace(result.written, num_examples=out.num_examples, **written),
+        sums=dataclasses.replace(result.sums, label_counts=out.label_counts))
 
 
 def keep_rows(result, drop_positions, write_index):
     """`result`'s temp shard rewritten without the records at `drop_positions`."""
-    rows = [r for r in catalog.read_rows(result.catalog_temp)
+    rows = [r for r in catalog.read_rows(result.files.catalog_temp)
             if r.position not in drop_positions]
     # A shared shard is an earlier version's file: its rewrite goes beside this attempt's
     # catalog fragment (in this build's .tmp/), never into that version's directory.
-    base = (result.catalog_temp[:-len(layout.FRAGMENT_SUFFIX)] if result.shared
-            else result.temp)
-    rewritten = dataclasses.replace(result, temp=base + layout.REWRITE_SUFFIX,
-                                    catalog_temp=None,  # the original stays, for a retry
-                                    shared=None)  # this version's own file now
-    return copy_frames(result.temp, rewritten, rows, write_index,
-                       catalog_schema=catalog.fragment_schema(result.catalog_temp))[0]
+    base = (result.files.catalog_temp[:-len(layout.FRAGMENT_SUFFIX)] if result.files.shared
+            else result.files.temp)
+    rewritten = result.with_files(temp=base + layout.REWRITE_SUFFIX,
+                                  catalog_temp=None,  # the original stays, for a retry
+                                  shared=None)  # this version's own file now
+    return copy_frames(result.files.temp, rewritten, rows, write_index,
+                       catalog_schema=catalog.fragment_schema(result.files.catalog_temp))[0]

@@ -23,11 +23,12 @@ from beam_pipeline.store import catalog, files, gcs
 from beam_pipeline.dedup import perceptual
 from beam_pipeline.job import (attempts, code_build, images, inputs, records, reframe, reuse,
                                workers)
-from beam_pipeline.errors import error_record
-from beam_pipeline.job.contracts import Kind, PixelMoments, ShardResult
+from beam_pipeline.job.contracts import (Kind, Made, PixelMoments, ShardFiles, ShardResult,
+                                         Sums, Writer, Written)
 from beam_pipeline.job.shard_file import ShardFile
 from beam_pipeline.refs import ImageRef
 from dataset_format import fields as field_types, frames, layout, schema
+from dataset_format.error_record import ErrorRecord
 from dataset_format.catalog_schema import CatalogRow
 
 DAMAGED = "damaged_record"  # errors.jsonl: a damaged stored record whose input is gone
@@ -95,11 +96,13 @@ class WriteShardFn(beam.DoFn):
         final = layout.shard_name(self.name, task.split, task.shard, self.num_shards[task.split])
         attempt = uuid.uuid4().hex[:12]
         temp = layout.join(self.tmp_dir, f"{final}.{attempt}")
-        result = ShardResult(split=task.split, shard=task.shard, path=final, temp=temp,
-                             catalog_temp=temp + attempts.FRAGMENT_SUFFIX,
-                             kind=task.kind, origin=task.origin,
-                             writer=f"{socket.gethostname()}:{os.getpid()}",  # counted by commit
-                             build=code_build.worker_build())
+        writer = Writer(f"{socket.gethostname()}:{os.getpid()}",  # commit counts processes
+                        code_build.worker_build())
+        result = ShardResult(split=task.split, shard=task.shard, kind=task.kind,
+                             origin=task.origin,
+                             files=ShardFiles(path=final, temp=temp,
+                                              catalog_temp=temp + attempts.FRAGMENT_SUFFIX),
+                             writer=writer)
         shard_settings = attempts.settings(self.label_ids, self.encode_options,
                                            self.write_index, self.phash, self.moments,
                                            self.fields.to_json() if self.fields else None)
@@ -110,20 +113,22 @@ class WriteShardFn(beam.DoFn):
             taken = attempts.share(header, [json.loads(k) for k in lost if k], result,
                                    self.vdir, self.write_index, self._redo)
             if taken is not None:  # shared where it is, or its records copied to `temp`
-                yield (attempts.place(taken, self.vdir) if self.direct and taken.temp == temp
-                       else taken)
+                yield (attempts.place(taken, self.vdir)
+                       if self.direct and taken.files.temp == temp else taken)
                 return
             listing = header["listing_file"]  # not as recorded: convert that listing again
             result = dataclasses.replace(result, kind=Kind.IMAGES)
         elif task.kind != Kind.IMAGES:  # incremental: a previous shard reused or its records copied
-            result = dataclasses.replace(result, build=self.previous_build)
+            result = dataclasses.replace(result, writer=Writer(writer.process,
+                                                               self.previous_build))
             done = reuse.run(task.kind, result, task.listing, self.previous_vdir,
                              self.write_index, redo=self._redo,
                              vdir=self.vdir if self.direct else None,
                              catalog_schema=self.catalog_schema)
             # Copied records went to this attempt's temp name: they may differ from another
             # attempt's (an input one of them could not read), so the first to finish wins.
-            yield attempts.place(done, self.vdir) if self.direct and done.temp == temp else done
+            yield (attempts.place(done, self.vdir) if self.direct and done.files.temp == temp
+                   else done)
             return
         progress = _Progress(self.progress_dir, f"{final}.{attempt}")
         result = self._write_images(result, inputs.read_listing(listing), progress,
@@ -134,18 +139,19 @@ class WriteShardFn(beam.DoFn):
     def _write_images(self, result, refs, progress, shard_settings=None):
         """Convert `refs` in listing order (which is shard order: the output is deterministic)
         into the temp shard, its catalog fragment and index -> the finished ShardResult."""
-        split, shard, final, temp = result.split, result.shard, result.path, result.temp
+        split, shard = result.split, result.shard
+        final, temp = result.files.path, result.files.temp
         index_temp = layout.index_name(temp) if self.write_index else None
         errors, passed_through, converted, reframed, repaired = [], 0, 0, 0, 0
         moments = PixelMoments() if self.moments else None  # exact over the stored pixels
-        with ShardFile(temp, result.catalog_temp, index_temp, self.catalog_schema) as out:
+        with ShardFile(temp, result.files.catalog_temp, index_temp, self.catalog_schema) as out:
             for ref, data, read_error in inputs.read_ahead(self.pool, refs,
                                                            self.encode_options.max_bytes,
                                                            self.budget.read_ahead_bytes):
                 try:
                     made = self._make(ref, data, read_error)
                 except images.ImageError as e:
-                    errors.append(error_record(ref.uri, e.stage, e.reason, e.detail))
+                    errors.append(ErrorRecord(ref.uri, e.stage, e.reason, e.detail))
                     Metrics.counter("errors", e.reason).inc()
                     progress.tick()
                     continue
@@ -168,11 +174,10 @@ class WriteShardFn(beam.DoFn):
                     moments = moments.plus(*made.moments)
                 progress.tick()
             result = dataclasses.replace(
-                result, num_examples=out.num_examples, num_bytes=out.num_bytes,
-                label_counts=out.label_counts, errors=tuple(errors),
-                passed_through=passed_through, converted=converted, reframed=reframed,
-                repaired=repaired, crc32c=out.crc32c, index_temp=index_temp,
-                pixel_moments=moments)
+                result.with_files(index_temp=index_temp),
+                written=Written(out.num_examples, out.num_bytes, crc32c=out.crc32c),
+                made=Made(passed_through, converted, reframed, repaired),
+                sums=Sums(out.label_counts, moments), errors=tuple(errors))
             out.record(attempts.record(result, shard_settings))  # what a resume needs
         self.written.inc(out.num_examples)  # counted per shard: per image they cost ~1% of CPU
         self.passed_through.inc(passed_through)
@@ -223,7 +228,7 @@ class WriteShardFn(beam.DoFn):
         try:
             made = self._again(ref, data, read_error, why)
         except images.ImageError as e:
-            return None, error_record(ref.uri, e.stage, e.reason, e.detail)
+            return None, ErrorRecord(ref.uri, e.stage, e.reason, e.detail)
         head, tail = frames.frame_ends(made.parts, made.length)
         return b"".join((head, *made.parts, tail)), row.replace(
             sha256=made.sha256, height=made.height, width=made.width,

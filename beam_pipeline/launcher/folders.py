@@ -6,9 +6,10 @@ import posixpath
 import re
 import unicodedata
 
-from beam_pipeline.errors import UserError, error_record
+from beam_pipeline.errors import UserError
 from beam_pipeline.launcher.walk import Special, special_record, walk
 from beam_pipeline.refs import SPLIT_NAMES, ImageRef
+from dataset_format.error_record import ErrorRecord
 
 IMAGE_EXTENSIONS = {".jpg", ".jpeg", ".png", ".gif", ".bmp", ".tif", ".tiff", ".webp"}
 GLOB_CHARS = set("*?[")
@@ -43,8 +44,8 @@ def _unlisted(uri, stamp):
     """The errors.jsonl row of a walked path with no size: a special file, or a broken link."""
     if isinstance(stamp, Special):
         return special_record(uri, stamp)
-    return error_record(uri, "read", "not_found", "a broken symbolic link, or deleted while "
-                                                  "listing")
+    return ErrorRecord(uri, "read", "not_found", "a broken symbolic link, or deleted while "
+                                                 "listing")
 
 
 def glob_root(pattern):

@@ -22,13 +22,14 @@ from typing import Optional
 
 from beam_pipeline import __version__
 from beam_pipeline.algorithms.spill import SortedSpill
-from beam_pipeline.errors import UserError, error_record
+from beam_pipeline.errors import UserError
 from beam_pipeline.launcher import walk
 from beam_pipeline.launcher.folders import GLOB_CHARS, glob_root, list_directory, list_glob
 from beam_pipeline.launcher.manifests import is_manifest, list_manifest
 from beam_pipeline.refs import ImageRef, Listed
 from beam_pipeline.store.gcs import gcs_blob
 from dataset_format import fields as field_types
+from dataset_format.error_record import ErrorRecord
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,11 +73,11 @@ def list_inputs(config, spill_dir, errors_path):
             iter_inputs(config.inputs, config.max_bytes, config.schema),
             Fingerprint(config.fingerprint_config, __version__),
             set(config.label_file) if config.label_file else None, spill_dir,
-            lambda e: errors_file.write(json.dumps(e) + "\n"), schema=config.schema)
+            lambda e: errors_file.write(e.to_json() + "\n"), schema=config.schema)
 
 
 def iter_inputs(specs, max_bytes=0, schema=None):
-    """Every --input -> a stream of ImageRef (listed image) or dict (an errors.jsonl record).
+    """Every --input -> a stream of ImageRef (listed image) or ErrorRecord (errors.jsonl's).
 
     An input larger than `max_bytes` (0: no limit) is an error record, `too_large`: it is
     never read, so one huge file cannot fill a worker's memory. A local file name that is not
@@ -88,12 +89,12 @@ def iter_inputs(specs, max_bytes=0, schema=None):
         for item in _list_spec(spec, schema):
             if isinstance(item, ImageRef):
                 if not _is_utf8(item.uri):
-                    item = error_record(printable(item.uri), "read", "bad_name",
-                                        "the file name is not valid UTF-8; rename it")
+                    item = ErrorRecord(printable(item.uri), "read", "bad_name",
+                                       "the file name is not valid UTF-8; rename it")
                 elif max_bytes and item.size > max_bytes:
-                    item = error_record(item.uri, "read", "too_large",
-                                        f"{item.size} bytes, over --max_image_mb "
-                                        f"({max_bytes / 2**20:g} MiB)")
+                    item = ErrorRecord(item.uri, "read", "too_large",
+                                       f"{item.size} bytes, over --max_image_mb "
+                                       f"({max_bytes / 2**20:g} MiB)")
                 elif name:
                     item = item.with_key(f"{name}/{item.key}")
             yield item
@@ -193,7 +194,7 @@ class Listing:
 
 
 def plan_listing(items, fingerprint, known_labels, spill_dir, write_error, schema=None):
-    """Listed items (ImageRef or error dict) -> Listing, in flat memory.
+    """Listed items (ImageRef or ErrorRecord) -> Listing, in flat memory.
 
     Sorts by uri on disk to drop duplicates (the same file listed again, by any input:
     same label and split, counted; otherwise a `conflicting_duplicate` error) and to
@@ -221,7 +222,7 @@ def plan_listing(items, fingerprint, known_labels, spill_dir, write_error, schem
                     plan.duplicates += 1
                 else:
                     plan.errors += 1
-                    write_error(error_record(
+                    write_error(ErrorRecord(
                         ref.uri, "read", "conflicting_duplicate",
                         f"listed again with label {ref.label!r}, split {ref.split!r}; kept "
                         f"label {first.label!r}, split {first.split!r}"))
@@ -230,8 +231,8 @@ def plan_listing(items, fingerprint, known_labels, spill_dir, write_error, schem
             fingerprint.add(ref)
             if known_labels is not None and ref.label not in known_labels:
                 plan.errors += 1
-                write_error(error_record(ref.uri, "read", "unknown_label",
-                                         f"class {ref.label!r} is not in --label_file"))
+                write_error(ErrorRecord(ref.uri, "read", "unknown_label",
+                                        f"class {ref.label!r} is not in --label_file"))
                 continue
             if ref.label:  # "": a manifest row with fields and no class
                 plan.labels_present.add(ref.label)

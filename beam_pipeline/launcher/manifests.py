@@ -13,7 +13,7 @@ import posixpath
 import re
 import stat
 
-from beam_pipeline.errors import UserError, error_record
+from beam_pipeline.errors import UserError
 from beam_pipeline.launcher import stamps, walk
 from beam_pipeline.launcher.folders import GLOB_CHARS, has_control
 from beam_pipeline.refs import ImageRef
@@ -22,6 +22,7 @@ from beam_pipeline.algorithms.spill import SortedSpill
 from beam_pipeline.store import transient
 from beam_pipeline.store.gcs import client, gcs_blob
 from dataset_format import fields as field_types
+from dataset_format.error_record import ErrorRecord
 
 STAT_THREADS = 32          # manifest uris on gs:// checked at once
 BATCH_ROWS = 1000          # rows stat'ed together, in uri order: one folder listing a batch
@@ -137,8 +138,8 @@ def list_manifest(path, schema=None):
             uri, label = str(row.get("uri") or "").strip(), str(row.get("label") or "").strip()
             split = str(row.get("split") or "").strip() or None
             if not uri or not (label or schema):  # with fields, "": an image without a class
-                yield error_record(uri or f"{path}:{n}", "read", "bad_manifest_row",
-                                   f"{path} row {n} needs both uri and label")
+                yield ErrorRecord(uri or f"{path}:{n}", "read", "bad_manifest_row",
+                                  f"{path} row {n} needs both uri and label")
                 continue
             _check_row(path, n, uri, label, split)
             full = uri if "://" in uri or uri.startswith("/") else posixpath.join(base, uri)
@@ -150,7 +151,7 @@ def list_manifest(path, schema=None):
                     values = field_types.values_text(
                         field_types.check_row(schema, row, text=text))
                 except field_types.FieldError as e:
-                    yield error_record(full, "read", "bad_field", f"{path}:{n}: {e}")
+                    yield ErrorRecord(full, "read", "bad_field", f"{path}:{n}: {e}")
                     continue
             key = manifest_key(uri, full, base)
             by_key.add(json.dumps(key), json.dumps([full, n]))
@@ -162,11 +163,11 @@ def list_manifest(path, schema=None):
                                                    lambda b: list(_stat_batch(b[0])),
                                                    BATCHES_AHEAD):
                 for (*_, where), fields, item in zip(batch, values, items):  # one a row
-                    if isinstance(item, dict):
-                        errors.add(f"{int(where.rsplit(':', 1)[1]):012d}", json.dumps(item))
+                    if isinstance(item, ErrorRecord):
+                        errors.add(f"{int(where.rsplit(':', 1)[1]):012d}", item.to_json())
                     else:
                         yield item if fields is None else dataclasses.replace(item, fields=fields)
-            yield from (json.loads(line) for _, line in errors)
+            yield from (ErrorRecord.from_json(line) for _, line in errors)
         _check_unique_keys(path, by_key)
 
 
@@ -215,10 +216,10 @@ def _stat_batch(batch):
     stats = _stat_all_remote(remote) if remote else {}
     for key, full, label, split, where in batch:
         st = stats[full] if "://" in full else _stat_local(full, where)
-        if isinstance(st, dict):
+        if isinstance(st, ErrorRecord):
             yield st
         elif st is None:
-            yield error_record(full, "read", "not_found", "listed in the manifest but no such file")
+            yield ErrorRecord(full, "read", "not_found", "listed in the manifest but no such file")
         else:
             yield ImageRef(key, full, label, split, *st[:2], md5=st[2] if len(st) > 2 else None)
 
@@ -231,7 +232,7 @@ def _stat_local(path, where):
     except OSError as e:
         raise walk.ListingFailed(f"{where}: cannot stat {path}: {e.strerror}") from e
     if stat.S_ISDIR(st.st_mode):
-        return error_record(path, "read", "not_found", "listed in the manifest; a folder")
+        return ErrorRecord(path, "read", "not_found", "listed in the manifest; a folder")
     kind = walk.special_kind(st)
     if kind:  # a FIFO, socket or device (or a link to one): never opened
         return walk.special_record(path, kind)

@@ -80,7 +80,7 @@ class Resumed:
             r = t.finished.result
             n = num_shards.get(t.split)
             if (n and r.shard < n and r.origin == Origin.HASH
-                    and r.path == layout.shard_name(name, t.split, r.shard, n)
+                    and r.files.path == layout.shard_name(name, t.split, r.shard, n)
                     and r.shard not in held.get(t.split, {})):
                 held.setdefault(t.split, {})[r.shard] = t
         return held

@@ -9,9 +9,10 @@ import queue
 import stat
 import threading
 
-from beam_pipeline.errors import error_record, UserError
+from beam_pipeline.errors import UserError
 from beam_pipeline.launcher import stamps
 from beam_pipeline.store.gcs import client as shared_client
+from dataset_format.error_record import ErrorRecord
 
 GCS_LIST_THREADS = 32      # gs:// prefixes listed at once (one request returns <= 1,000 names)
 GCS_FANOUT_DEPTH = 2       # fan out on split/ and class/ folders, then list each subtree
@@ -36,7 +37,7 @@ def special_kind(st):
 
 def special_record(uri, kind):
     """The errors.jsonl row of a special file: rejected at listing, never opened."""
-    return error_record(uri, "read", SPECIAL_FILE, f"{kind}, not a regular file: never opened")
+    return ErrorRecord(uri, "read", SPECIAL_FILE, f"{kind}, not a regular file: never opened")
 
 
 class Special(str):
