@@ -168,7 +168,7 @@ def publish(spec_path):
     done = Finalized(results=(), shards=shards, catalog_rows=rows, label_counts=label_counts,
                      error_reasons={}, split_map=map_entry)
     manifest = build_manifest(spec, done, datetime.datetime.now(datetime.timezone.utc))
-    files.write_json(layout.join(spec.vdir, layout.MANIFEST), manifest)
+    files.write_whole(layout.join(spec.vdir, layout.MANIFEST), manifest.to_json().encode())
     versions.publish(spec.root, spec.version)
     shutil.rmtree(spec.tmp_dir)
 
