@@ -9,9 +9,12 @@ history while each version stays immutable; --resplit starts a new one. A conten
 published in several splits at once (byte-identical copies under keys that hash apart)
 takes the first split name.
 
-Held as numpy arrays, not Python objects: 16 + 8 + 16 + 1 bytes per content, sorted by
+A SplitMap holds one whole, as numpy arrays: 16 + 8 + 16 + 1 bytes per content, sorted by
 content, looked up by binary search; the md5 index (two more words and a position per md5)
-is built on the first md5 lookup (docs/measurements.md gives the measured cost).
+is built on the first md5 lookup. Builds no longer hold the map: the launcher and commit go
+through store/split_map_file.py, a row group at a time, with the bytes `write` writes. A
+SplitMap remains for a version written before split maps (its catalog is its map) and for
+rows given without a map.
 """
 
 import base64
@@ -321,8 +324,8 @@ def table(smap):
         pa.binary(DIGEST_BYTES), n, [None, pa.py_buffer(np.ascontiguousarray(smap.contents))])
     split = pa.DictionaryArray.from_arrays(pa.array(smap.codes.astype(np.int8), pa.int8()),
                                            pa.array(list(smap.names), pa.string()))
-    known = smap.md5_words().any(axis=1)
     md5s = smap.md5s if smap.md5s is not None else np.zeros(n, "S16")
+    known = md5s.view(">u8").reshape(-1, 2).any(axis=1)  # no copy of the words
     md5 = pa.FixedSizeBinaryArray.from_buffers(
         pa.binary(16), n, [pa.py_buffer(np.packbits(known, bitorder="little").tobytes()),
                            pa.py_buffer(np.ascontiguousarray(md5s))])

@@ -348,12 +348,23 @@ def _write_runs(contents_path, names, directory):
 
 def _spill(pending, directory, number):
     """Pending RECORD arrays -> one sorted run file (`pending` emptied)."""
-    records = np.concatenate(pending)
+    records = _ordered(np.concatenate(pending))
     pending.clear()
-    records = records[np.lexsort((records["seq"], records["w1"], records["w0"]))]
     path = os.path.join(directory, f"run-{number:06d}.bin")
     records.tofile(path)
     return path
+
+
+def _ordered(records):
+    """RECORDs -> sorted by (w0, w1, seq): one stable sort by w0 when no two share it (the
+    usual case: w0 is 64 bits of sha256; only copies of one content share it), else the
+    three-key sort."""
+    w0 = records["w0"]
+    order = np.argsort(w0, kind="stable")
+    ordered = w0[order]
+    if len(ordered) > 1 and (ordered[1:] == ordered[:-1]).any():
+        order = np.lexsort((records["seq"], records["w1"], w0))
+    return records[order]
 
 
 def _run_blocks(path):
@@ -399,10 +410,7 @@ def _merged(sources):
             if not len(block):
                 item[0] = next(source, block)
         held = [item for item in held if len(item[0])]
-        merged = np.concatenate(out) if len(out) > 1 else out[0]
-        if len(out) > 1:
-            merged = merged[np.lexsort((merged["seq"], merged["w1"], merged["w0"]))]
-        yield merged
+        yield _ordered(np.concatenate(out)) if len(out) > 1 else out[0]
 
 
 def _grouped(blocks, rank):
@@ -426,11 +434,19 @@ def _grouped(blocks, rank):
             carry, block = block[cut:], block[:cut]
             if not len(block):
                 continue
-        prio = np.where(block["seq"] == 0, 0, priority[block["name"]])
-        block = block[np.lexsort((block["seq"], prio, block["w1"], block["w0"]))]
+        w0, w1 = block["w0"], block["w1"]
         first = np.ones(len(block), bool)
-        first[1:] = (block["w0"][1:] != block["w0"][:-1]) | (block["w1"][1:] != block["w1"][:-1])
-        starts = np.flatnonzero(first)
+        first[1:] = (w0[1:] != w0[:-1]) | (w1[1:] != w1[:-1])
+        if first.all():  # one row a content (the usual block): nothing to decide
+            words = np.empty((len(block), 2), ">u8")
+            words[:, 0], words[:, 1] = w0, w1
+            md5 = np.empty((len(block), 2), np.uint64)
+            md5[:, 0], md5[:, 1] = block["m0"], block["m1"]
+            yield words.view("S16").ravel(), block["size"], rank[block["name"]], md5
+            continue
+        prio = np.where(block["seq"] == 0, 0, priority[block["name"]])
+        block = block[np.lexsort((block["seq"], prio, w1, w0))]
+        starts = np.flatnonzero(first)  # the same groups, reordered within each
         known = (block["m0"] != 0) | (block["m1"] != 0)
         last_known = np.maximum.reduceat(np.where(known, np.arange(len(block)), -1), starts)
         winners = block[starts]
@@ -446,12 +462,15 @@ def _grouped(blocks, rank):
 class _Writer:
     """Rows in content order -> the map's Parquet file, a row group written each ROW_GROUP
     rows: split_map.write's row groups, each written whole from arrays allocated once (their
-    pages touched only as rows fill them), so its bytes."""
+    pages touched only as rows fill them), so its bytes. Parquet writes a row group a column
+    at a time, so one row group of the output is the least it can hold."""
 
     def __init__(self, path, names):
         self.path, self.names, self.rows, self.count = path, names, 0, 0
         self.contents, self.sizes = np.empty(ROW_GROUP, "S16"), np.empty(ROW_GROUP, np.int64)
-        self.codes, self.md5 = np.empty(ROW_GROUP, np.uint8), np.empty((ROW_GROUP, 2), ">u8")
+        self.codes, self.md5 = np.empty(ROW_GROUP, np.uint8), np.zeros((ROW_GROUP, 2), ">u8")
+        self.md5_written = False  # zeros (calloc'd) never written hold no memory: a local
+                                  # root's map, with no md5s, holds 25 bytes a row, not 41
 
     def __enter__(self):
         self._final = files.create_final(self.path)
@@ -465,7 +484,10 @@ class _Writer:
             n = min(len(contents) - done, ROW_GROUP - self.count)
             at = slice(self.count, self.count + n)
             self.contents[at], self.sizes[at] = contents[done:done + n], sizes[done:done + n]
-            self.codes[at], self.md5[at] = codes[done:done + n], md5[done:done + n]
+            self.codes[at] = codes[done:done + n]
+            if md5[done:done + n].any():
+                self.md5[at] = md5[done:done + n]
+                self.md5_written = True
             self.count += n
             done += n
             if self.count == ROW_GROUP:
@@ -478,6 +500,8 @@ class _Writer:
         self.writer.write_table(split_map.table(smap))
         self.rows += n
         self.count = 0
+        if self.md5_written:
+            self.md5, self.md5_written = np.zeros((ROW_GROUP, 2), ">u8"), False
 
     def __exit__(self, kind, error, trace):
         try:
