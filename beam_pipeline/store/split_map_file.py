@@ -52,7 +52,8 @@ class StoredMap:
         self.local = local        # where it is read: `source`, or a copy in scratch
         self.names = names        # split names, sorted
         self.rows = rows
-        self.lasts = lasts        # each row group's last content ("S16"), ascending
+        self.lasts, self.groups = lasts  # each row group's last content ("S16",
+                                         # ascending), and its number (empty ones left out)
         self.has_md5 = has_md5    # False: a map written before the md5 column
 
     def __len__(self):
@@ -79,7 +80,8 @@ class StoredMap:
                     continue
                 if wanted != group:
                     group = wanted
-                    table = source.read_row_group(group, columns=["content", "split"])
+                    table = source.read_row_group(self.groups[group],
+                                                  columns=["content", "split"])
                     contents = _contents(table["content"])
                     codes, _ = _codes(table["split"], self.names)
                 i = int(np.searchsorted(contents, np.array(digest, "S16")))
@@ -119,7 +121,8 @@ class Probe:
                                              columns=["size", "split"] + (
                                                  ["md5"] if smap.has_md5 else [])):
                 size = batch.column(batch.schema.get_field_index("size")).to_numpy()
-                hit = np.isin(size, want)
+                at = np.minimum(np.searchsorted(want, size), max(len(want) - 1, 0))
+                hit = want[at] == size if len(want) else np.zeros(len(size), bool)
                 if not hit.any():
                     continue
                 known_sizes.update(np.unique(size[hit]).tolist())
@@ -181,21 +184,27 @@ def open_stored(path):
 def _checked(source, local):
     """Read every row group's columns as split_map.read does, keeping names and each group's
     last content."""
-    names, lasts, rows = set(), [], 0
+    names, lasts, groups, rows = set(), [], [], 0
     with _parquet(local) as f:
         has_md5 = "md5" in f.schema_arrow.names
         for g in range(f.num_row_groups):
-            table = f.read_row_group(g, columns=_columns(has_md5))
-            contents = _contents(table["content"])
-            _, local_names = _codes(table["split"])
-            table["size"].to_numpy()
-            if has_md5:
-                split_map._md5_column(table)
-            names.update(local_names)
-            rows += len(contents)
-            if len(contents):
-                lasts.append(contents[-1])
-    return StoredMap(source, local, tuple(sorted(names)), rows, np.array(lasts, "S16"), has_md5)
+            last = None
+            for batch in f.iter_batches(8 * BLOCK_ROWS, row_groups=[g],
+                                        columns=_columns(has_md5)):
+                table = pa.Table.from_batches([batch])
+                contents = _contents(table["content"])
+                _, local_names = _codes(table["split"])
+                table["size"].to_numpy()
+                if has_md5:
+                    split_map._md5_column(table)
+                names.update(local_names)
+                rows += len(contents)
+                last = contents[-1] if len(contents) else last
+            if last is not None:
+                lasts.append(last)
+                groups.append(g)
+    return StoredMap(source, local, tuple(sorted(names)), rows,
+                     (np.array(lasts, "S16"), groups), has_md5)
 
 
 def _copy_to_scratch(path):
