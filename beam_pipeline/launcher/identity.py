@@ -26,8 +26,9 @@ content the split map knows the md5 of; otherwise only a size some published inp
 input to decide identity unless the root once published local files or composite objects
 (no md5) of the same size. --verify_inputs hashes every input whatever its stamp or md5.
 Streams and external sorts only: the split map is asked about the new or changed keys in
-one pass over it, and looked up by sha256 in a merge join (store/split_map_file.py). The previous catalog is spilled as compact records, not rows (previous.py), and
-the rows an image keeps are read back from catalog.parquet by row number when the plan
+one pass over it, and looked up by sha256 in a merge join (store/split_map_file.py). The
+previous catalog is spilled as compact records, not rows (previous.py), and the rows an
+image keeps are read back from catalog.parquet by row number when the plan
 asks for them (Resolved.refs).
 
 Why the md5 is enough: see same_bytes.py.
