@@ -326,7 +326,8 @@ def build(old, contents_path, path, directory=None):
                           else _memory_blocks(old, names))
         final = tuple(sorted(names))
         rank = np.array([final.index(n) for n in names] or [0], np.uint8)
-        with _Writer(path, final) as writer:
+        most = runs.rows + (len(old) if old is not None else 0)
+        with _Writer(path, final, max(1, min(ROW_GROUP, most))) as writer:
             for group in _grouped(_merged([old_blocks] + [_run_blocks(p) for p in runs]),
                                   rank):
                 writer.add(*group)
@@ -336,7 +337,7 @@ def build(old, contents_path, path, directory=None):
 def _write_runs(contents_path, names, directory):
     """The catalog's rows with an input sha256 -> files of RECORDs, each sorted by (content,
     seq), RUN_ROWS at most; `names` gets their splits in order of first appearance."""
-    runs, pending, count, seq = [], [], 0, 1
+    runs, pending, count, seq = _Runs(), [], 0, 1
     columns = ["input_sha256", "input_size", "split", "input_md5"]
     for table in catalog.iter_tables(contents_path, columns=columns):
         contents, sizes, (local, codes), md5 = split_map._present_arrow(table)
@@ -352,7 +353,14 @@ def _write_runs(contents_path, names, directory):
             count = 0
     if pending:
         runs.append(_spill(pending, directory, len(runs)))
+    runs.rows = seq - 1
     return runs
+
+
+class _Runs(list):
+    """Run files, and how many rows they hold."""
+
+    rows = 0
 
 
 def _spill(pending, directory, number):
@@ -474,10 +482,12 @@ class _Writer:
     pages touched only as rows fill them), so its bytes. Parquet writes a row group a column
     at a time, so one row group of the output is the least it can hold."""
 
-    def __init__(self, path, names):
+    def __init__(self, path, names, capacity):
+        """`capacity`: rows of a row group, ROW_GROUP or fewer when the map will be smaller."""
         self.path, self.names, self.rows, self.count = path, names, 0, 0
-        self.contents, self.sizes = np.empty(ROW_GROUP, "S16"), np.empty(ROW_GROUP, np.int64)
-        self.codes, self.md5 = np.empty(ROW_GROUP, np.uint8), np.zeros((ROW_GROUP, 2), ">u8")
+        self.capacity = capacity
+        self.contents, self.sizes = np.empty(capacity, "S16"), np.empty(capacity, np.int64)
+        self.codes, self.md5 = np.empty(capacity, np.uint8), np.zeros((capacity, 2), ">u8")
         self.md5_written = False  # zeros (calloc'd) never written hold no memory: a local
                                   # root's map, with no md5s, holds 25 bytes a row, not 41
 
@@ -490,7 +500,7 @@ class _Writer:
     def add(self, contents, sizes, codes, md5):
         done = 0
         while done < len(contents):
-            n = min(len(contents) - done, ROW_GROUP - self.count)
+            n = min(len(contents) - done, self.capacity - self.count)
             at = slice(self.count, self.count + n)
             self.contents[at], self.sizes[at] = contents[done:done + n], sizes[done:done + n]
             self.codes[at] = codes[done:done + n]
@@ -499,7 +509,7 @@ class _Writer:
                 self.md5_written = True
             self.count += n
             done += n
-            if self.count == ROW_GROUP:
+            if self.count == self.capacity:
                 self._flush()
 
     def _flush(self):
@@ -510,7 +520,7 @@ class _Writer:
         self.rows += n
         self.count = 0
         if self.md5_written:
-            self.md5, self.md5_written = np.zeros((ROW_GROUP, 2), ">u8"), False
+            self.md5, self.md5_written = np.zeros((self.capacity, 2), ">u8"), False
 
     def __exit__(self, kind, error, trace):
         try:
