@@ -115,6 +115,7 @@ class Probe:
         asked_sizes = {int(s) for s in sizes} | {s for _, s in asked_md5s}
         want = np.array(sorted(asked_sizes), np.int64)
         keys = {(_md5_key(m), s): (m, s) for m, s in asked_md5s}
+        firsts = np.array(sorted({words[0] for words, _ in keys}), np.uint64)
         found, known_sizes, md5_less = {}, set(), set()
         with _parquet(smap.local) as source:
             for batch in source.iter_batches(BLOCK_ROWS,
@@ -132,7 +133,10 @@ class Probe:
                 none = ~words.any(axis=1)
                 md5_less.update(np.unique(size[hit & none]).tolist())
                 rows = np.flatnonzero(hit & ~none)
-                if rows.size and keys:
+                if rows.size and len(firsts):  # only rows whose md5's first word was asked
+                    near = np.minimum(np.searchsorted(firsts, words[rows, 0]), len(firsts) - 1)
+                    rows = rows[firsts[near] == words[rows, 0]]
+                if rows.size:
                     codes, _ = _codes(table["split"], smap.names)
                     for r in rows.tolist():
                         key = ((int(words[r, 0]), int(words[r, 1])), int(size[r]))
