@@ -175,7 +175,7 @@ def open_stored(path):
         if files.is_gcs(path):
             local = transient.retrying(lambda: _copy_to_scratch(path), path)
             cleanup = local
-        smap = _checked(path, local)
+        smap = transient.retrying(lambda: _checked(path, local), path)  # EIO: retried
     except Exception as e:
         if cleanup:
             _remove(cleanup)
