@@ -9,6 +9,9 @@ new images, timed:
   * launcher: read the newest map, look the new images up by their listing md5 (gs://, the
     first lookup builds the md5 index) and by size and content (a local root);
   * commit: read the previous map, add this version's catalog, write the new map;
+  * the same two as builds now do them (store/split_map_file.py), the map never held whole:
+    opened, probed by md5 and size, merge-joined by content; built from sorted runs (the
+    same bytes, checked);
 
 beside the baseline a build pays anyway: reading the catalog's three columns the map is
 made from. Prints bytes, seconds, µs per published image per night, and the peak RSS.
@@ -20,6 +23,7 @@ import resource
 import sys
 import tempfile
 import time
+import tracemalloc
 
 import numpy as np
 import pyarrow as pa
@@ -27,7 +31,7 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from beam_pipeline.store import catalog, split_map  # noqa: E402
+from beam_pipeline.store import catalog, split_map, split_map_file  # noqa: E402
 from benchmarks.common import Record, add_record_argument  # noqa: E402
 
 ROWS_PER_SHARD = 2000
@@ -85,8 +89,9 @@ def main():
 def measure(n):
     figures = {"seconds": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        cat, old_map, new_map = (os.path.join(tmp, f) for f in
-                                 ("catalog.parquet", "old.parquet", "new.parquet"))
+        cat, old_map, new_map, streamed_map = (
+            os.path.join(tmp, f) for f in
+            ("catalog.parquet", "old.parquet", "new.parquet", "streamed.parquet"))
         fake_catalog(cat, n)
         first = split_map.add_catalog(None, cat)
         split_map.write(old_map, first)
@@ -109,11 +114,35 @@ def measure(n):
         def commit():
             split_map.write(new_map, split_map.add_catalog(split_map.read(old_map), cat))
 
-        for name, fn in (("baseline", baseline), ("launcher", launcher), ("commit", commit),
-                         ("baseline", baseline), ("launcher", launcher), ("commit", commit)):
+        def launcher_streamed():  # what a build does: the map opened, asked, merge-joined
+            smap = split_map_file.open_stored(old_map)
+            asked = smap.probe(set(zip(md5s, sizes.tolist())), set(sizes.tolist()))
+            hits = sum(asked.split_of_md5(m, int(s)) is not None for m, s in zip(md5s, sizes))
+            hashed = sorted((h, h) for h, s in zip(new, sizes) if asked.has_size(int(s)))
+            return smap, hits + sum(split is not None for _, split in smap.splits_of(hashed))
+
+        def commit_streamed():
+            split_map_file.build(split_map_file.open_stored(old_map), cat, streamed_map)
+
+        steps = (("baseline", baseline), ("launcher", launcher), ("commit", commit),
+                 ("launcher_streamed", launcher_streamed), ("commit_streamed", commit_streamed))
+        for name, fn in steps + steps:
             _, seconds = timed(fn)
             figures["seconds"].setdefault(name, []).append(round(seconds, 3))
-            print(f"{name:9s} {seconds:7.3f} s  {seconds / n * 1e6:6.2f} µs per published image")
+            print(f"{name:17s} {seconds:7.3f} s  {seconds / n * 1e6:6.2f} µs per published "
+                  "image")
+        same = open(new_map, "rb").read() == open(streamed_map, "rb").read()
+        print(f"commit and commit_streamed wrote the same bytes: {same}")
+        figures["traced_peak_bytes"] = {}
+        for name, fn in steps[1:]:  # numpy's allocations are traced: the arrays held
+            tracemalloc.start()
+            fn()
+            peak = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+            figures["traced_peak_bytes"][name] = peak
+            print(f"{name:17s} traced peak {peak / 2**20:7.1f} MB ({peak / n:.0f} B per "
+                  "published image)")
+        figures["same_bytes"] = same
         held = (first.contents.nbytes + first.sizes.nbytes + first.codes.nbytes
                 + first.md5s.nbytes)
         print(f"split_map.parquet at {n:,} contents: {os.path.getsize(old_map):,} bytes "

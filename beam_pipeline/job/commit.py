@@ -23,7 +23,8 @@ from beam_pipeline.job import beam_sink, code_build, errors_file, rewrite
 from beam_pipeline.job.contracts import Origin, ShardResult
 from beam_pipeline.job.label_counts import SumLabelCounts, minus_dropped, sum_label_counts
 from beam_pipeline.job.manifest import Finalized, build_manifest
-from beam_pipeline.store import catalog, files, lock, retention, split_map, versions
+from beam_pipeline.store import (catalog, files, lock, retention, split_map, split_map_file,
+                                 versions)
 from dataset_format import frames, layout
 from dataset_format.manifest import Manifest
 
@@ -302,14 +303,13 @@ def _write_split_map(spec, catalog_rows):
     if spec.split_map_from:
         if spec.split_map_from.endswith("/" + layout.CATALOG):  # written before split maps
             old = split_map.read_catalog(spec.split_map_from)
-        else:
-            old = split_map.read(spec.split_map_from)
-    new = split_map.add_catalog(old, contents)
-    split_map.write(layout.join(spec.vdir, layout.SPLIT_MAP), new)
+        else:  # read a row group at a time, never whole
+            old = split_map_file.open_stored(spec.split_map_from)
+    new = split_map_file.build(old, contents, layout.join(spec.vdir, layout.SPLIT_MAP))
     root = spec.root.rstrip("/") + "/"
     since = spec.split_map_from
-    return {"path": layout.SPLIT_MAP, "contents": len(new),
-            "added": len(new) - (len(old) if old is not None else 0),
+    return {"path": layout.SPLIT_MAP, "contents": new,
+            "added": new - (len(old) if old is not None else 0),
             "from": since[len(root):] if since and since.startswith(root) else since,
             "notes": list(spec.notes)}
 

@@ -19,7 +19,7 @@ import dataclasses
 from typing import Optional
 
 from beam_pipeline.errors import UserError
-from beam_pipeline.store import files, split_map as split_maps, transient, versions
+from beam_pipeline.store import files, split_map as split_maps, split_map_file, transient, versions
 from dataset_format import layout
 from dataset_format.dataset_info import DatasetInfo, from_manifest
 
@@ -29,7 +29,9 @@ class History:
     version: Optional[str] = None          # the version this build builds on
     manifest: Optional[DatasetInfo] = None  # ... its manifest, typed
     catalog: Optional[str] = None          # ... its catalog, when intact (reuse, re-framing)
-    split_map: Optional[split_maps.SplitMap] = None  # None: a new root, or --resplit
+    # split_map_file.StoredMap (read a row group at a time), or a SplitMap (a version's
+    # catalog, written before split maps); None: a new root, or --resplit
+    split_map: Optional[object] = None
     notes: tuple = ()                      # lines for the user: damage gone around
 
 
@@ -145,7 +147,7 @@ def _split_map(root, candidates, notes):
         path = layout.join(vdir, layout.SPLIT_MAP)
         try:
             if manifest.has_split_map or transient.retrying(lambda: files.exists(path), path):
-                smap = split_maps.read(path)
+                smap = split_map_file.open_stored(path)
             elif manifest.has_catalog:  # a version written before split maps
                 smap = split_maps.read_catalog(manifest.catalog)
             else:  # no catalog (--sink beam): no map to read here

@@ -25,9 +25,10 @@ content the split map knows the md5 of; otherwise only a size some published inp
 (without a known md5, for an input with one) is worth hashing. So a gs:// night reads no
 input to decide identity unless the root once published local files or composite objects
 (no md5) of the same size. --verify_inputs hashes every input whatever its stamp or md5.
-Streams and external sorts only, plus the split map's numpy arrays (41 bytes per published
-content). The previous catalog is spilled as compact records, not rows (previous.py), and
-the rows an image keeps are read back from catalog.parquet by row number when the plan
+Streams and external sorts only: the split map is asked about the new or changed keys in
+one pass over it, and looked up by sha256 in a merge join (store/split_map_file.py). The
+previous catalog is spilled as compact records, not rows (previous.py), and the rows an
+image keeps are read back from catalog.parquet by row number when the plan
 asks for them (Resolved.refs).
 
 Why the md5 is enough: see same_bytes.py.
@@ -319,6 +320,7 @@ def _new_keys(out, refs, outcomes, previous, smap, splits, *, spill_dir, reuse, 
                                     sha256=ref.sha256 or row.input_sha256),
                 row.row if reuse else None, outcomes.matched)
 
+    asked = smap.probe(*_map_questions(refs, verify))  # one pass over the map, not held
     wanted = _wanted(refs, verify) if len(refs) <= FILTER_MAX else None
     if wanted is None:
         by_uri, sizes, by_sha, stored_md5, md5_less = previous.others()
@@ -344,15 +346,17 @@ def _new_keys(out, refs, outcomes, previous, smap, splits, *, spill_dir, reuse, 
         if wanted is not None:
             sizes, by_sha, md5_less = previous.by_size(_sizes(plain), _sizes(missed))
         with plain, missed, by_content(out, [(plain, sizes), (missed, md5_less)], by_sha,
-                                        spill_dir, moved, _worth_hashing(smap, verify)
+                                        spill_dir, moved, _worth_hashing(asked, verify)
                                         ) as unmatched:
-            for _, line in unmatched:  # 3. bytes only older versions held, or new content
-                ref = ImageRef.from_json(line)
-                known = smap.split_of(ref.sha256) or (
-                    None if verify else smap.split_of_md5(ref.md5, ref.size))
-                out.add(dataclasses.replace(
-                    ref, split=ref.split or known or rules.assign_split(ref.key, splits)),
-                    None, outcomes.published if known else outcomes.new)
+            with SortedSpill(spill_dir) as by_digest:  # 3. bytes only older versions
+                for _, line in unmatched:            # held, or new content
+                    by_digest.add(json.loads(line)[LINE_SHA256] or "", line)
+                for line, known in smap.splits_of(by_digest):  # a merge join with the map
+                    ref = ImageRef.from_json(line)
+                    known = known or (None if verify else asked.split_of_md5(ref.md5, ref.size))
+                    out.add(dataclasses.replace(
+                        ref, split=ref.split or known or rules.assign_split(ref.key, splits)),
+                        None, outcomes.published if known else outcomes.new)
 
 
 FILTER_MAX = 200_000  # new or changed keys up to which the stored rows spilled for them
@@ -369,6 +373,18 @@ def _wanted(refs, verify):
         if ref.md5 and not verify:
             md5s.add((ref.md5, f"{ref.size:020d}"))
     return uris, md5s
+
+
+def _map_questions(refs, verify):
+    """New or changed keys (a spill of ImageRef JSON) -> what the split map is asked of
+    them: ((md5, size) of those with a listing md5, unless verify; every size)."""
+    md5s, sizes = set(), set()
+    for _, line in refs:
+        ref = Listed._make(json.loads(line))
+        sizes.add(ref.size)
+        if ref.md5 and not verify:
+            md5s.add((ref.md5, ref.size))
+    return md5s, sizes
 
 
 def _sizes(spill):

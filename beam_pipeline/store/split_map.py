@@ -9,9 +9,12 @@ history while each version stays immutable; --resplit starts a new one. A conten
 published in several splits at once (byte-identical copies under keys that hash apart)
 takes the first split name.
 
-Held as numpy arrays, not Python objects: 16 + 8 + 16 + 1 bytes per content, sorted by
+A SplitMap holds one whole, as numpy arrays: 16 + 8 + 16 + 1 bytes per content, sorted by
 content, looked up by binary search; the md5 index (two more words and a position per md5)
-is built on the first md5 lookup (docs/measurements.md gives the measured cost).
+is built on the first md5 lookup. Builds no longer hold the map: the launcher and commit go
+through store/split_map_file.py, a row group at a time, with the bytes `write` writes. A
+SplitMap remains for a version written before split maps (its catalog is its map) and for
+rows given without a map.
 """
 
 import base64
@@ -65,9 +68,19 @@ class SplitMap:
             return None
         digest = bytes.fromhex(input_sha256[:2 * DIGEST_BYTES])
         i = int(np.searchsorted(self.contents, digest))
-        if i < len(self.contents) and self.contents[i] == digest:
+        if i < len(self.contents) and self.contents[i] == digest.rstrip(b"\0"):  # "S16" items
+            # drop trailing zero bytes: compared with the digest whole, 1 in 256 was missed
             return self.names[self.codes[i]]
         return None
+
+    def probe(self, md5s, sizes):
+        """split_map_file.StoredMap.probe's answer: a map in memory answers any question."""
+        return self
+
+    def splits_of(self, items):
+        """(hex input sha256 or None, x) -> (x, its split or None), as StoredMap.splits_of."""
+        for sha, x in items:
+            yield x, self.split_of(sha)
 
     def has_size(self, size):
         """Whether some published input had exactly `size` bytes (worth hashing)."""
@@ -304,22 +317,27 @@ SCHEMA = pa.schema([("content", pa.binary(DIGEST_BYTES)), ("size", pa.int64()),
                     ("md5", pa.binary(16))])  # null: none known (older maps lack the column)
 
 
-def write(path, smap):
-    """`smap` -> a Parquet file at `path` (complete or absent)."""
+def table(smap):
+    """`smap` -> its Arrow table in SCHEMA (the columns' buffers shared, not copied)."""
     n = len(smap)
     contents = pa.FixedSizeBinaryArray.from_buffers(
-        pa.binary(DIGEST_BYTES), n, [None, pa.py_buffer(smap.contents.tobytes())])
+        pa.binary(DIGEST_BYTES), n, [None, pa.py_buffer(np.ascontiguousarray(smap.contents))])
     split = pa.DictionaryArray.from_arrays(pa.array(smap.codes.astype(np.int8), pa.int8()),
                                            pa.array(list(smap.names), pa.string()))
-    known = smap.md5_words().any(axis=1)
     md5s = smap.md5s if smap.md5s is not None else np.zeros(n, "S16")
+    known = md5s.view(">u8").reshape(-1, 2).any(axis=1)  # no copy of the words
     md5 = pa.FixedSizeBinaryArray.from_buffers(
         pa.binary(16), n, [pa.py_buffer(np.packbits(known, bitorder="little").tobytes()),
-                           pa.py_buffer(np.ascontiguousarray(md5s).tobytes())])
-    table = pa.Table.from_arrays([contents, pa.array(smap.sizes, pa.int64()), split, md5],
-                                 schema=SCHEMA)
+                           pa.py_buffer(np.ascontiguousarray(md5s))])
+    return pa.Table.from_arrays([contents, pa.array(smap.sizes, pa.int64()), split, md5],
+                                schema=SCHEMA)
+
+
+def write(path, smap):
+    """`smap` -> a Parquet file at `path` (complete or absent). split_map_file.build writes
+    the same bytes without holding the map whole."""
     with files.create_final(path) as raw:
-        pq.write_table(table, raw, compression="zstd")
+        pq.write_table(table(smap), raw, compression="zstd")
 
 
 def read(path):
