@@ -470,7 +470,7 @@ def test_a_work_item_that_cannot_read_an_input_fails_and_its_retry_writes_every_
     finally:
         proxy.fail_clear()
     retried = job.attempt(task)
-    assert (retried.num_examples, retried.errors) == (6, ())
+    assert (retried.written.num_examples, retried.errors) == (6, ())
     manifest = job.commit([retried])
     assert manifest["accounting"]["written"] == 6 and manifest["errors"]["count"] == 0
 
