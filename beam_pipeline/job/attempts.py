@@ -147,8 +147,16 @@ def share(header, lost, result, vdir, write_index=True, redo=None):
             copied, errors=tuple(errors), converted=redone, repaired=redone, reframed=0,
             passed_through=sum(r.sha256 == r.input_sha256 for r in rows), resumed=True,
             build=recorded.build)
-    if files.size_and_crc32c(shard) != (recorded.num_bytes, recorded.crc32c) or (
-            recorded.index_temp and not files.exists(layout.index_name(shard))):
+    index = layout.index_name(shard)
+    try:  # a check that proves nothing fails the build: StorageUnavailable naming the file
+        sums = transient.retrying(lambda: files.size_and_crc32c(shard), shard)
+        indexed = not recorded.index_temp or transient.retrying(lambda: files.exists(index),
+                                                                index)
+    except transient.StorageUnavailable:
+        raise
+    except Exception:  # damage (retrying raises nothing else): gone since the launcher looked
+        sums, indexed = None, False
+    if sums != (recorded.num_bytes, recorded.crc32c) or not indexed:
         logging.warning("%s: not what its fragment recorded; its listing is converted again",
                         shard)
         return None
