@@ -426,7 +426,7 @@ def test_the_jobs_reads_of_the_previous_version_fail_naming_the_file(night, prox
 
     _, root, _ = night
     v1 = latest_of(gcs, root)
-    vdir, first = f"{root}/versions/{v1}", sorted(_splits(gcs, f"{root}/versions/{v1}"))[0]
+    vdir = f"{root}/versions/{v1}"
     listing = tmp_path / "listing.jsonl"
     listing.write_text('{"task": "reuse"}\n[0, "gs://elsewhere/0.jpg", 7, "s", null, null]\n')
     path = f"{vdir}/{layout.CATALOG}"
@@ -445,7 +445,45 @@ def test_the_jobs_reads_of_the_previous_version_fail_naming_the_file(night, prox
     header, (row,) = reuse.read_task(str(listing), vdir)  # storage answers again
     assert header == {"task": "reuse"} and (row.uri, row.input_size) == ("gs://elsewhere/0.jpg", 7)
     assert row.input_sha256 in _splits(gcs, vdir) and versions.latest_id(root) == v1
-    assert len(list(catalog.read_rows(path))) == len(_splits(gcs, vdir)) and first
+    assert len(list(catalog.read_rows(path))) == len(_splits(gcs, vdir))
+
+
+@pytest.mark.slow
+def test_a_failed_runs_shard_that_cannot_be_checked_fails_its_resume_task_naming_it(
+        proxy, gcs, short_retries, tmp_path):
+    """attempts.share (a `resume` task, as Dataflow runs it: tests/dataflow_sim.py): before,
+    a 503 or 403 on the failed run's shard or fragment raised the client's own text. Now the
+    task fails naming the file, and its retry, once storage answers, shares the shard."""
+    from beam_pipeline.job.contracts import Kind
+    from beam_pipeline.store import lock
+    from tests.dataflow_sim import plan
+    from tests.helpers import make_images
+
+    bucket = gcs.create_bucket()
+    make_images(tmp_path / "in", {"cat": 4, "dog": 4})
+    src, root = f"gs://{bucket}/in", f"gs://{bucket}/out"
+    gcs.upload_tree(tmp_path / "in", src)
+    args = ["--input", src, "--output", root, "--name", "night", "--num_shards", "2",
+            "--splits", "train=1.0", "--no_transform"]
+    failed = plan(args)
+    done = failed.attempt(failed.tasks[0])  # then the job fails
+    lock.release_submitted(root, failed.spec.version)
+    again = plan(args)
+    (task,) = [t for t in again.tasks if t.kind == Kind.RESUME]
+    shard = f"{root}/versions/{failed.spec.version}/{done.path}"
+    fragment = [u for u in gcs.list(f"{root}/versions/{failed.spec.version}/.tmp/")
+                if u.endswith(layout.FRAGMENT_SUFFIX)]
+    for status, target, named in [(503, shard, shard), (403, fragment[0], fragment[0])]:
+        proxy.fail(target.split("/", 3)[3], status, method="GET")
+        try:
+            with pytest.raises(transient.StorageUnavailable,
+                               match=rf"^cannot read {named} \(.*{status}"):
+                again.attempt(task)
+        finally:
+            proxy.fail_clear()
+    taken = again.attempt(task)
+    assert taken.resumed and taken.shared == f"../{failed.spec.version}/{done.path}"
+    assert taken.num_examples == done.num_examples > 0
 
 
 @pytest.mark.slow
