@@ -414,6 +414,108 @@ def test_a_label_file_out_of_reach_is_an_outage_not_a_wrong_command(
         assert line.startswith(f"error: --label_file {labels}: cannot read it (403 "), line
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("status", [503, 403])
+def test_the_jobs_reads_of_the_previous_version_fail_naming_the_file(night, proxy, gcs,
+                                                                      short_retries, tmp_path,
+                                                                      status):
+    """Before: a reuse task's kept rows, a fragment's rows and LATEST's id raised the storage
+    client's own error (its text, not the file's name; a local EIO not retried)."""
+    from beam_pipeline.job import reuse
+    from beam_pipeline.store import catalog
+
+    _, root, _ = night
+    v1 = latest_of(gcs, root)
+    vdir = f"{root}/versions/{v1}"
+    listing = tmp_path / "listing.jsonl"
+    listing.write_text('{"task": "reuse"}\n[0, "gs://elsewhere/0.jpg", 7, "s", null, null]\n')
+    path = f"{vdir}/{layout.CATALOG}"
+    reads = [(lambda: reuse.read_task(str(listing), vdir), _target("catalog", v1), path),
+             (lambda: list(catalog.read_rows(path)), _target("catalog", v1), path),
+             (lambda: versions.latest_id(root), _target("LATEST", v1), f"{root}/LATEST")]
+    for read, target, named in reads:
+        catalog._FOOTERS.clear()  # (a footer read before is not read again)
+        proxy.fail(target, status, method="GET")
+        try:
+            with pytest.raises(transient.StorageUnavailable,
+                               match=rf"^cannot read {named} \(.*{status}"):
+                read()
+        finally:
+            proxy.fail_clear()
+    header, (row,) = reuse.read_task(str(listing), vdir)  # storage answers again
+    assert header == {"task": "reuse"} and (row.uri, row.input_size) == ("gs://elsewhere/0.jpg", 7)
+    assert row.input_sha256 in _splits(gcs, vdir) and versions.latest_id(root) == v1
+    assert len(list(catalog.read_rows(path))) == len(_splits(gcs, vdir))
+
+
+@pytest.mark.slow
+def test_a_failed_runs_shard_that_cannot_be_checked_fails_its_resume_task_naming_it(
+        proxy, gcs, short_retries, tmp_path):
+    """attempts.share (a `resume` task, as Dataflow runs it: tests/dataflow_sim.py): before,
+    a 503 or 403 on the failed run's shard or fragment raised the client's own text. Now the
+    task fails naming the file, and its retry, once storage answers, shares the shard."""
+    from beam_pipeline.job.contracts import Kind
+    from beam_pipeline.store import lock
+    from tests.dataflow_sim import plan
+    from tests.helpers import make_images
+
+    bucket = gcs.create_bucket()
+    make_images(tmp_path / "in", {"cat": 4, "dog": 4})
+    src, root = f"gs://{bucket}/in", f"gs://{bucket}/out"
+    gcs.upload_tree(tmp_path / "in", src)
+    args = ["--input", src, "--output", root, "--name", "night", "--num_shards", "2",
+            "--splits", "train=1.0", "--no_transform"]
+    failed = plan(args)
+    done = failed.attempt(failed.tasks[0])  # then the job fails
+    lock.release_submitted(root, failed.spec.version)
+    again = plan(args)
+    (task,) = [t for t in again.tasks if t.kind == Kind.RESUME]
+    shard = f"{root}/versions/{failed.spec.version}/{done.path}"
+    fragment = [u for u in gcs.list(f"{root}/versions/{failed.spec.version}/.tmp/")
+                if u.endswith(layout.FRAGMENT_SUFFIX)]
+    for status, target, named in [(503, shard, shard), (403, fragment[0], fragment[0])]:
+        proxy.fail(target.split("/", 3)[3], status, method="GET")
+        try:
+            with pytest.raises(transient.StorageUnavailable,
+                               match=rf"^cannot read {named} \(.*{status}"):
+                again.attempt(task)
+        finally:
+            proxy.fail_clear()
+    taken = again.attempt(task)
+    assert taken.resumed and taken.shared == f"../{failed.spec.version}/{done.path}"
+    assert taken.num_examples == done.num_examples > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("what, status", [("manifest", 403), ("manifest", 503),
+                                          ("catalog", 403), ("catalog", "timeout")])
+def test_verify_tells_a_read_that_failed_from_damage_and_from_not_a_dataset(
+        night, proxy, gcs, short_retries, capsys, what, status):
+    """Before: any error reading the manifest was "not a dataset" (exit 2) or a traceback,
+    and a 503 on the catalog was reported as its damage ("unreadable"). Now: exit 1, one line
+    naming the file; "not a dataset" only for a path with no manifest."""
+    from beam_pipeline.tools import verify
+
+    _, root, _ = night
+    v1 = latest_of(gcs, root)
+    proxy.fail(_target(what, v1), status, method="GET")
+    try:
+        code = verify.main([root])
+        hits = list(proxy.forced_hits)
+    finally:
+        proxy.fail_clear()
+    err = capsys.readouterr().err
+    named = (f"the manifest of {root}" if what == "manifest"
+             else f"{root}/versions/{v1}/{layout.CATALOG}")
+    assert hits and code == 1, err
+    assert err.startswith(f"error: cannot read {named} (") and err.count("\n") == 1, err
+    assert "run verify again once storage answers" in err and "FAILED" not in err, err
+    if status != "timeout":
+        assert str(status) in err, err
+    assert verify.main([f"{root}-nothing"]) == 2  # damage, of a kind: no dataset there
+    assert "not a dataset" in capsys.readouterr().err
+
+
 def test_a_local_listing_that_fails_is_not_an_empty_one(tmp_path):
     """files.objects: glob (and Beam's local match) lists a folder it cannot read as empty."""
     from beam_pipeline.store import files

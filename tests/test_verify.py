@@ -170,3 +170,22 @@ def test_not_a_dataset_exits_2(tmp_path, capsys):
     code, text = _run_main(str(tmp_path), capsys)
     assert code == 2 and "not a dataset" in text
     assert verify.verify(str(tmp_path))  # the function reports it as a problem
+
+
+def test_a_directory_in_place_of_the_manifest_is_not_a_dataset(dataset, capsys):
+    """Proven about the file (IsADirectoryError), so exit 2, not "cannot read" (exit 1)."""
+    _, vdir, _ = dataset
+    os.remove(os.path.join(vdir, layout.MANIFEST))
+    os.mkdir(os.path.join(vdir, layout.MANIFEST))
+    code, text = _run_main(vdir, capsys)
+    assert code == 2 and "Is a directory" in text and "cannot read" not in text, text
+
+
+def test_a_directory_in_place_of_the_catalog_is_a_problem_not_an_outage(dataset, capsys):
+    root, vdir, manifest = dataset
+    path = os.path.join(vdir, manifest["catalog"]["path"])
+    os.remove(path)
+    os.mkdir(path)
+    code, text = _run_main(root, capsys)
+    assert code == 1 and f"{manifest['catalog']['path']}: unreadable (IsADirectoryError" in text
+    assert "FAILED" in text and "cannot read" not in text, text

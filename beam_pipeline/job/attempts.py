@@ -149,9 +149,16 @@ def share(header, lost, result, vdir, write_index=True, redo=None):
             made=Made(passed_through=sum(r.sha256 == r.input_sha256 for r in rows),
                       converted=redone, repaired=redone, resumed=True),
             writer=dataclasses.replace(copied.writer, build=recorded.writer.build))
-    if files.size_and_crc32c(shard) != (recorded.written.num_bytes,
-                                        recorded.written.crc32c) or (
-            recorded.files.index_temp and not files.exists(layout.index_name(shard))):
+    index = layout.index_name(shard)
+    try:  # a check that proves nothing fails the build: StorageUnavailable naming the file
+        sums = transient.retrying(lambda: files.size_and_crc32c(shard), shard)
+        indexed = not recorded.files.index_temp or transient.retrying(
+            lambda: files.exists(index), index)
+    except transient.StorageUnavailable:
+        raise
+    except Exception:  # damage (retrying raises nothing else): gone since the launcher looked
+        sums, indexed = None, False
+    if sums != (recorded.written.num_bytes, recorded.written.crc32c) or not indexed:
         logging.warning("%s: not what its fragment recorded; its listing is converted again",
                         shard)
         return None

@@ -34,8 +34,10 @@ def read_task(listing, previous_vdir):
     catalog, uri, input_size, input_stamp, input_sha256, input_md5]
     (launcher/incremental.kept_line). The row is read from that catalog (the row groups of
     this shard only) and takes the input's values the listing gives: the same bytes, found
-    under a new stamp or uri (a sha256 or md5 of null keeps the row's)."""
-    lines = [line for line in files.read_bytes(listing).decode().splitlines() if line]
+    under a new stamp or uri (a sha256 or md5 of null keeps the row's). A read that fails
+    without proving damage raises StorageUnavailable naming the file (store/transient.py)."""
+    data = transient.retrying(lambda: files.read_bytes(listing), listing)
+    lines = [line for line in data.decode().splitlines() if line]
     kept = [json.loads(line) for line in lines[1:]]
     stored = catalog.read_numbered(layout.join(previous_vdir, layout.CATALOG),
                                    [k[0] for k in kept])

@@ -19,7 +19,7 @@ from typing import Optional
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from beam_pipeline.store import catalog, files, gcs
+from beam_pipeline.store import catalog, files, gcs, transient
 from beam_pipeline.dedup import perceptual
 from beam_pipeline.job import (attempts, code_build, images, inputs, records, reframe, reuse,
                                workers)
@@ -108,7 +108,8 @@ class WriteShardFn(beam.DoFn):
                                            self.fields.to_json() if self.fields else None)
         listing = task.listing
         if task.kind == Kind.RESUME:  # a failed run's finished shard, its listing unchanged
-            header, *lost = files.read_bytes(task.listing).decode().splitlines()
+            data = transient.retrying(lambda: files.read_bytes(listing), listing)
+            header, *lost = data.decode().splitlines()
             header = json.loads(header)
             taken = attempts.share(header, [json.loads(k) for k in lost if k], result,
                                    self.vdir, self.write_index, self._redo)

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
 from beam_pipeline.algorithms.read_ahead import threaded
-from beam_pipeline.store import files, gcs
+from beam_pipeline.store import files, gcs, transient
 from dataset_format import catalog_schema
 from dataset_format.catalog_schema import DESCRIPTOR, CatalogRow
 
@@ -161,23 +161,33 @@ def _fragment_bytes(path):
 
 def iter_tables(path, columns=None, row_groups=None):
     """A catalog file's row groups (one per shard), one in memory at a time: all of them, or
-    those numbered in `row_groups`; all columns, or only `columns`."""
-    with files.open_seekable(path) as f:  # gs://: one GET for a fragment, no new client
-        source = pq.ParquetFile(f)  # reads the footer, then one row group at a time
+    those numbered in `row_groups`; all columns, or only `columns`. Each read is
+    transient.retrying's: a failure that proves no damage raises StorageUnavailable naming
+    `path`; damage (missing, not Parquet) raises as it is."""
+    with transient.retrying(lambda: files.open_seekable(path), path) as f:  # gs://: one GET
+        # for a fragment, no new client; the footer, then one row group at a time
+        source = transient.retrying(lambda: pq.ParquetFile(f), path)
         for i in range(source.num_row_groups) if row_groups is None else row_groups:
-            yield source.read_row_group(i, columns=columns)
+            yield transient.retrying(lambda: source.read_row_group(i, columns=columns), path)
 
 
 def read_numbered(path, numbers):
     """Rows of a catalog file by row number (file order, from 0; ascending, repeats allowed)
     -> [CatalogRow], reading only the row groups (one per shard) that hold them: a reuse or
     copy task's kept rows, which its listing names by number (job/reuse.read_task). The
-    footer is read once per process and file (~1 MB a million rows), not once a task."""
-    import bisect
-
+    footer is read once per process and file (~1 MB a million rows), not once a task.
+    A failure that proves no damage raises StorageUnavailable naming `path` (a local EIO
+    retried first: transient.retrying); damage (missing, not Parquet, too few rows) raises
+    as it is."""
     numbers = list(numbers)
     if not numbers:
         return []
+    return transient.retrying(lambda: _read_numbered(path, numbers), path)
+
+
+def _read_numbered(path, numbers):
+    import bisect
+
     key = _identity(path)
     with files.open_seekable(path) as f:
         metadata = _FOOTERS.get(key)

@@ -261,11 +261,14 @@ def copy_if_absent(source, target):
 
 
 def size_and_crc32c(uri):
-    """(size, CRC-32C as base64) of an object from its metadata, or None when absent."""
+    """(size, CRC-32C as base64) of an object from its metadata, or None when absent.
+    Retried for READ_DEADLINE as every read (it was the client's own 120 s whatever the
+    environment said)."""
     from google.cloud.storage.retry import DEFAULT_RETRY
 
     bucket, name = gcs_blob(uri)
-    blob = bucket.get_blob(name, retry=DEFAULT_RETRY)
+    blob = bucket.get_blob(name, timeout=REQUEST_TIMEOUT,
+                           retry=DEFAULT_RETRY.with_deadline(READ_DEADLINE))
     return None if blob is None else (blob.size or 0, blob.crc32c)
 
 

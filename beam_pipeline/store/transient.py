@@ -107,12 +107,15 @@ def is_damage(error):
     return False
 
 
-def unavailable(error, what):
-    """StorageUnavailable naming `what`, for a read that failed without proving damage."""
+BUILD_ADVICE = ("it is not known to be damaged, so nothing is rebuilt around it: nothing "
+                "published, run again once storage answers")
+
+
+def unavailable(error, what, advice=BUILD_ADVICE):
+    """StorageUnavailable naming `what`, for a read that failed without proving damage:
+    "cannot read WHAT (ErrorType: its text); `advice`"."""
     text = " ".join(f"{type(error).__name__}: {error}".split())[:200]
-    return StorageUnavailable(f"cannot read {what} ({text}); it is not known to be damaged, "
-                              "so nothing is rebuilt around it: nothing published, run again "
-                              "once storage answers")
+    return StorageUnavailable(f"cannot read {what} ({text}); {advice}")
 
 
 def retrying(read, what, seconds=None):

@@ -81,9 +81,13 @@ def latest(root):
 
 
 def latest_id(root):
-    """The version ROOT/LATEST names, or None (one small read, no manifest)."""
+    """The version ROOT/LATEST names, or None (one small read, no manifest). A read that
+    fails without proving damage raises StorageUnavailable naming LATEST
+    (transient.retrying)."""
     path = layout.join(root, layout.LATEST)
-    return _version_in(files.read_bytes(path)) if files.exists(path) else None
+    data = transient.retrying(lambda: files.read_bytes(path) if files.exists(path) else None,
+                              path)
+    return None if data is None else _version_in(data)
 
 
 def _version_in(data):

@@ -16,22 +16,26 @@ Checked, file by file and record by record, with no trust in anything but manife
   * TFDS dataset_info.json shard lengths equal the manifest's
 
 Exit status 0 when nothing is wrong, 1 with a report of every problem found, 2 when PATH is
-not a dataset at all.
+not a dataset at all. A read of the manifest (or LATEST) or of the catalog that fails without
+proving damage (a 503 or timeout past the retries, a 401/403, EACCES, EIO) is neither: exit 1
+with one line, "cannot read X (reason)", and no report; run verify again once storage answers.
 """
 
 import argparse
 import json
 import sys
 
+from beam_pipeline.store import transient
 from beam_pipeline.tools import near_rejects, verify_copy
-from beam_pipeline.tools.verify_catalog import CatalogCheck
+from beam_pipeline.tools.verify_catalog import ADVICE, CatalogCheck
 from beam_pipeline.tools.verify_shards import check_shard
 from dataset_format import dataset_info, fields, layout, refs
 import tf_quiet
 
 
 class NotADataset(Exception):
-    """PATH has no manifest.json and no LATEST, or the manifest cannot be read."""
+    """PATH has no manifest.json and no LATEST, or the manifest is not one (not JSON, a
+    format this reader does not know)."""
 
 
 class _Problems:
@@ -94,14 +98,17 @@ def _check_tfds(gfile, vdir, info, problems):
 def check(path):
     """Verify a dataset root or version dir. Returns a dict: problems, version_dir, counts.
 
-    Raises NotADataset when there is no readable manifest at PATH.
+    Raises NotADataset when there is no manifest at PATH, StorageUnavailable when it (or
+    the catalog) could not be read for a reason that is not the file's.
     """
     import tensorflow as tf
 
     gfile = tf.io.gfile
-    try:
-        vdir, manifest = dataset_info.load_manifest(path)
-    except (FileNotFoundError, ValueError, tf.errors.OpError) as e:
+    try:  # dataset_format.storage: google-cloud-storage retries 429/5xx, retrying an EIO
+        vdir, manifest = transient.retrying(lambda: dataset_info.load_manifest(path), path)
+    except transient.StorageUnavailable as e:  # not the file's: neither damage nor a mistake
+        raise transient.unavailable(e.__cause__, f"the manifest of {path}", ADVICE) from e
+    except Exception as e:  # damage (retrying raises nothing else): missing, not a manifest
         raise NotADataset(str(e)) from e
     problems = _Problems()
     info = dataset_info.from_manifest(vdir, manifest)
@@ -212,8 +219,8 @@ def _tags_line(vdir, version):
 def verify(path):
     """Verify a dataset root or version dir against its manifest; returns a list of problems.
 
-    An empty list means the dataset is intact. A PATH with no readable manifest is reported
-    as a single problem.
+    An empty list means the dataset is intact. A PATH with no manifest is reported as a
+    single problem; a read that failed without proving damage raises StorageUnavailable.
     """
     try:
         return check(path)["problems"]
@@ -240,6 +247,9 @@ def main(argv=None):
     except NotADataset as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except transient.StorageUnavailable as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     where = result["version_dir"]
     for warning in result["warnings"]:
         print(f"warning: {warning}", file=sys.stderr)

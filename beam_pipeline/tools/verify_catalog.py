@@ -1,13 +1,17 @@
 """verify's catalog check: catalog.parquet reads, it has the manifest's row count, and each
 row's (file, position, offset, length) is a record of that shard with the row's key, split
 and image sha256. The file is held as bytes and its rows
-decoded one shard's row group at a time."""
+decoded one shard's row group at a time. A read that fails without proving damage (a 503
+past the retries, a 403, EIO) stops verify with one line (StorageUnavailable), not a
+problem: the file is not known to be damaged."""
 
 import collections
 
-from dataset_format import layout
+from beam_pipeline.store import transient
+from dataset_format import layout, storage
 
 COLUMNS = ["key", "split", "file", "position", "offset", "length", "sha256"]
+ADVICE = "it is not known to be damaged: run verify again once storage answers"
 MAX_PER_SHARD = 3  # mismatching rows named per shard; the rest counted
 
 
@@ -26,13 +30,17 @@ class CatalogCheck:
         try:
             import pyarrow as pa
 
-            with gfile.GFile(layout.join(vdir, self.name), "rb") as f:
-                data = f.read()  # the file's bytes (~60 B a row), not its rows as objects
+            path = layout.join(vdir, self.name)
+            # the file's bytes (~60 B a row), not its rows as objects; through
+            # dataset_format.storage as the manifest (429/5xx retried, a local EIO too)
+            data = transient.retrying(lambda: storage.read_bytes(path), path)
             self.source = pq.ParquetFile(pa.BufferReader(data))
             rows = self.source.metadata.num_rows
             for i in range(self.source.num_row_groups):
                 for name in set(self._files_of(i)):
                     self.groups[name].append(i)
+        except transient.StorageUnavailable as e:  # not the file's: no problem to report
+            raise transient.unavailable(e.__cause__, path, ADVICE) from e.__cause__
         except Exception as e:
             self.source = None
             missing = isinstance(e, FileNotFoundError) or type(e).__name__ == "NotFoundError"
