@@ -470,7 +470,7 @@ def test_a_failed_runs_shard_that_cannot_be_checked_fails_its_resume_task_naming
     lock.release_submitted(root, failed.spec.version)
     again = plan(args)
     (task,) = [t for t in again.tasks if t.kind == Kind.RESUME]
-    shard = f"{root}/versions/{failed.spec.version}/{done.path}"
+    shard = f"{root}/versions/{failed.spec.version}/{done.files.path}"
     fragment = [u for u in gcs.list(f"{root}/versions/{failed.spec.version}/.tmp/")
                 if u.endswith(layout.FRAGMENT_SUFFIX)]
     for status, target, named in [(503, shard, shard), (403, fragment[0], fragment[0])]:
@@ -482,8 +482,9 @@ def test_a_failed_runs_shard_that_cannot_be_checked_fails_its_resume_task_naming
         finally:
             proxy.fail_clear()
     taken = again.attempt(task)
-    assert taken.resumed and taken.shared == f"../{failed.spec.version}/{done.path}"
-    assert taken.num_examples == done.num_examples > 0
+    assert taken.made.resumed
+    assert taken.files.shared == f"../{failed.spec.version}/{done.files.path}"
+    assert taken.written.num_examples == done.written.num_examples > 0
 
 
 @pytest.mark.slow
