@@ -17,7 +17,9 @@ the ratios fields / manifest and folder / base. Inputs are seeded (benchmarks/ph
 time, medians of alternating rounds over N photos): the row check and its values' JSON
 text, the listing line's JSON both ways, the converted image's Example with and without
 field features (parsed from the text once), and its catalog row into an Arrow table with
-and without field columns. The launcher's further passes over the listing line (each a
+and without field columns. The field bytes two ways, in the same rounds: "fields" as the
+writer makes them (fields.encoded, an encoder per schema), "listfeature" as it did before
+(fields.features, then each ListFeature's entry). The launcher's further passes over the listing line (each a
 parse and a dump, the fields' text a string in it) are not in this figure.
 
 --launcher N measures those: the launcher's whole planning (prepare.prepare: listing,
@@ -79,7 +81,7 @@ def base_command(base, src, out):
     return ["sh", "-c", f"cd {shlex.quote(base)} && exec {shlex.join(build_command(src, out))}"]
 
 
-def focused(n, rounds):
+def focused(n, rounds, only=None):
     """Per image CPU ms of the writer's work without and with three fields (see --focused)."""
     import time
 
@@ -99,7 +101,15 @@ def focused(n, rounds):
     schema = fields.from_json(SCHEMA).with_classes({"tags": TAGS})
     plain_arrow, rich_arrow = catalog_schema.arrow_schema(), catalog_schema.arrow_schema(schema)
 
-    def one_pass(with_fields):
+    # How the writer gets a record's field bytes: the per-schema encoder (fields.encoded),
+    # and, as the baseline, ListFeatures (fields.features) encoded entry by entry.
+    encoders = {"plain": None, "fields": fields.encoded, "listfeature": fields.features}
+    if only:  # one of them alone (for an instruction count: see --only)
+        encoders = {only: encoders[only]}
+
+    def one_pass(name):
+        encode = encoders[name]
+        with_fields = encode is not None
         catalog_rows = []
         start = time.process_time()
         for row, data in zip(rows, datas):
@@ -109,24 +119,31 @@ def focused(n, rounds):
             ref = ImageRef.from_json(ref.to_json())
             encoded = images.convert(data)
             values = fields.values_from_text(ref.fields) if with_fields else None
-            extra = fields.features(schema, values) if with_fields else None
+            extra = encode(schema, values) if with_fields else None
             parts, length = records.example_parts(encoded, 0, ref.label, ref.key, None, extra)
             catalog_rows.append(CatalogRow(key=ref.key, label=ref.label, length=length,
                                            fields=values).to_dict())
         pa.Table.from_pylist(catalog_rows, schema=rich_arrow if with_fields else plain_arrow)
         return 1000 * (time.process_time() - start) / len(rows)
 
-    got = {"plain": [], "fields": []}
+    got = {name: [] for name in encoders}
+    for name in encoders:  # imports and caches warm (the first pass costs ~1 ms an image more)
+        one_pass(name)
     for _ in range(rounds):
-        got["plain"].append(one_pass(False))
-        got["fields"].append(one_pass(True))
+        for name in encoders:
+            got[name].append(one_pass(name))
     medians = {k: statistics.median(v) for k, v in got.items()}
     print(f"{len(rows)} photos, {rounds} alternating rounds: CPU ms per image")
     for k, v in medians.items():
-        print(f"{k:8} {v:7.3f}  (rounds: {', '.join(f'{x:.3f}' for x in got[k])})")
-    ratio = medians["fields"] / medians["plain"]
-    print(f"fields / plain: {ratio:.3f} (+{medians['fields'] - medians['plain']:.3f} ms)")
-    return {"cpu_ms_per_image": medians, "rounds": got, "ratio": ratio}
+        print(f"{k:11} {v:7.3f}  (rounds: {', '.join(f'{x:.3f}' for x in got[k])})")
+    if only:
+        return {"cpu_ms_per_image": medians, "rounds": got}
+    ratios = {}
+    for k in ("fields", "listfeature"):
+        ratios[k] = medians[k] / medians["plain"]
+        print(f"{k} / plain: {ratios[k]:.3f} (+{medians[k] - medians['plain']:.3f} ms)")
+    return {"cpu_ms_per_image": medians, "rounds": got, "ratio": ratios["fields"],
+            "ratio_listfeature": ratios["listfeature"]}
 
 
 def launcher(n, rounds):
@@ -174,6 +191,10 @@ def main():
                         help="measure what fields add to one image's work on N photos")
     parser.add_argument("--launcher", type=int, default=0, metavar="N",
                         help="measure what fields add to the launcher's planning on N photos")
+    parser.add_argument("--only", choices=("plain", "fields", "listfeature"),
+                        help="--focused: that program alone, e.g. under valgrind --tool="
+                             "callgrind for its instruction count (the difference between "
+                             "two programs' counts is what one costs more; load moves neither)")
     parser.add_argument("--rounds", type=int, default=5,
                         help="--focused, --launcher: alternating rounds")
     parser.add_argument("--sizes", default="250,1000",
@@ -184,7 +205,7 @@ def main():
     args = parser.parse_args()
     record = Record("bench_fields", args)
     if args.focused:
-        record.save({"focused": focused(args.focused, args.rounds)})
+        record.save({"focused": focused(args.focused, args.rounds, args.only)})
         return
     if args.launcher:
         record.save({"launcher": launcher(args.launcher, args.rounds)})

@@ -5,7 +5,8 @@ The writer serializes its Examples here (beam_pipeline/job/records.py builds the
 importing TensorFlow costs each worker ~3 s and ~0.5 GB, more than writing a shard of JPEGs
 takes. The way back is for re-framing stored records and for the TensorFlow-free loaders.
 The image's own features are scalars (parse_example keeps a list's first value); declared
-fields (dataset_format/fields.py) are lists, ListFeature both ways (parse_features).
+fields (dataset_format/fields.py) are lists, ListFeature both ways (parse_features), or
+written as Entries the writer encoded per schema.
 """
 
 import functools
@@ -20,6 +21,15 @@ class ListFeature(typing.NamedTuple):
 
     kind: str
     values: tuple
+
+
+class Entries(tuple):
+    """One declared field's Features.feature map entries, encoded already: pieces of bytes
+    in its keys' sorted order (fields.encoded makes them), which serialize_parts writes as
+    they are. Its key in a features dict is the field's first Example key; no other key
+    sorts between a field's own keys (fields.encoded checks that once per schema)."""
+
+    __slots__ = ()
 
 
 # --- serialize --------------------------------------------------------------------------------
@@ -43,7 +53,8 @@ def serialize_parts(features):
     parts, small, total = [], [], 0
     for key in sorted(features):
         value = features[key]
-        if isinstance(value, bytes) and len(value) > _CACHED_BYTES:
+        kind = type(value)
+        if kind is bytes and len(value) > _CACHED_BYTES:
             if len(value) < _PIECE:  # a hash, a file name: joined with its neighbours
                 small += (_entry_head(key, value), value)
                 continue
@@ -51,7 +62,9 @@ def serialize_parts(features):
             parts += (b"".join(small), value)
             small = []
             total += len(parts[-2]) + len(value)
-        elif isinstance(value, ListFeature):  # a declared field's values
+        elif kind is Entries:  # a declared field's entries, encoded per schema
+            small += value
+        elif kind is ListFeature:  # a declared field's values
             small.append(_list_entry(key, value))
         else:  # labels, sizes, format: the same few entries in every record
             small.append(_small_entry(key, value))

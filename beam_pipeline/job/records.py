@@ -11,7 +11,8 @@ def make_example(encoded, label, text, filename, sha256=None, fields=None):
     """Serialized tf.train.Example with the dataset_format/schema.py keys; byte-identical for equal inputs.
 
     `sha256`: the hex digest of encoded.data when the caller already has it (the catalog).
-    `fields`: declared fields' features (dataset_format/fields.features), beside the image's.
+    `fields`: declared fields' features (dataset_format/fields.encoded or .features), beside
+    the image's.
     """
     return b"".join(example_parts(encoded, label, text, filename, sha256, fields)[0])
 

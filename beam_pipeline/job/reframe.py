@@ -55,7 +55,7 @@ def reframe(record, key, label_id, label, fields=None):
     """A stored Example's bytes -> (the Example for `key` and `label`, its features).
 
     `fields`: in a build declaring fields, the image's field features
-    (dataset_format/fields.features): they replace whatever fields the stored record had,
+    (dataset_format/fields.encoded): they replace whatever fields the stored record had,
     so a changed caption, tag or box, or a field removed or retyped, costs a parse and a
     serialization, not a decode."""
     if fields is None:  # a build without fields: any a previous version declared left out

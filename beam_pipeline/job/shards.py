@@ -195,7 +195,7 @@ class WriteShardFn(beam.DoFn):
                 if read_error is not None:
                     raise read_error
                 record, f = reframe.reframe(data, ref.key, label_id, ref.label, None if values
-                                            is None else field_types.features(self.fields, values))
+                                            is None else field_types.encoded(self.fields, values))
                 return _Made(parts=(record,), length=len(record),
                              sha256=f[schema.SHA256].decode(), height=f[schema.HEIGHT],
                              width=f[schema.WIDTH], input_sha256=ref.sha256, passed_through=0,
@@ -241,7 +241,7 @@ class WriteShardFn(beam.DoFn):
         its declared fields' (None: read here from ref.fields, in a build with fields)."""
         if values is None and self.fields is not None:
             values = field_types.values_from_text(ref.fields)
-        features = None if values is None else field_types.features(self.fields, values)
+        features = None if values is None else field_types.encoded(self.fields, values)
         label_id = self.label_ids[ref.label]
         encoded = self._convert(data, read_error)
         sha256 = hashlib.sha256(encoded.data).hexdigest()
