@@ -9,6 +9,7 @@ request timeout cut to a second so each failed build takes seconds.
 import errno
 import json
 import os
+import re
 
 import pytest
 from google.api_core import exceptions
@@ -278,6 +279,18 @@ def patient_retries(monkeypatch):
     monkeypatch.setattr(transient, "RETRY_SECONDS", 3.0)
 
 
+
+def _raises_naming(proxy, target, status, named, attempt):
+    """`attempt()` while GETs of `target` answer `status`: StorageUnavailable, its line
+    "cannot read NAMED (...STATUS...)"."""
+    proxy.fail(target, status, method="GET")
+    try:
+        with pytest.raises(transient.StorageUnavailable,
+                           match=rf"^cannot read {re.escape(named)} \(.*{status}"):
+            attempt()
+    finally:
+        proxy.fail_clear()
+
 def _failed_night(proxy, gcs, capsys, argv, target, status, code=1):
     """Run a build with requests whose target holds `target` answered `status` -> its one
     error line (asserted: the exit `code`, one line, no traceback, the fault met). The
@@ -435,13 +448,7 @@ def test_the_jobs_reads_of_the_previous_version_fail_naming_the_file(night, prox
              (lambda: versions.latest_id(root), _target("LATEST", v1), f"{root}/LATEST")]
     for read, target, named in reads:
         catalog._FOOTERS.clear()  # (a footer read before is not read again)
-        proxy.fail(target, status, method="GET")
-        try:
-            with pytest.raises(transient.StorageUnavailable,
-                               match=rf"^cannot read {named} \(.*{status}"):
-                read()
-        finally:
-            proxy.fail_clear()
+        _raises_naming(proxy, target, status, named, read)
     header, (row,) = reuse.read_task(str(listing), vdir)  # storage answers again
     assert header == {"task": "reuse"} and (row.uri, row.input_size) == ("gs://elsewhere/0.jpg", 7)
     assert row.input_sha256 in _splits(gcs, vdir) and versions.latest_id(root) == v1
@@ -474,13 +481,8 @@ def test_a_failed_runs_shard_that_cannot_be_checked_fails_its_resume_task_naming
     fragment = [u for u in gcs.list(f"{root}/versions/{failed.spec.version}/.tmp/")
                 if u.endswith(layout.FRAGMENT_SUFFIX)]
     for status, target, named in [(503, shard, shard), (403, fragment[0], fragment[0])]:
-        proxy.fail(target.split("/", 3)[3], status, method="GET")
-        try:
-            with pytest.raises(transient.StorageUnavailable,
-                               match=rf"^cannot read {named} \(.*{status}"):
-                again.attempt(task)
-        finally:
-            proxy.fail_clear()
+        _raises_naming(proxy, target.split("/", 3)[3], status, named,
+                       lambda: again.attempt(task))
     taken = again.attempt(task)
     assert taken.made.resumed
     assert taken.files.shared == f"../{failed.spec.version}/{done.files.path}"
@@ -565,13 +567,8 @@ def test_a_work_item_that_cannot_read_an_input_fails_and_its_retry_writes_every_
     job = plan(["--input", src, "--output", root, "--name", "night", "--num_shards", "1",
                 "--splits", "train=1.0", "--no_transform", "--max_error_rate", "0"])
     (task,) = job.tasks
-    proxy.fail("in/dog/001.jpg", status, method="GET")
-    try:
-        with pytest.raises(transient.StorageUnavailable,
-                           match=rf"^cannot read {src}/dog/001\.jpg \(.*{status}"):
-            job.attempt(task)
-    finally:
-        proxy.fail_clear()
+    _raises_naming(proxy, "in/dog/001.jpg", status, f"{src}/dog/001.jpg",
+                   lambda: job.attempt(task))
     retried = job.attempt(task)
     assert (retried.written.num_examples, retried.errors) == (6, ())
     manifest = job.commit([retried])
