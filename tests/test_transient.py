@@ -279,7 +279,6 @@ def patient_retries(monkeypatch):
     monkeypatch.setattr(transient, "RETRY_SECONDS", 3.0)
 
 
-
 def _raises_naming(proxy, target, status, named, attempt):
     """`attempt()` while GETs of `target` answer `status`: StorageUnavailable, its line
     "cannot read NAMED (...STATUS...)"."""
