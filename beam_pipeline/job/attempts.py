@@ -105,25 +105,33 @@ def finished(vdirs):
 
 
 def _in_place(shard, result):
-    """The finished shard `result` recorded is at `shard`, with its index (cheap checks).
-    A check that fails without proving the file gone raises StorageUnavailable
-    (store/transient.py): not taking the shard would convert its images again."""
+    """The finished shard `result` recorded is at `shard`, with its index (cheap checks: a
+    local file's checksum is read by the task that shares it)."""
+    return _as_recorded(shard, result, checksum=shard.startswith("gs://"))
+
+
+def _as_recorded(shard, recorded, checksum=True):
+    """Whether `shard` is what `recorded` says (size, and its CRC-32C unless `checksum` is
+    False), with its index. A check that fails without proving the file gone raises
+    StorageUnavailable (store/transient.py): not taking the shard would convert its images
+    again."""
     import os
 
-    def size():
-        if shard.startswith("gs://"):
+    def sums():
+        if checksum:
             return files.size_and_crc32c(shard)
-        return os.path.getsize(shard), result.written.crc32c  # its checksum: read by the task
+        return os.path.getsize(shard), recorded.written.crc32c
 
+    index = layout.index_name(shard)
     try:
-        if transient.retrying(size, shard) != (result.written.num_bytes, result.written.crc32c):
-            return False
+        return transient.retrying(sums, shard) == (
+            recorded.written.num_bytes, recorded.written.crc32c) and (
+            not recorded.files.index_temp
+            or transient.retrying(lambda: files.exists(index), index))
     except transient.StorageUnavailable:
         raise
-    except Exception:  # damage (retrying raises nothing else): gone
+    except Exception:  # damage (retrying raises nothing else): gone since it was recorded
         return False
-    index = layout.index_name(shard)
-    return not result.files.index_temp or transient.retrying(lambda: files.exists(index), index)
 
 
 def share(header, lost, result, vdir, write_index=True, redo=None):
@@ -149,16 +157,7 @@ def share(header, lost, result, vdir, write_index=True, redo=None):
             made=Made(passed_through=sum(r.sha256 == r.input_sha256 for r in rows),
                       converted=redone, repaired=redone, resumed=True),
             writer=dataclasses.replace(copied.writer, build=recorded.writer.build))
-    index = layout.index_name(shard)
-    try:  # a check that proves nothing fails the build: StorageUnavailable naming the file
-        sums = transient.retrying(lambda: files.size_and_crc32c(shard), shard)
-        indexed = not recorded.files.index_temp or transient.retrying(
-            lambda: files.exists(index), index)
-    except transient.StorageUnavailable:
-        raise
-    except Exception:  # damage (retrying raises nothing else): gone since the launcher looked
-        sums, indexed = None, False
-    if sums != (recorded.written.num_bytes, recorded.written.crc32c) or not indexed:
+    if not _as_recorded(shard, recorded):
         logging.warning("%s: not what its fragment recorded; its listing is converted again",
                         shard)
         return None
