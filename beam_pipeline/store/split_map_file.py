@@ -198,7 +198,7 @@ def _checked(source, local):
                 table = pa.Table.from_batches([batch])
                 contents = _contents(table["content"])
                 _, local_names = _codes(table["split"])
-                table["size"].to_numpy()
+                table["size"].to_numpy()  # decoded only to prove the column intact
                 if has_md5:
                     split_map._md5_column(table)
                 names.update(local_names)
