@@ -8,7 +8,7 @@ photo resized, re-compressed, lightly cropped or re-exported. The writer stores 
 pHashes per image (--near_duplicates): of the whole image and of its central 90% (catalog
 columns phash, phash_center) and of the four 95% corner crops (the first 32 bytes of
 near_descriptor), so a crop of up to 10% stays near one of them, and a seventh made here
-from the stored thumbnail's central 80%; near_descriptor also holds
+from the stored thumbnail's central 85%; near_descriptor also holds
 what confirms a candidate (dedup/descriptor.py: a 16x16 luma thumbnail and the mean colour).
 This step streams (key, split, phash, phash_center, near_descriptor) from the shards' catalog
 fragments into the multi-index join (dedup/near_duplicates.py), where a pair's hash distance
@@ -40,8 +40,8 @@ from beam_pipeline.store import catalog, files
 from beam_pipeline.kinds import Kind
 from dataset_format import layout
 
-HASH = "phash64x6+thumb80"  # 64-bit pHashes: whole, central 90% (perceptual.phash_pair), 4
-# corners (descriptor.probes), and one made at commit of the thumbnail's central 80%
+HASH = "phash64x6+thumb85"  # 64-bit pHashes: whole, central 90% (perceptual.phash_pair), 4
+# corners (descriptor.probes), and one made at commit of the thumbnail's central 85%
 # (descriptor.thumbnail_probes); "phash64x6": without that one
 CONFIRM = "luma16-chroma/3"  # dedup/descriptor.py: structure (49 windows), colour over the
 # lined-up window (the grid); /2: colour of the whole means; /1: 19 windows

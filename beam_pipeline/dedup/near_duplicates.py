@@ -13,7 +13,7 @@ hash alone paired unrelated images (docs/near_duplicates.md).
 
 Seven hashes per image: the whole and central 90% (dedup/perceptual.phash_pair; a row's
 `center`), the four 95% corner crops its descriptor carries (descriptor.probes) and one
-made here from its stored thumbnail's central 80% (descriptor.thumbnail_probes, batched as
+made here from its stored thumbnail's central 85% (descriptor.thumbnail_probes, batched as
 the rows are spilled; none for a flat thumbnail). All go to the join as hashes of the same
 row; a pair's distance is the least of its (up to 49) hash pairs, a row never pairs with
 itself, and each pair of rows is yielded once. Rows from catalogs written before the
