@@ -40,7 +40,11 @@ on A; every table prints all, A and B.
 Printed: the limits chosen on A against the built ones; at each radius, recall (single,
 combo, fresh) and precision on direct pairs and on the pairs the reported components imply,
 hash only, confirmed as before (19 windows), before the colour grid (the whole means) and as
-built, per half; recall per class; the positives the build misses, measured anyway; more
+built, for two, six and the build's seven hashes (the seventh made at commit from the
+stored thumbnail), per half; recall per class; combinations within the fresh copies' bounds
+(cut <= 8%, scaled to >= 45%) and beyond; the hard negatives' overlaps by source; the
+positives the build misses, with what was done to each, measured anyway; probe hashes made
+from the thumbnail, chosen on A; structure over more windows, limits chosen on A; stored
 probe hashes beside the six; the search plan's recall as catalogs grow; the alternatives'
 figures at the built radius. Needs the "bench" extra.
 """
@@ -872,7 +876,7 @@ def main(argv=None):
                           "false": wrong}, "built": list(built), "radii": {},
                "alternatives": {}}
     print("\n'2 hashes': whole and central 90%; '6 hashes': and the four 95% corner crops; "
-          "'7 hashes': and the thumbnail's central 80%, made at commit (built); '+ before': confirmed as before (19 windows, <= 0.25, <= 3); '+ means': "
+          "'7 hashes': and the thumbnail's central 85%, made at commit (built); '+ before': confirmed as before (19 windows, <= 0.25, <= 3); '+ means': "
           "49 windows, the whole means' chroma (<= 0.29, <= 4.4: before the colour grid); "
           "'+ conf': "
           "the built confirmation (49 windows, chroma over the window they line up, its "

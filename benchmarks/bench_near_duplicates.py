@@ -8,7 +8,9 @@ scales.
     python benchmarks/bench_near_duplicates.py grouping [RADIUS [BANDS]]  # time, RSS, 50k-400k
     python benchmarks/bench_near_duplicates.py grouping2 [RADIUS]  # 1 vs 2 hashes an image
     python benchmarks/bench_near_duplicates.py scale [RADIUS]  # the build's plan, 50k-1M
-    python benchmarks/bench_near_duplicates.py            # all six
+    python benchmarks/bench_near_duplicates.py probe_cost [RADIUS]  # the join with and
+                                                          # without the 7th hash, 50k, 200k
+    python benchmarks/bench_near_duplicates.py            # all seven
     python benchmarks/bench_near_duplicates.py cost --record PATH   # the JSON record's path
 
 Needs the "bench" extra (imagehash as the yardstick; the photos scikit-image, scikit-learn
