@@ -35,7 +35,8 @@ then mean Y, Cb, Cr (Cb and Cr offset by 128, as JPEG stores them). Catalogs wri
 the grid hold `PROBED_SIZE` bytes (no grid), before the probes the last `CONFIRM_SIZE` bytes
 alone; all compare, an image without a grid by its mean colour (as its whole everywhere).
 The stored bytes don't depend on the windows or the limits: changing those changes only the
-verdicts at commit (dedup/leaks.py `CONFIRM` names the comparison), never a record.
+verdicts at commit (dedup/leaks.py `CONFIRM` names the comparison), never a record. The
+thumbnail also gives the search a seventh hash, made at commit (`thumbnail_probes`).
 """
 
 import functools

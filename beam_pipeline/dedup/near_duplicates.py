@@ -14,10 +14,11 @@ hash alone paired unrelated images (docs/near_duplicates.md).
 Seven hashes per image: the whole and central 90% (dedup/perceptual.phash_pair; a row's
 `center`), the four 95% corner crops its descriptor carries (descriptor.probes) and one
 made here from its stored thumbnail's central 85% (descriptor.thumbnail_probes, batched as
-the rows are spilled; none for a flat thumbnail). All go to the join as hashes of the same
-row; a pair's distance is the least of its (up to 49) hash pairs, a row never pairs with
-itself, and each pair of rows is yielded once. Rows from catalogs written before the
-corner or centre hashes take part with the hashes they have.
+the rows are spilled; none for a flat thumbnail, or a descriptor without stored probes).
+All go to the join as hashes of the same row; a pair's distance is the least of its (up to
+49) hash pairs, a row never pairs with itself, and each pair of rows is yielded once. Rows
+from catalogs written before the corner or centre hashes take part with the hashes they
+have.
 
 Incremental: rows are `old` (already in the previous catalog, paired before) or new; only new
 rows look for partners, so a nightly run costs the new rows' buckets, not the catalog's.
@@ -335,11 +336,11 @@ class _Spilled:
             descs = [_descriptor(os.pread(fd, _DESC_RECORD, i * _DESC_RECORD))
                      for i in ids.tolist()]
         centers = [None] * len(ids)
-        if self.two:  # a row's hashes: whole, its centre if it has one, then its probes
+        if self.two:  # a row's hashes: whole, its centre if it has one, its stored probes,
+            # then the one made from its thumbnail (if any)
             count = np.searchsorted(self.owner, ids, "right").astype(np.int64) - first
             after = np.minimum(first + 1, self.spill.n - 1)
-            made = [0 if d is None else 1 if t is not None else 0
-                    for d, t in zip(descs, descriptor.thumbnail_probes(descs))]
+            made = [int(t is not None) for t in descriptor.thumbnail_probes(descs)]
             centers = [c if k - len(descriptor.probes(d)) - m == 2 else None
                        for c, k, d, m in zip(self.spill.hashes[after].tolist(), count.tolist(),
                                              descs, made)]
