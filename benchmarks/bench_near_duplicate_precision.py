@@ -40,7 +40,11 @@ on A; every table prints all, A and B.
 Printed: the limits chosen on A against the built ones; at each radius, recall (single,
 combo, fresh) and precision on direct pairs and on the pairs the reported components imply,
 hash only, confirmed as before (19 windows), before the colour grid (the whole means) and as
-built, per half; recall per class; the positives the build misses, measured anyway; more
+built, for two, six and the build's seven hashes (the seventh made at commit from the
+stored thumbnail), per half; recall per class; combinations within the fresh copies' bounds
+(cut <= 8%, scaled to >= 45%) and beyond; the hard negatives' overlaps by source; the
+positives the build misses, with what was done to each, measured anyway; probe hashes made
+from the thumbnail, chosen on A; structure over more windows, limits chosen on A; stored
 probe hashes beside the six; the search plan's recall as catalogs grow; the alternatives'
 figures at the built radius. Needs the "bench" extra.
 """
@@ -204,11 +208,14 @@ def fresh_set():
 
 
 def dataset():
-    """(datas, class per image, kind per image, group per image, fresh truth, i, j, label):
+    """(datas, class per image, kind per image, group per image, fresh truth, what was made
+    per image (its scene's or crop's box, in fractions of the photo; a variant's cut, scale,
+    brightness; {} for a hard negative), i, j, label):
     label 1 positive, 0 hard negative, -1 distinct, 9 left out; upper-triangle pairs. A
     group is what a positive can't leave (a photo, a fresh crop, a source of hard crops):
     the halves split groups."""
-    items = corpus_lib.corpus(random.Random(corpus_lib.SEED))
+    applied = []
+    items = corpus_lib.corpus(random.Random(corpus_lib.SEED), applied)
     hard = hard_negatives()
     fresh = fresh_set()
     base, nh = len(items), len(hard)
@@ -248,7 +255,9 @@ def dataset():
     truth = [{"image": f"fresh/{c:02d}-{k.replace('+', '-')}.{'png' if d[:4] == PNG else 'jpg'}",
               "crop": c, "box": [round(v, 4) for v in box], "kind": k, "done": done}
              for d, c, box, k, done in fresh]
-    return datas, cls, kind, np.array(group), truth, i, j, label
+    applied = ([dict(d, box=box) for d, (_, _, box, _) in zip(applied, items)]
+               + [{} for _ in hard] + [dict(d, box=box) for _, _, box, _, d in fresh])
+    return datas, cls, kind, np.array(group), truth, applied, i, j, label
 
 
 PNG = b"\x89PNG"
@@ -375,6 +384,119 @@ ALTERNATIVES = {
 }
 
 
+ALL_CONFIRMS = (("", None), (" + before", before_descriptor), (" + means", means_descriptor),
+                (" + conf", built_descriptor))
+
+
+def least(hashes, i, j):
+    """Per pair, the least Hamming distance over all pairs of the two images' hashes."""
+    n = hashes.shape[1]
+    return np.minimum.reduce([perceptual.hamming_many(hashes[i, a], hashes[j, b])
+                              for a in range(n) for b in range(n)])
+
+
+def with_probes(hashes, extra):
+    """`hashes` with one more column: `extra` (a list), the image's whole hash where it is
+    None (a flat thumbnail gets no probe: a repeated hash changes no least distance)."""
+    col = [hashes[k, 0] if e is None else e for k, e in enumerate(extra)]
+    return np.concatenate([hashes, np.array(col, np.uint64)[:, None]], 1)
+
+
+FRESH_CUT, FRESH_SCALE = 0.08, 0.45  # fresh_variant's bounds: the issue's positives
+
+
+def within_fresh_bounds(applied, kind, i, j):
+    """Per pair: its variant (the non-original) was cut by at most FRESH_CUT of each side and
+    scaled to at least FRESH_SCALE, the bounds of the fresh copies (an existing combination
+    may be cut by up to 10% and scaled to 40%)."""
+    variant = np.where(np.char.endswith(kind[i].astype(str), "original"), j, i)
+    ok = np.array([max(d.get("cut", (0, 0))) <= FRESH_CUT + 1e-9
+                   and d.get("scale", 1.0) >= FRESH_SCALE for d in applied])
+    return ok[variant]
+
+
+def bounds(keep, cand, pclass, inside, halves_):
+    """Combination recall within the fresh copies' bounds (cut <= 8%, scale >= 45%) and
+    beyond them (cut 8-10% of a side or scale 40-45%), per half."""
+    confirmed = np.zeros(len(pclass), bool)
+    confirmed[cand[keep]] = True
+    out = {}
+    print("\ncombinations within the fresh copies' bounds (cut <= 8% of each side, scaled to "
+          ">= 45%) and beyond them (cut up to 10%, scaled to 40%), confirmed / all:")
+    for part, universe in halves_.items():
+        combo = (pclass == "combo") & universe
+        out[part] = {name: [int((combo & m & confirmed).sum()), int((combo & m).sum())]
+                     for name, m in (("within", inside), ("beyond", ~inside))}
+        print(f"  {part:<4} within {out[part]['within'][0]}/{out[part]['within'][1]}  "
+              f"beyond {out[part]['beyond'][0]}/{out[part]['beyond'][1]}")
+    return out
+
+
+def hard_overlaps(label, cls, group, made, i, j):
+    """How much the hard negatives' two crops overlap (`made`'s boxes), by where they come
+    from: the corpus's scenes of one photo (overlapping < 50%), the fresh crops (<
+    FRESH_HARD), the 3x3 grids of 30% crops (none), with how many overlap 40% or more."""
+    out = {}
+    photo = (label == 0) & (cls[i] == "photo") & (cls[j] == "photo")
+    fresh = (label == 0) & (cls[i] == "fresh") & (cls[j] == "fresh")
+    grid = (label == 0) & (group[i] == group[j]) & ~photo & ~fresh
+    # none overlap by construction: a crop starts within 3% after a third, spans 30%
+    out["grid crops (texture, microscopy, medical)"] = {"pairs": int(grid.sum()),
+                                                        "max_overlap": 0.0, "at_least_40": 0}
+    print("\nhard negatives: the overlap of their two crops (of the smaller), by source:")
+    for name, mask in (("corpus scenes of one photo", photo), ("fresh crops", fresh)):
+        q = np.flatnonzero(mask)
+        ov = np.array([corpus_lib.overlap(made[a]["box"], made[b]["box"])
+                       for a, b in zip(i[q].tolist(), j[q].tolist())])
+        out[name] = {"pairs": len(q), "max_overlap": round(float(ov.max()), 3) if len(q) else 0,
+                     "at_least_40": int((ov >= 0.4).sum())}
+    for name, v in out.items():
+        print(f"  {name:<42} {v['pairs']:>7} pairs, largest overlap {v['max_overlap']:.1%}, "
+              f"{v['at_least_40']} of them >= 40%")
+    return out
+
+
+WINDOW_SETS = {  # name: (the share of a side a window spans, positions per share)
+    "built: 1, .95, .9 at 3 positions": ((1.0, .95, .9), 3),
+    "1, .96, .92, .88 at 3 positions": ((1.0, .96, .92, .88), 3),
+    "1, .95, .9 at 5 positions": ((1.0, .95, .9), 5),
+    "1, .97, .94, .91, .88 at 3 positions": ((1.0, .97, .94, .91, .88), 3),
+}
+
+
+def window_sets(cand, smalls, label, pclass, i, j, halves_):
+    """Structure searched over more scales and shifts of the window (within the
+    descriptor's 16x16 thumbnail), each with its limits chosen on half A as the built ones
+    were: what a finer alignment of a crop + downscale wins on B. descriptor._spans is
+    swapped for the run (its windows' matrices made again), then restored."""
+    built = descriptor._spans
+    out = {}
+    print("\nstructure over more windows (limits chosen on A for each, as built):")
+    try:
+        for name, (shares, positions) in WINDOW_SETS.items():
+            spans = [(0.0, 1.0) if f == 1.0 else (float(x), float(x) + f)
+                     for f in shares for x in (np.linspace(0, 1 - f, positions)
+                                               if f < 1.0 else (0.0,))]
+            descriptor._spans = lambda spans=spans: spans
+            descriptor._resamplers.cache_clear()
+            descriptor._cell_weights.cache_clear()
+            s, c = measured(i[cand].tolist(), j[cand].tolist(), smalls)
+            ms, mc, *_ = choose_limits(s, c, cand, label, pclass, i, j, halves_["A"])
+            keep = (s <= ms) & (c <= mc)
+            row = {"windows": len(spans) ** 2, "limits": [ms, mc]}
+            for part, universe in halves_.items():
+                u = universe[cand]
+                row[part] = scores(keep[u], cand[u], label, pclass, i, j, universe)
+            out[name] = row
+            print(f"  {name:<38} {row['windows']:>3} windows, <= {ms:g}, {mc:g}: " + "  ".join(
+                f"{p} {_line(row[p])}" for p in ("A", "B")))
+    finally:
+        descriptor._spans = built
+        descriptor._resamplers.cache_clear()
+        descriptor._cell_weights.cache_clear()
+    return out
+
+
 # --- more probe hashes: what proposing more candidates would win --------------------------
 
 def crop_hash(grey, cut):
@@ -399,7 +521,8 @@ def _linear(lo, hi, side=descriptor.SIDE):
 def thumbnail_hash(desc, cut):
     """A pHash-like hash computed at commit from the stored 16x16 thumbnail (no new bytes):
     the 8x8 lowest DCT frequencies of the cut, resampled back to 16x16 (a 16-px thumbnail
-    holds the same frequencies as the 32-px one pHash reads, box- not Lanczos-filtered)."""
+    holds the same frequencies as the 32-px one pHash reads, box- not Lanczos-filtered). The
+    built one, descriptor.thumbnail_probes, is this of the cut (.1, .1, .1, .1), batched."""
     thumb = descriptor.parse([desc])[0][0].astype(np.float64)
     dct = perceptual._dct_rows(descriptor.SIDE, 8)
     t, b, l, r = (f * descriptor.SIDE for f in cut)
@@ -410,12 +533,11 @@ def thumbnail_hash(desc, cut):
 
 SIDE_SHIFTED = ((.025, .025, 0, .05), (.025, .025, .05, 0), (0, .05, .025, .025),
                 (.05, 0, .025, .025))
-PROBE_ALTERNATIVES = {  # name: its extra hashes' cuts (top, bottom, left, right), or "thumbnail"
+PROBE_ALTERNATIVES = {  # name: its extra hashes' cuts (top, bottom, left, right)
     "+ central 80% (a 7th stored hash)": ((.1, .1, .1, .1),),
     "+ 4 side-shifted 95% (stored)": SIDE_SHIFTED,
     "+ central 80% and 4 side-shifted (stored)": ((.1, .1, .1, .1),) + SIDE_SHIFTED,
-    "+ central 80% of the stored thumbnail (no new bytes)": "thumbnail",
-}
+}  # the thumbnail's crops (made at commit, no bytes): thumbnail_families
 
 
 def _us_per_image(greys, hash_all, repeats=3):
@@ -430,31 +552,25 @@ def _us_per_image(greys, hash_all, repeats=3):
 
 
 def probe_alternatives(hashes, smalls, cls, i, j, label, pclass, halves_, radius):
-    """Each family of extra hashes added to the six, at `radius`, confirmed as built: recall
-    per class and half, precision, false pairs, and what its hashes cost the writer an image
-    beside the built six's (40 corpus photos' decodes, one product per extra hash, one
-    thread, best of 3; the thumbnail's is made at commit from stored bytes)."""
+    """Each family of extra stored hashes added to the six, at `radius`, confirmed as built:
+    recall per class and half, precision, false pairs, and what its hashes cost the writer
+    an image beside the six's (40 corpus photos' decodes, one product per extra hash, one
+    thread, best of 3)."""
     greys = [perceptual.reduced(s)[1] for s in smalls]
-    descs = [descriptor.describe(s) for s in smalls]
     # 40 photos, as the cost mode times: their side lengths stay within perceptual's cache
     photos = [g for g, c in zip(greys, cls) if c == "photo"][:40]
     six = _us_per_image(photos, lambda g: (perceptual.phash_pair_of_grey(g),
                                            perceptual.corner_hashes_of_grey(g)))
     print(f"\nmore probe hashes at radius {radius} (the six plus each family, confirmed as "
-          "built): candidates / confirmed / positives per class and half; the built six "
-          f"cost {six:.1f} us an image")
+          "built; the six stored hashes, not the seventh made at commit): candidates / "
+          f"confirmed / positives per class and half; the six cost {six:.1f} us an image")
     out = {"six_us_per_image": six}
     for name, cuts in PROBE_ALTERNATIVES.items():
-        if cuts == "thumbnail":
-            extra = [[thumbnail_hash(d, (.1, .1, .1, .1))] for d in descs]
-            us = float("nan")  # made at commit from stored bytes, batched: not a write cost
-        else:
-            extra = [[crop_hash(g, c) for c in cuts] for g in greys]
-            us = _us_per_image(photos, lambda g: [crop_hash(g, c) for c in cuts])
+        extra = [[crop_hash(g, c) for c in cuts] for g in greys]
         more = np.concatenate([hashes, np.array(extra, np.uint64)], 1)
+        us = _us_per_image(photos, lambda g: [crop_hash(g, c) for c in cuts])
         n = more.shape[1]
-        dist = np.minimum.reduce([perceptual.hamming_many(more[i, a], more[j, b])
-                                  for a in range(n) for b in range(n)])
+        dist = least(more, i, j)
         row = {"us_per_image": us, "hashes": n}
         for part, universe in halves_.items():
             cand = np.nonzero((dist <= radius) & universe)[0]
@@ -466,33 +582,96 @@ def probe_alternatives(hashes, smalls, cls, i, j, label, pclass, halves_, radius
             row[part] = dict(sc, found=found,
                              false=false_by_class(keep, cand, label, cls, i, j))
         out[name] = row
-        cost = "at commit" if us != us else f"+{us:4.1f} us/image"
-        print(f"  {name:<52} {n} hashes, {cost}  " + "  ".join(
+        print(f"  {name:<52} {n} hashes, +{us:4.1f} us/image  " + "  ".join(
             f"{p}: single {row[p]['found']['single']} combo {row[p]['found']['combo']} "
             f"direct {row[p]['direct']:.2%} implied {row[p]['implied']:.2%}" for p in halves_)
             + f"  false (all) {row['all']['false']}")
     return out
 
 
-def misses(cand, keep, dist, smalls, group, i, j, pclass, report, classes=("combo",)):
+def misses(cand, keep, dist, smalls, group, i, j, pclass, report, classes, made, inside):
     """Every positive of `classes` the build misses: its photo, half, least hash distance,
-    and its structure and chroma, measured whether or not it was a candidate (what the
-    confirmation would say of it if a hash had proposed it)."""
+    what was done to the variant (`made`: the share of each side cut, the scale) and whether
+    that is within the fresh copies' bounds (`inside`), and its structure and chroma,
+    measured whether or not it was a candidate (what the confirmation would say of it if a
+    hash had proposed it)."""
     confirmed = set(cand[keep].tolist())
     lost = [q for q in np.flatnonzero(np.isin(pclass, classes)) if q not in confirmed]
     ms, mc = measured(i[lost].tolist(), j[lost].tolist(), smalls)
-    rows = [dict(cls=str(pclass[q]), group=str(group[i[q]]), half="B" if report[q] else "A",
-                 hash_distance=int(dist[q]), structure=round(float(a), 4),
-                 chroma=round(float(b), 2),
-                 why=near_duplicates.NearPair(("a", "b"), ("", ""), 0, float(a), float(b),
-                                              bool(descriptor.confirmed(a, b))).why)
-            for q, a, b in zip(lost, ms, mc)]
+    rows = []
+    for q, a, b in zip(lost, ms, mc):
+        done = made[j[q]]
+        rows.append(dict(
+            cls=str(pclass[q]), group=str(group[i[q]]), half="B" if report[q] else "A",
+            hash_distance=int(dist[q]), structure=round(float(a), 4), chroma=round(float(b), 2),
+            cut=[round(v, 3) for v in done.get("cut", (0, 0))],
+            scale=round(done.get("scale", 1.0), 3), within_fresh_bounds=bool(inside[q]),
+            why=near_duplicates.NearPair(("a", "b"), ("", ""), 0, float(a), float(b),
+                                         bool(descriptor.confirmed(a, b))).why))
     print("\npositives missed at the default radius (class, photo, half, least hash distance, "
-          "structure and chroma measured anyway, what the confirmation says):")
+          "the variant's cut (of width, height) and scale, structure and chroma measured "
+          "anyway, what the confirmation says):")
     for r in rows:
         print(f"  {r['cls']:<7} {r['group']:<9} {r['half']}  {r['hash_distance']:>2} bits  "
+              f"cut {r['cut'][0]:.1%} x {r['cut'][1]:.1%} scale {r['scale']:.2f} "
+              f"({'within' if r['within_fresh_bounds'] else 'beyond'} the fresh bounds)  "
               f"s {r['structure']:.3f}  c {r['chroma']:.2f}  {r['why'] or 'would be confirmed'}")
     return rows
+
+
+THUMBNAIL_FAMILIES = {  # name: the cuts (top, bottom, left, right) of the stored thumbnail
+    "central 90%": ((.05,) * 4,),
+    "central 85% (built)": ((.075,) * 4,),
+    "central 80%": ((.1,) * 4,),
+    "central 75%": ((.125,) * 4,),
+    "central 70%": ((.15,) * 4,),
+    "central 80% and 90%": ((.1,) * 4, (.05,) * 4),
+    "4 sides 90% (10% off one side)": ((0, .1, 0, 0), (.1, 0, 0, 0), (0, 0, 0, .1),
+                                       (0, 0, .1, 0)),
+    "4 corners 90%": ((0, .1, 0, .1), (0, .1, .1, 0), (.1, 0, 0, .1), (.1, 0, .1, 0)),
+}
+
+
+def thumbnail_families(six, descs, smalls, cls, i, j, label, pclass, choose, report, radius):
+    """Probe hashes made at commit from the stored thumbnail (no bytes, no writer time),
+    each family added to the six, chosen on half A: of the families that add no confirmed
+    false pair there, the one putting the most of A's positives within radius - 2 bits
+    (A's positives are all candidates already: the margin is what a family can add there),
+    fewest hashes on a tie. Half B reports what each would find."""
+    flat = [d is None for d in descriptor.thumbnail_probes(descs)]
+    base = least(six, i, j) <= radius
+    pos_a = (label == 1) & choose & (pclass != "")
+    print(f"\nprobe hashes made at commit from the stored thumbnail, each family added to the "
+          f"six at radius {radius}, chosen on half A (no confirmed false pair added there, "
+          f"then the most of its {int(pos_a.sum())} positives within {radius - 2} bits; the "
+          f"six: {int((pos_a & (least(six, i, j) <= radius - 2)).sum())}); B reports:")
+    out, best = {}, None
+    for name, cuts in THUMBNAIL_FAMILIES.items():
+        more = six
+        for cut in cuts:
+            more = with_probes(more, [None if f else thumbnail_hash(d, cut)
+                                      for d, f in zip(descs, flat)])
+        dist = least(more, i, j)
+        row = {"hashes": more.shape[1], "margin_A": int((pos_a & (dist <= radius - 2)).sum())}
+        for part, universe in (("A", choose), ("B", report)):
+            new = np.flatnonzero((dist <= radius) & universe & ~base)
+            keep = built_descriptor(i[new].tolist(), j[new].tolist(), smalls)[0]
+            lab = label[new]
+            row[part] = {"candidates": len(new), "positives": int(((lab == 1) & keep).sum()),
+                         "combos": int(((pclass[new] == "combo") & keep).sum()),
+                         "false": false_by_class(keep, new, label, cls, i, j)}
+        out[name] = row
+        if not row["A"]["false"] and (best is None or (row["margin_A"], -row["hashes"]) >
+                                      (out[best]["margin_A"], -out[best]["hashes"])):
+            best = name
+        print(f"  {name:<32} {row['hashes']} hashes  A: {row['margin_A']} within "
+              f"{radius - 2} bits, {row['A']['candidates']} more candidates, false "
+              f"{row['A']['false'] or 'none'}  |  B: {row['B']['candidates']} more candidates, "
+              f"+{row['B']['positives']} positives ({row['B']['combos']} combinations), false "
+              f"{row['B']['false'] or 'none'}")
+    print(f"  chosen on A: {best}")
+    out["chosen"] = best
+    return out
 
 
 # --- scoring ------------------------------------------------------------------------------
@@ -628,7 +807,7 @@ def plan_recall(hashes, i, j, label, pclass, smalls, radius, universe):
 
     bits = corpus_lib.bit_frequencies(hashes)
     print(f"\nthe search plan the build picks at radius {radius} for a catalog of n images "
-          "(six hashes each), applied to these pairs, confirmed:")
+          f"({hashes.shape[1]} hashes each), applied to these pairs, confirmed:")
     out = {}
     for n in (50_000, 1_000_000, 10_000_000):
         k = hashes.shape[1] * n
@@ -663,16 +842,15 @@ def main(argv=None):
     record = Record("bench_near_duplicate_precision", args)
     radii = [int(r) for r in args.radii.split(",")]
     t0 = time.time()
-    datas, cls, kind, group, truth, i, j, label = dataset()
+    datas, cls, kind, group, truth, applied, i, j, label = dataset()
     write_fresh(args.fresh_dir, datas, truth)
     smalls = [small_rgb(d) for d in datas]
+    descs = [descriptor.describe(s) for s in smalls]
     pairs = np.array([perceptual.phash_pair(s) for s in smalls], np.uint64)
-    hashes = np.array([perceptual.phash_pair(s) + descriptor.probes(descriptor.describe(s))
-                       for s in smalls], np.uint64)  # the build's six: whole, centre, corners
-    dist = np.minimum.reduce([perceptual.hamming_many(hashes[i, a], hashes[j, b])
-                              for a in range(6) for b in range(6)])
-    dist2 = np.minimum.reduce([perceptual.hamming_many(pairs[i, a], pairs[j, b])
-                               for a in (0, 1) for b in (0, 1)])
+    six = np.array([perceptual.phash_pair(s) + descriptor.probes(d)
+                    for s, d in zip(smalls, descs)], np.uint64)  # stored: whole, centre, corners
+    hashes = with_probes(six, descriptor.thumbnail_probes(descs))  # the build's seven
+    dist, dist6, dist2 = (least(h, i, j) for h in (hashes, six, pairs))
     pclass = positive_classes(kind, i, j, label)
     everything = label != 9
     choose, report = halves(group, i, j, label)
@@ -697,8 +875,8 @@ def main(argv=None):
     figures = {"chosen": {"structure": ms, "chroma": mc, "confirmed": got, "candidates": of,
                           "false": wrong}, "built": list(built), "radii": {},
                "alternatives": {}}
-    print("\n'2 hashes': whole and central 90%; '6 hashes': and the four 95% corner crops "
-          "(built); '+ before': confirmed as before (19 windows, <= 0.25, <= 3); '+ means': "
+    print("\n'2 hashes': whole and central 90%; '6 hashes': and the four 95% corner crops; "
+          "'7 hashes': and the thumbnail's central 85%, made at commit (built); '+ before': confirmed as before (19 windows, <= 0.25, <= 3); '+ means': "
           "49 windows, the whole means' chroma (<= 0.29, <= 4.4: before the colour grid); "
           "'+ conf': "
           "the built confirmation (49 windows, chroma over the window they line up, its "
@@ -707,10 +885,10 @@ def main(argv=None):
     print(f"\n{'radius':>6} {'scheme':<17} {'pairs':<6} {'single':>7} {'combo':>7} "
           f"{'fresh':>7} {'direct':>8} {'implied':>8}  false pairs by class")
     for rad in radii:
-        for hashed, d in (("2 hashes", dist2), ("6 hashes", dist)):
-            for scheme, confirm in ((hashed, None), (f"{hashed} + before", before_descriptor),
-                                    (f"{hashed} + means", means_descriptor),
-                                    (f"{hashed} + conf", built_descriptor)):
+        for hashed, d, confirms in (("2 hashes", dist2, ALL_CONFIRMS),
+                                    ("6 hashes", dist6, ALL_CONFIRMS),
+                                    ("7 hashes", dist, (("", None), (" + conf", built_descriptor)))):
+            for scheme, confirm in ((hashed + name, fn) for name, fn in confirms):
                 for part, universe in (("all", everything), ("A", choose), ("B", report)):
                     cd = np.nonzero((d <= rad) & universe)[0]
                     keep = (np.ones(len(cd), bool) if confirm is None else
@@ -734,9 +912,17 @@ def main(argv=None):
     print("  positives the confirmation rejects (class, photo group, structure, chroma): "
           + "; ".join(f"{pclass[q]} {group[i[q]]} {float(s[k]):.3f} {float(c[k]):.2f}"
                       for k, q in enumerate(cand) if q in set(rejected.tolist())))
+    inside = within_fresh_bounds(applied, kind, i, j)
+    figures["bounds"] = bounds(keep, cand, pclass, inside,
+                               {"all": everything, "A": choose, "B": report})
+    figures["hard_overlap"] = hard_overlaps(label, cls, group, applied, i, j)
     figures["misses"] = misses(cand, keep, dist, smalls, group, i, j, pclass, report,
-                               ("single", "combo"))
-    figures["probes"] = probe_alternatives(hashes, smalls, cls, i, j, label, pclass,
+                               ("single", "combo"), applied, inside)
+    figures["thumbnail_probes"] = thumbnail_families(six, descs, smalls, cls, i, j, label,
+                                                     pclass, choose, report, r)
+    figures["windows"] = window_sets(cand, smalls, label, pclass, i, j,
+                                     {"all": everything, "A": choose, "B": report})
+    figures["probes"] = probe_alternatives(six, smalls, cls, i, j, label, pclass,
                                            {"all": everything, "A": choose, "B": report}, r)
     figures["plans"] = plan_recall(hashes, i, j, label, pclass, smalls, r, everything)
     print(f"\nalternatives at radius {r} (the hash's candidates, each confirmed by one "

@@ -8,7 +8,9 @@ scales.
     python benchmarks/bench_near_duplicates.py grouping [RADIUS [BANDS]]  # time, RSS, 50k-400k
     python benchmarks/bench_near_duplicates.py grouping2 [RADIUS]  # 1 vs 2 hashes an image
     python benchmarks/bench_near_duplicates.py scale [RADIUS]  # the build's plan, 50k-1M
-    python benchmarks/bench_near_duplicates.py            # all six
+    python benchmarks/bench_near_duplicates.py probe_cost [RADIUS]  # the join with and
+                                                          # without the 7th hash, 50k, 200k
+    python benchmarks/bench_near_duplicates.py            # all seven
     python benchmarks/bench_near_duplicates.py cost --record PATH   # the JSON record's path
 
 Needs the "bench" extra (imagehash as the yardstick; the photos scikit-image, scikit-learn
@@ -81,22 +83,27 @@ def encode(img, fmt, quality=90):
 KINDS = ("crop", "resize", "quality", "brightness", "format", "all")
 
 
-def variant(img, rng, kind):
+def variant(img, rng, kind, done=None):
     """One near-duplicate of `kind`: crop <= 10% of each side's length in all, resize to
     40-90%, brightness +/-10%, JPEG q40-95, the other format (PNG <-> JPEG q90), or all of
-    these at once (JPEG q40-95 or, 30% of the time, PNG)."""
+    these at once (JPEG q40-95 or, 30% of the time, PNG). `done` (a dict), if given, gets
+    what was done: the share of each side cut off, the scale, the brightness factor."""
+    done = {} if done is None else done
     fmt, quality = ("PNG", 90) if kind == "all" and rng.random() < 0.3 else ("JPEG", 90)
     if kind in ("crop", "all"):
         w, h = img.size
         cw, ch = rng.uniform(0, 0.10) * w, rng.uniform(0, 0.10) * h
         left, top = rng.uniform(0, cw), rng.uniform(0, ch)
         img = img.crop((round(left), round(top), round(w - (cw - left)), round(h - (ch - top))))
+        done["cut"] = (cw / w, ch / h)
     if kind in ("resize", "all"):
         s = rng.uniform(0.4, 0.9)
         img = img.resize((max(1, round(img.width * s)), max(1, round(img.height * s))),
                          Image.Resampling.LANCZOS)
+        done["scale"] = s
     if kind in ("brightness", "all"):
-        img = ImageEnhance.Brightness(img).enhance(rng.uniform(0.9, 1.1))
+        done["brightness"] = rng.uniform(0.9, 1.1)
+        img = ImageEnhance.Brightness(img).enhance(done["brightness"])
     if kind in ("quality", "all") and fmt == "JPEG":
         quality = rng.randint(40, 95)
     return encode(img, fmt, quality), kind
@@ -110,8 +117,10 @@ def overlap(a, b):
     return iw * ih / small
 
 
-def corpus(rng):
-    """[(data, photo index, scene box, kind)]; scene boxes are fractions of the photo."""
+def corpus(rng, done=None):
+    """[(data, photo index, scene box, kind)]; scene boxes are fractions of the photo.
+    `done` (a list), if given, gets one dict an item: what `variant` did ({} for an original
+    or a format swap)."""
     items = []
     for p, (_, img) in enumerate(photos()):
         scenes = [(0.0, 0.0, 1.0, 1.0)]
@@ -124,13 +133,17 @@ def corpus(rng):
             scene = img.crop(tuple(round(v * s) for v, s in zip(box, (w, h, w, h))))
             original = "PNG" if k % 2 else "JPEG"
             items.append((encode(scene, original), p, box, "original"))
+            made = [{}]
             for kind in KINDS:
-                data, kind = variant(scene, rng, kind)
+                made.append({})
+                data, kind = variant(scene, rng, kind, made[-1])
                 if kind == "format" and original == "PNG":
                     data = encode(scene, "JPEG")
                 elif kind == "format":
                     data = encode(scene, "PNG")
                 items.append((data, p, box, kind))
+            if done is not None:
+                done.extend(made)
     return items
 
 
@@ -795,24 +808,31 @@ def synthetic_extras(h, real, seed=SEED):
     return out
 
 
-def scale_one(n, radius, real_path):
+def scale_one(n, radius, real_path, thumbnails=0):
     """near_pairs on n images with six hashes each (as a build has: whole, centre, four
     corners in the descriptor's probe bytes), in a child process: seconds, grouping MB,
-    pairs, planted copies found, planted, the plan, its exact radius."""
+    pairs, planted copies found, planted, the plan, its exact radius. `thumbnails` 1: each
+    row's thumbnail seeded noise, so the build makes it a seventh hash at commit
+    (descriptor.thumbnail_probes, unrelated to its other hashes); 0: a flat thumbnail (no
+    seventh hash), as before it."""
     from beam_pipeline.dedup import descriptor, near_duplicates
 
     h, planted = synthetic_hashes(n, radius, real_path)
     extras = synthetic_extras(h, np.load(real_path.replace(".npy", "-all.npy")))
     base_real = len(np.load(real_path))
     blank = bytes(descriptor.CONFIRM_SIZE)
+    noise = np.random.default_rng(SEED + 3)
 
     def rows():  # made as the grouping reads them, 50,000 at a time (flat memory)
         for lo in range(0, n, 50_000):
             more = extras[lo:lo + 50_000].tolist()
+            thumbs = (noise.integers(0, 256, (50_000, descriptor.SIDE ** 2), np.uint8)
+                      if thumbnails else None)
             for k, v in enumerate(h[lo:lo + 50_000].tolist()):
                 probes = b"".join(x.to_bytes(8, "big") for x in more[k][1:])
+                rest = (thumbs[k].tobytes() + blank[-3:]) if thumbnails else blank
                 yield near_duplicates.Row(f"{lo + k:08d}", "train", v, False, more[k][0],
-                                          probes + blank)
+                                          probes + rest)
 
     plans = []
     before = _memory_kb("VmRSS")
@@ -871,6 +891,38 @@ def scale(radius=None):
           + "\n  ".join(cells))
 
 
+PROBE_SIZES = (50_000, 200_000)
+
+
+def probe_cost(radius=None):
+    """The join with the seventh hash made at commit from the thumbnail beside the join
+    without it, side by side: the same synthetic rows (scale's six hashes) with seeded
+    noise thumbnails or flat ones, one child process per run, alternating, the faster of 3;
+    CPU seconds per image (making the seventh hash included)."""
+    from beam_pipeline.dedup import descriptor, near_duplicates
+
+    radius = near_duplicates.DEFAULT_RADIUS if radius is None else radius
+    smalls = [small_rgb(d) for d, *_ in corpus(random.Random(SEED))]
+    real = np.array([perceptual.phash_pair(s) + descriptor.probes(descriptor.describe(s))
+                     for s in smalls], dtype=np.uint64)
+    real_path = _saved(real, "all")
+    print(f"join at radius {radius}, six hashes an image against six and the thumbnail's "
+          "(made at commit), the faster of 3 alternating runs, CPU us per image")
+    for n in PROBE_SIZES:
+        runs = {0: [], 1: []}
+        for _ in range(3):
+            for thumbs in (0, 1):
+                r = subprocess.run([sys.executable, __file__, "_scale", str(n), str(radius),
+                                    real_path, str(thumbs)], capture_output=True, text=True,
+                                   check=True)
+                took, grew, found, hits, planted, plan, exact = r.stdout.split()
+                runs[thumbs].append((float(took) / n * 1e6, float(grew), plan))
+        six, seven = min(runs[0]), min(runs[1])
+        print(f"  {n:>9,} images: six {six[0]:6.1f} us ({six[2]}, {six[1]:.0f} MB), with the "
+              f"seventh {seven[0]:6.1f} us ({seven[2]}, {seven[1]:.0f} MB): "
+              f"{seven[0] - six[0]:+.1f} us, {seven[0] / six[0]:.2f}x")
+
+
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     what = sys.argv[1] if len(sys.argv) > 1 else "all"
@@ -878,7 +930,8 @@ if __name__ == "__main__":
         grouping_one(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5],
                      float(sys.argv[6]))
     elif what == "_scale":
-        scale_one(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+        scale_one(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4],
+                  *map(int, sys.argv[5:6]))
     elif what == "_group2":
         grouping_two_one(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
     else:
@@ -890,7 +943,8 @@ if __name__ == "__main__":
         record, figures = Record("bench_near_duplicates", {"mode": what, "args": args,
                                                            "record": path}), {}
         for name, fn in (("accuracy", accuracy), ("cost", cost), ("build", build),
-                         ("grouping", grouping), ("grouping2", grouping2), ("scale", scale)):
+                         ("grouping", grouping), ("grouping2", grouping2), ("scale", scale),
+                         ("probe_cost", probe_cost)):
             if what in (name, "all"):
                 print(f"== {name}")
                 with printed() as lines:  # its modes print their tables; kept as printed

@@ -117,7 +117,7 @@ def test_planted_cross_split_pair_is_reported_everywhere(reported):
     rejected = m["near_duplicates"]["rejected"]
     assert m["near_duplicates"] == {
         "path": "near_duplicates.jsonl", "rejected_path": "near_duplicates_rejected.jsonl",
-        "hash": "phash64x6", "confirm": "luma16-chroma/3", "radius": 8,
+        "hash": "phash64x6+thumb85", "confirm": "luma16-chroma/3", "radius": 8,
         "exact_radius": 8, "found_at_radius": 1.0,
         "max_structure": descriptor.MAX_STRUCTURE, "max_chroma": descriptor.MAX_CHROMA,
         "max_mean_chroma": descriptor.MAX_MEAN_CHROMA,
@@ -181,7 +181,8 @@ def test_a_ten_percent_crop_is_found_through_the_central_hash_and_left_out(tmp_p
     m = result["manifest"]
     assert m["accounting"] == dict(m["accounting"], listed=5, written=4, duplicates=0,
                                    failed=0, leaks=1)
-    assert m["near_duplicates"]["hash"] == "phash64x6" and m["near_duplicates"]["excluded"] == 1
+    assert m["near_duplicates"]["hash"] == "phash64x6+thumb85"
+    assert m["near_duplicates"]["excluded"] == 1
     assert m["splits"]["test"]["num_examples"] == 1
     table = pd.read_parquet(os.path.join(result["version_dir"], layout.CATALOG))
     row = table.set_index("key").loc["train/cat/p31.jpg"]
@@ -268,6 +269,8 @@ def test_previous_verdicts_count_only_when_confirmed_alike(tmp_path):
     assert not leaks._confirmed_alike(vdir)  # no manifest
     for near, alike in ((None, False), (leaks.confirm_spec(), True),
                         (dict(leaks.confirm_spec(), confirm="luma16-chroma/1"), False),
+                        # proposed by the six stored hashes alone: pairs it held may be missing
+                        (dict(leaks.confirm_spec(), hash="phash64x6"), False),
                         (dict(leaks.confirm_spec(), max_chroma=3.0), False),
                         (dict(leaks.confirm_spec(), max_mean_chroma=3.0), False),
                         (dict(leaks.confirm_spec(), max_structure=0.25), False)):
@@ -315,20 +318,42 @@ def test_closest_rejects_lines_name_the_measure_and_the_build_limits(tmp_path):
 
 
 @pytest.mark.slow
-def test_verify_prints_the_closest_rejected_cross_split_pairs(reported, capsys):
+def test_verify_prints_the_closest_rejected_cross_split_pairs(reported, tmp_path, capsys):
+    """The planted build rejects no cross-split candidate, so a copy of it gets three
+    rejected lines (a colour and a structure rejection across splits, one within train):
+    verify prints the cross-split ones nearest the build's limits first, each with both
+    measures and the one that rejected it."""
+    import shutil
+
     from beam_pipeline.tools import verify
 
-    with open(os.path.join(reported["version_dir"], layout.NEAR_DUPLICATES_REJECTED)) as f:
-        across = [p for p in grouping.read_pairs(f) if p.spans_splits]
-    assert verify.main([reported["root"], "--near_duplicate_rejects", "2"]) == 0
+    root = str(tmp_path / "ds")
+    shutil.copytree(reported["root"], root)
+    vdir = os.path.join(root, os.path.relpath(reported["version_dir"], reported["root"]))
+    added = [grouping.NearPair(("test/cat/q0.jpg", "train/cat/p1.jpg"), ("test", "train"), 7,
+                               0.4123, 0.5, False),
+             grouping.NearPair(("test/cat/q1.jpg", "train/cat/p2.jpg"), ("test", "train"), 5,
+                               0.02, 2.75, False),
+             grouping.NearPair(("train/cat/p3.jpg", "train/cat/p4.jpg"), ("train", "train"), 3,
+                               0.32, 0.0, False)]
+    with open(os.path.join(vdir, layout.NEAR_DUPLICATES_REJECTED), "a") as f:
+        f.write("".join(p.to_json() + "\n" for p in added))
+    assert verify.main([root, "--near_duplicate_rejects", "1"]) == 0
     out = capsys.readouterr().out.splitlines()
-    shown = min(2, len(across))
-    assert out[0].startswith(f"closest rejected cross-split near-duplicate pairs ({shown} "
-                             "shown, of ")
-    assert len(out) == 1 + shown + 1 and out[-1].startswith("OK ")
-    assert all(" bits, structure " in line and "differs (" in line for line in out[1:-1])
+    assert out[0].startswith("closest rejected cross-split near-duplicate pairs (1 shown, of ")
+    assert out[1:-1] == [
+        "  test/cat/q1.jpg (test) ~ train/cat/p2.jpg (train): 5 bits, structure 0.02, chroma "
+        f"2.75, {2.75 / descriptor.MAX_CHROMA:.2f}x the limit: colour differs (2.75 > "
+        f"{descriptor.MAX_CHROMA:g})"]
+    assert out[-1].startswith("OK ")
+    assert verify.main([root, "--near_duplicate_rejects", "5"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in out[1:-1]] == [
+        "  test/cat/q1.jpg (test) ~ train/cat/p2.jpg (train)",
+        "  test/cat/q0.jpg (test) ~ train/cat/p1.jpg (train)"]
+    assert out[2].endswith(f"structure differs (0.4123 > {descriptor.MAX_STRUCTURE:g})")
     with pytest.raises(SystemExit):
-        verify.main([reported["root"], "--near_duplicate_rejects", "-1"])
+        verify.main([root, "--near_duplicate_rejects", "-1"])
     assert "--near_duplicate_rejects -1: must be >= 0" in capsys.readouterr().err
 
 

@@ -244,6 +244,55 @@ def test_a_pair_found_only_through_the_corner_probes_comes_back_whole():
                                    for r in rows], radius=2))  # without the probes: none
 
 
+def test_a_pair_found_only_through_the_thumbnail_probe_comes_back_whole():
+    """Two rows whose six stored hashes are all far apart but whose thumbnails are one: the
+    seventh hash, made at commit from the thumbnail's central 85%, pairs them at 0 bits, and
+    the rows come back with their own hashes, centre and descriptor. A flat thumbnail, or a
+    descriptor without stored probes, gets no seventh hash."""
+    rng = np.random.default_rng(12)
+    d = descriptor.describe(rng.integers(0, 256, (12, 16, 3), dtype=np.uint8).repeat(4, 0)
+                            .repeat(4, 1))
+    far = [rng.integers(0, 2**63, 6, dtype=np.int64).tolist() for _ in range(2)]
+    assert min(perceptual.hamming(a, b) for a in far[0] for b in far[1]) > 12
+    rows = [Row(f"{k}.jpg", "train", h[0], center=h[1],
+                descriptor=b"".join(x.to_bytes(8, "big") for x in h[2:]) + d[32:])
+            for k, h in enumerate(far)]
+    made = descriptor.thumbnail_probes([r.descriptor for r in rows])
+    assert made[0] == made[1] and made[0] not in far[0] + far[1]
+    ((a, b, dist),) = nd.find_pairs(rows, radius=8)
+    assert dist == 0 and {a.key: a for a in (a, b)} == {r.key: r for r in rows}
+    (pair,) = nd.near_pairs(rows, radius=8)
+    assert pair.confirmed and pair.structure == 0.0
+    flat = d[:32] + bytes(d[32:-descriptor.CONFIRM_SIZE]) + bytes([100] * 256) + d[-3:]
+    assert descriptor.thumbnail_probes([flat, d[-descriptor.CONFIRM_SIZE:], None, d[32:]]) == [
+        None] * 4
+    old = [dataclasses.replace(r, descriptor=r.descriptor[-descriptor.CONFIRM_SIZE:])
+           for r in rows]
+    assert not list(nd.find_pairs(old, radius=8))  # no stored probes: no thumbnail probe
+
+
+def test_the_thumbnail_probe_is_the_phash_of_the_thumbnails_central_85_percent():
+    """The probe against one made independently: the thumbnail's central 85% resampled back
+    to 16 px by Pillow (bilinear), scipy's DCT-II, its 8x8 lowest frequencies, each bit above
+    their median. Adding 10 levels (brightness) moves only the DC term: the same hash."""
+    from PIL import Image
+    from scipy.fft import dct
+
+    side = descriptor.SIDE
+    thumb = np.random.default_rng(13).integers(20, 200, (side, side)).astype(np.float32)
+
+    def desc(t):
+        return (bytes(8 * descriptor.PROBES + 48) + t.astype(np.uint8).tobytes()
+                + bytes([120, 128, 128]))
+
+    (h,), (brighter,) = (descriptor.thumbnail_probes([desc(t)]) for t in (thumb, thumb + 10))
+    cut = np.asarray(Image.fromarray(thumb, "F").resize(
+        (side, side), Image.Resampling.BILINEAR, box=(1.2, 1.2, 14.8, 14.8)), np.float64)
+    low = dct(dct(cut, axis=0), axis=1)[:8, :8].ravel()
+    assert h == int("".join("1" if b else "0" for b in low > np.median(low)), 2)
+    assert h == brighter and 20 < h.bit_count() < 44
+
+
 def test_signed_hashes_from_a_catalog_column_are_read_as_unsigned():
     rows = [Row("a", "train", -1), Row("b", "test", (1 << 64) - 2)]
     (p,) = nd.near_pairs(rows, radius=1)

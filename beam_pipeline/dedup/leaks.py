@@ -7,18 +7,20 @@ Byte hashes (dedup/duplicates.py) miss the copies that inflate test scores most:
 photo resized, re-compressed, lightly cropped or re-exported. The writer stores six 64-bit
 pHashes per image (--near_duplicates): of the whole image and of its central 90% (catalog
 columns phash, phash_center) and of the four 95% corner crops (the first 32 bytes of
-near_descriptor), so a crop of up to 10% stays near one of them; near_descriptor also holds
+near_descriptor), so a crop of up to 10% stays near one of them, and a seventh made here
+from the stored thumbnail's central 85%; near_descriptor also holds
 what confirms a candidate (dedup/descriptor.py: a 16x16 luma thumbnail and the mean colour).
 This step streams (key, split, phash, phash_center, near_descriptor) from the shards' catalog
 fragments into the multi-index join (dedup/near_duplicates.py), where a pair's hash distance
-is the least of its 36 hash pairs, then compares the candidates' descriptors; memory stays
+is the least of its (up to 49) hash pairs, then compares the candidates' descriptors; memory stays
 flat.
 
 Incremental: rows of reused and copied shards are old; only pairs with a new row are
 searched, and the previous version's measured pairs between rows still unchanged are
 carried over, so the files always describe the whole version: only when that version was
 confirmed as this one confirms (the same `CONFIRM` and limits), else every pair is measured
-again. A row without a descriptor (a catalog written before it) can't be confirmed: its
+again (and when it proposed them with other hashes: it may have missed pairs between rows
+it held). A row without a descriptor (a catalog written before it) can't be confirmed: its
 candidates are listed as rejected with that reason, and a --full_rebuild describes them.
 
 A leak is an evaluation image with a confirmed pair with a train image: a pair, never a
@@ -38,7 +40,9 @@ from beam_pipeline.store import catalog, files
 from beam_pipeline.kinds import Kind
 from dataset_format import layout
 
-HASH = "phash64x6"  # 64-bit pHashes: whole, central 90% (perceptual.phash_pair), 4 corners (descriptor.probes)
+HASH = "phash64x6+thumb85"  # 64-bit pHashes: whole, central 90% (perceptual.phash_pair), 4
+# corners (descriptor.probes), and one made at commit of the thumbnail's central 85%
+# (descriptor.thumbnail_probes); "phash64x6": without that one
 CONFIRM = "luma16-chroma/3"  # dedup/descriptor.py: structure (49 windows), colour over the
 # lined-up window (the grid); /2: colour of the whole means; /1: 19 windows
 TRAIN = "train"
@@ -125,9 +129,10 @@ def _previous_pairs(spec):
 
 
 def confirm_spec():
-    """What decides a verdict, as `report` writes it to the manifest: a previous version's
-    verdicts are this build's only when these are equal."""
-    return {"confirm": CONFIRM, **_limits()}
+    """What decides the pairs, as `report` writes it to the manifest: the hashes that propose
+    them and what confirms them. A previous version's pairs are this build's only when these
+    are equal (with other hashes it may have missed pairs between rows it held)."""
+    return {"hash": HASH, "confirm": CONFIRM, **_limits()}
 
 
 def _limits():
@@ -136,8 +141,8 @@ def _limits():
 
 
 def _confirmed_alike(vdir):
-    """Whether the version at `vdir` confirmed its pairs as this build does (its manifest's
-    near_duplicates entry names the same comparison and limits)."""
+    """Whether the version at `vdir` found and confirmed its pairs as this build does (its
+    manifest's near_duplicates entry names the same hashes, comparison and limits)."""
     path = layout.join(vdir, layout.MANIFEST)
     if not files.exists(path):
         return False

@@ -11,11 +11,14 @@ the descriptors agree (structure and colour): the hash proposes, the descriptor 
 the benchmark's hard negatives (smooth gradients, discs on black, textures, flat fields) the
 hash alone paired unrelated images (docs/near_duplicates.md).
 
-Six hashes per image: the whole and central 90% (dedup/perceptual.phash_pair; a row's
-`center`) and the four 95% corner crops its descriptor carries (descriptor.probes). All go
-to the join as hashes of the same row; a pair's distance is the least of its (up to 36)
-hash pairs, a row never pairs with itself, and each pair of rows is yielded once. Rows from
-catalogs written before the corner or centre hashes take part with the hashes they have.
+Seven hashes per image: the whole and central 90% (dedup/perceptual.phash_pair; a row's
+`center`), the four 95% corner crops its descriptor carries (descriptor.probes) and one
+made here from its stored thumbnail's central 85% (descriptor.thumbnail_probes, batched as
+the rows are spilled; none for a flat thumbnail, or a descriptor without stored probes).
+All go to the join as hashes of the same row; a pair's distance is the least of its (up to
+49) hash pairs, a row never pairs with itself, and each pair of rows is yielded once. Rows
+from catalogs written before the corner or centre hashes take part with the hashes they
+have.
 
 Incremental: rows are `old` (already in the previous catalog, paired before) or new; only new
 rows look for partners, so a nightly run costs the new rows' buckets, not the catalog's.
@@ -31,6 +34,7 @@ measured pairs; `components` (connected sets of confirmed pairs) serve only the 
 """
 
 import dataclasses
+import itertools
 import json
 import os
 import tempfile
@@ -151,6 +155,7 @@ def _verdicts(candidates):
     return out
 
 
+PROBE_BATCH = 1024  # rows whose thumbnail probes are made at once (one batched product)
 CONFIRM_BATCH = 1024  # candidate pairs compared at once: <= 2,048 images' 49 windows, ~58 MB
 
 
@@ -272,28 +277,31 @@ class _Spilled:
             add_hash, add_old, add_owner, add_line = (hashes.append, olds.append, owners.append,
                                                       lines.append)
             chunk = multi_index.SCAN_ROWS
-            for row in rows:  # ~1.5 us a row: the spill is linear in the catalog
-                add_hash(row.hash & _U64)
-                add_old(row.old)
-                add_owner(self.n)
-                d = row.descriptor
-                for extra in ((row.center,) if row.center is not None else ()) + \
-                        descriptor.probes(d):
-                    add_hash(extra & _U64)
+            rows = iter(rows)
+            while batch := list(itertools.islice(rows, PROBE_BATCH)):
+                made = descriptor.thumbnail_probes([r.descriptor for r in batch])
+                for row, thumb in zip(batch, made):  # ~1.5 us a row: linear in the catalog
+                    add_hash(row.hash & _U64)
                     add_old(row.old)
                     add_owner(self.n)
-                self.n += 1
-                key, split = row.key, row.split
-                if "\\" in key or "\t" in key or "\n" in key:
-                    key = _escape(key)
-                if split not in splits:
-                    splits[split] = _escape(split)
-                add_line(f"{key}\t{splits[split]}\n")
-                descs.append(_record(d))
-                if len(hashes) >= chunk:
-                    self._flush(hashes, olds, owners, lines, kf, of)
-                    df.write(b"".join(descs))
-                    descs.clear()
+                    d = row.descriptor
+                    for extra in ((row.center,) if row.center is not None else ()) + \
+                            descriptor.probes(d) + ((thumb,) if thumb is not None else ()):
+                        add_hash(extra & _U64)
+                        add_old(row.old)
+                        add_owner(self.n)
+                    self.n += 1
+                    key, split = row.key, row.split
+                    if "\\" in key or "\t" in key or "\n" in key:
+                        key = _escape(key)
+                    if split not in splits:
+                        splits[split] = _escape(split)
+                    add_line(f"{key}\t{splits[split]}\n")
+                    descs.append(_record(d))
+                    if len(hashes) >= chunk:
+                        self._flush(hashes, olds, owners, lines, kf, of)
+                        df.write(b"".join(descs))
+                        descs.clear()
             self._flush(hashes, olds, owners, lines, kf, of)
             df.write(b"".join(descs))
         self.spill.close()
@@ -328,12 +336,14 @@ class _Spilled:
             descs = [_descriptor(os.pread(fd, _DESC_RECORD, i * _DESC_RECORD))
                      for i in ids.tolist()]
         centers = [None] * len(ids)
-        if self.two:  # a row's hashes: whole, its centre if it has one, then its probes
+        if self.two:  # a row's hashes: whole, its centre if it has one, its stored probes,
+            # then the one made from its thumbnail (if any)
             count = np.searchsorted(self.owner, ids, "right").astype(np.int64) - first
             after = np.minimum(first + 1, self.spill.n - 1)
-            centers = [c if k - len(descriptor.probes(d)) == 2 else None
-                       for c, k, d in zip(self.spill.hashes[after].tolist(), count.tolist(),
-                                          descs)]
+            made = [int(t is not None) for t in descriptor.thumbnail_probes(descs)]
+            centers = [c if k - len(descriptor.probes(d)) - m == 2 else None
+                       for c, k, d, m in zip(self.spill.hashes[after].tolist(), count.tolist(),
+                                             descs, made)]
         out, wanted = {}, enumerate(ids.tolist())
         at, nxt = next(wanted)
         with open(self.keys_path, encoding="utf-8", errors="surrogatepass",
