@@ -278,6 +278,41 @@ def test_gcs_folder_listing_retries_503_and_names_a_403(proxy, gcs_objects):
             listed(f"{base}/in")
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("status", [403, 401])
+def test_gcs_credentials_refused_before_anything_is_read_exit_2_for_401_as_for_403(
+        proxy, gcs_objects, capsys, status):
+    """Listing --input, checking that it exists, stat'ing a manifest's objects: the first
+    reads of what the command names. A 401 (credentials refused; the emulator's anonymous
+    ones cannot be refreshed) is the command's as a 403 is: exit 2. Before: 403 exit 2,
+    401 exit 1 ("cannot list ...")."""
+    from beam_pipeline import cli
+
+    base, _ = gcs_objects
+    said = "permission denied (403)" if status == 403 else "credentials refused (401"
+    proxy.fail("prefix=in/cat/", status)
+    with pytest.raises(UserError, match=re.escape(f"{base}/in/cat/: {said}")):
+        listed(f"{base}/in")
+    assert cli.main(["--input", f"{base}/in", "--output", f"{base}/ds"] + FAST) == 2
+    err = capsys.readouterr().err
+    assert f"error: {base}/in/cat/: {said}" in err and err.count("\nerror") == 0, err
+    proxy.fail_clear()
+    proxy.fail("in/cat/b?.jpg", status)  # a manifest's object, read one by one
+    proxy.fail("prefix=in/cat/", 403)
+    with pytest.raises(UserError, match=re.escape(
+            f"{base}/lists/cats.csv:4: {base}/in/cat/b?.jpg: {said}")):
+        listed(f"{base}/lists/cats.csv")
+    proxy.fail_clear()
+    proxy.fail("prefix=in", status)  # --input's existence, checked before the output root
+    assert cli.main(["--input", f"{base}/in", "--output", f"{base}/ds"] + FAST) == 2
+    assert f"{base}/in: {said}" in capsys.readouterr().err
+    proxy.fail_clear()
+    proxy.fail("lists/cats.csv", status)  # the manifest file itself
+    assert cli.main(["--input", f"{base}/lists/cats.csv", "--output", f"{base}/ds"]
+                    + FAST) == 2
+    assert f"{base}/lists/cats.csv: {said}" in capsys.readouterr().err
+
+
 # --- the shard writer never holds more than it should ------------------------------------------
 
 class CountingPool:

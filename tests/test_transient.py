@@ -411,7 +411,7 @@ def test_the_versions_a_build_resumes_from_are_listed_or_it_fails(night, proxy, 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("status, code", [(503, 1), ("timeout", 1), (403, 2)])
+@pytest.mark.parametrize("status, code", [(503, 1), ("timeout", 1), (403, 2), (401, 2)])
 def test_a_label_file_out_of_reach_is_an_outage_not_a_wrong_command(
         night, proxy, gcs, patient_retries, capsys, status, code):
     """Before: any failure to read --label_file was exit 2 ("the command is wrong"), so a
@@ -422,8 +422,11 @@ def test_a_label_file_out_of_reach_is_an_outage_not_a_wrong_command(
     line = _failed_night(proxy, gcs, capsys, ["--input", src, "--output", root, *ARGS,
                                          "--label_file", labels], "labels.txt", status, code)
     assert labels in line, line
-    if code == 2:
+    if status == 403:
         assert line.startswith(f"error: --label_file {labels}: cannot read it (403 "), line
+    if status == 401:  # the emulator's anonymous credentials cannot be refreshed
+        assert line.startswith(f"error: --label_file {labels}: cannot read it (Anonymous "
+                               "credentials cannot be refreshed"), line
 
 
 @pytest.mark.slow
