@@ -11,7 +11,8 @@ goes through the proxy):
 2. the same folder again (unchanged night);
 3. +1% night: new photographs, each padded (a JPEG comment) to the size of a stored one,
    so size alone cannot tell them apart; the bytes it adds under the root (every version,
-   as billed) against the dataset's shard bytes;
+   as billed) against the dataset's shard bytes; the previous catalog's bytes its reuse
+   and copy tasks download (each reads its shard's rows), against the catalog's size;
 4. every file renamed (copied under new names): same bytes, new keys: the build re-frames
    every stored record;
 5. a CSV manifest of gs:// uris: built once, then again unchanged.
@@ -163,9 +164,15 @@ def nights(emulator, counter, code, n, shards):
     m = latest_manifest(emulator, root)
     gets, _ = media(log, "/in/")
     added = stored_bytes(emulator, root) - stored
+    catalog_size = emulator.list(f"{root}/versions/{previous}/catalog.parquet")
+    previous_catalog = [down for kind, _, target, down in log if kind == "media_get"
+                        and f"/versions/{previous}/catalog.parquet" in unquote(target)]
     figures["+1% night"] = dict(new=len(new), seconds=sec, requests=totals["requests"],
                                 launcher_input_downloads=gets - m["build"]["converted"],
                                 stored_added=added, storage_share=added / shard_bytes(m),
+                                previous_catalog_gets=len(previous_catalog),
+                                previous_catalog_share=sum(previous_catalog)
+                                / sum(catalog_size.values()),
                                 copies=sum(1 for kind, _, target, _ in log if kind == "copy"
                                            and f"/versions/{previous}/" in unquote(target)),
                                 totals=totals)
@@ -209,6 +216,10 @@ TARGETS = (
      "~ 0.01"),
     ("+1% night: server-side copies of the previous version's objects", "+1% night",
      "copies", "0"),
+    ("+1% night: previous catalog GETs (launcher's reads, reuse/copy tasks' rows)",
+     "+1% night", "previous_catalog_gets", "a few + 1 per task"),
+    ("+1% night: previous catalog bytes downloaded / its size", "+1% night",
+     "previous_catalog_share", "launcher's reads + ~1 for the tasks"),
     ("launcher input downloads, +1% night (same sizes)", "+1% night",
      "launcher_input_downloads", "0"),
     ("input GETs per converted image", "full build", "input_gets_per_image", "<= 1.1"),

@@ -12,6 +12,7 @@ tests/faults.py answering chosen requests with 503 or 403.
 import contextlib
 import json
 import os
+import random
 import re
 import shutil
 import tempfile
@@ -278,6 +279,41 @@ def test_gcs_folder_listing_retries_503_and_names_a_403(proxy, gcs_objects):
             listed(f"{base}/in")
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("status", [403, 401])
+def test_gcs_credentials_refused_before_anything_is_read_exit_2_for_401_as_for_403(
+        proxy, gcs_objects, capsys, status):
+    """Listing --input, checking that it exists, stat'ing a manifest's objects: the first
+    reads of what the command names. A 401 (credentials refused; the emulator's anonymous
+    ones cannot be refreshed) is the command's as a 403 is: exit 2. Before: 403 exit 2,
+    401 exit 1 ("cannot list ...")."""
+    from beam_pipeline import cli
+
+    base, _ = gcs_objects
+    said = "permission denied (403)" if status == 403 else "credentials refused (401"
+    proxy.fail("prefix=in/cat/", status)
+    with pytest.raises(UserError, match=re.escape(f"{base}/in/cat/: {said}")):
+        listed(f"{base}/in")
+    assert cli.main(["--input", f"{base}/in", "--output", f"{base}/ds"] + FAST) == 2
+    err = capsys.readouterr().err
+    assert f"error: {base}/in/cat/: {said}" in err and err.count("\nerror") == 0, err
+    proxy.fail_clear()
+    proxy.fail("in/cat/b?.jpg", status)  # a manifest's object, read one by one
+    proxy.fail("prefix=in/cat/", 403)
+    with pytest.raises(UserError, match=re.escape(
+            f"{base}/lists/cats.csv:4: {base}/in/cat/b?.jpg: {said}")):
+        listed(f"{base}/lists/cats.csv")
+    proxy.fail_clear()
+    proxy.fail("prefix=in", status)  # --input's existence, checked before the output root
+    assert cli.main(["--input", f"{base}/in", "--output", f"{base}/ds"] + FAST) == 2
+    assert f"{base}/in: {said}" in capsys.readouterr().err
+    proxy.fail_clear()
+    proxy.fail("lists/cats.csv", status)  # the manifest file itself
+    assert cli.main(["--input", f"{base}/lists/cats.csv", "--output", f"{base}/ds"]
+                    + FAST) == 2
+    assert f"{base}/lists/cats.csv: {said}" in capsys.readouterr().err
+
+
 # --- the shard writer never holds more than it should ------------------------------------------
 
 class CountingPool:
@@ -291,6 +327,74 @@ class CountingPool:
     def submit(self, fn, ref, *args):
         self.submitted += self.sizes[ref.uri]
         return self.pool.submit(fn, ref, *args)
+
+
+class _AskedFor:
+    """An open file that records the byte counts each read asked for; `fileno` may name
+    another (smaller) file: a size that went stale as the file grew."""
+
+    def __init__(self, f, fileno_of=None):
+        self.f, self.asked, self.fileno_of = f, [], fileno_of or f
+
+    def read(self, n=-1):
+        self.asked.append(n)
+        return self.f.read(n)
+
+    def fileno(self):
+        return self.fileno_of.fileno()
+
+
+def test_an_input_is_read_asking_for_its_size_not_the_limit(tmp_path):
+    """Before: f.read(max_bytes + 1) asked for 1 GiB + 1 (the default --max_image_mb), and
+    a read of n bytes allocates n first: 46 µs of CPU a 700-byte image, now 14."""
+    from beam_pipeline.job import inputs
+
+    data = random.Random(4).randbytes(700)
+    (tmp_path / "a.jpg").write_bytes(data)
+    limit = 1 << 30
+    with open(tmp_path / "a.jpg", "rb") as f:
+        asked = _AskedFor(f)
+        assert inputs.read_at_most(asked, limit) == data and asked.asked == [701]
+    with open(tmp_path / "a.jpg", "rb") as f:  # over the limit: limit + 1 bytes, as before
+        assert inputs.read_at_most(f, 40) == data[:41]
+    (tmp_path / "small").write_bytes(b"x" * 100)
+    with open(tmp_path / "a.jpg", "rb") as f, open(tmp_path / "small", "rb") as small:
+        grew = _AskedFor(f, fileno_of=small)  # fstat said 100 bytes; it holds 700 now
+        assert inputs.read_at_most(grew, limit) == data and grew.asked[0] == 101
+        grew = _AskedFor(open(tmp_path / "a.jpg", "rb"), fileno_of=small)
+        assert inputs.read_at_most(grew, 300) == data[:301]  # grew past the limit
+        grew.f.close()
+    assert inputs.read_bytes(str(tmp_path / "a.jpg"), 600) is None  # too large
+    assert inputs.read_bytes(str(tmp_path / "a.jpg"), 700) == data
+    assert inputs._LocalRead(str(tmp_path / "a.jpg"), limit).result() == (data, None)
+
+
+def test_a_local_shard_listing_is_streamed_not_held_whole(tmp_path):
+    """Before: the listing of the shard being written was held whole (~170 bytes an image;
+    a shard of tiny images lists up to ~180,000) for as long as the shard was written."""
+    import tracemalloc
+
+    from beam_pipeline.job import inputs
+
+    refs = [ImageRef(f"class{i % 100:02d}/{i:07d}.jpg", f"/data/in/class{i % 100:02d}/"
+                     f"{i:07d}.jpg", f"class{i % 100:02d}", None, 700 + i % 97,
+                     f"{1_700_000_000_000_000_000 + i}:{1_700_000_000_000_000_000 + i}")
+             for i in range(25_000)]
+    listing = tmp_path / "listing.jsonl"
+    listing.write_text("".join(ref.to_json() + "\n" for ref in refs))
+    assert listing.stat().st_size > 3 << 20
+    tracemalloc.start()
+    try:
+        read = inputs.read_listing(str(listing))
+        first = next(read)
+        count, last = 1, first
+        for last in read:
+            count += 1
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert (first, last, count) == (refs[0], refs[-1], len(refs))
+    assert peak < 1 << 20, peak  # the file's buffer and a ref, not the file
 
 
 def test_read_ahead_is_bounded_in_bytes(tmp_path):

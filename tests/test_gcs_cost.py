@@ -256,3 +256,75 @@ def test_a_shuffled_manifest_still_names_the_file_and_line_of_a_bad_uri(tmp_path
         list(manifests.list_manifest(str(manifest)))
     assert str(e.value) == (f"{manifest}:{line}: s3://bucket/x.jpg: only local paths and "
                             "gs:// uris are supported")
+
+
+def _catalog_bytes(shards, rows, seed):
+    """A catalog.parquet of `shards` row groups (one per shard, as commit writes them) of
+    `rows` seeded rows each -> (its bytes, each row as catalog.read_numbered gives it)."""
+    import hashlib
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from beam_pipeline.store import catalog
+    from dataset_format import catalog_schema
+
+    rnd, out, expected = random.Random(seed), io.BytesIO(), []
+    with pq.ParquetWriter(out, catalog.SCHEMA) as writer:
+        for s in range(shards):
+            group = []
+            for p in range(rows):
+                key = f"class{rnd.randrange(100):03d}/{s:04d}_{p:04d}_{rnd.getrandbits(40):x}.jpg"
+                sha = hashlib.sha256(key.encode()).hexdigest()
+                group.append(dict(
+                    key=key, uri=f"gs://in/{key}", label=key[:8], label_id=int(key[5:8]),
+                    split="train", shard=s, file=f"night-train.tfrecord-{s:05d}-of-{shards:05d}",
+                    position=p, offset=p * 4_000, length=4_000, sha256=sha, height=48, width=64,
+                    input_size=rnd.randrange(1 << 20), input_stamp=f"gen:{rnd.getrandbits(50)}",
+                    input_sha256=sha, input_md5=sha[:22] + "==", phash=rnd.getrandbits(63),
+                    phash_center=rnd.getrandbits(63), near_descriptor=None))
+            writer.write_table(pa.Table.from_pylist(group, schema=catalog.SCHEMA))
+            expected += [catalog_schema.CatalogRow.from_dict(catalog_schema.nest_fields(r))
+                         for r in group]
+    return out.getvalue(), expected
+
+
+@pytest.mark.slow
+def test_a_reuse_task_downloads_its_shards_row_groups_not_the_catalog(gcs, gcs_bucket,
+                                                                    gcs_counter):
+    """catalog.read_numbered, as the reuse and copy tasks of one worker process call it:
+    before, each task downloaded the whole catalog (up to 16 MiB; a larger one, its first
+    16 MiB and then its rows): 8 tasks of a 40-shard catalog moved 8x its bytes. Now: its
+    size and footer once a process, then one ranged GET of each task's row group."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from beam_pipeline.store import catalog
+
+    shards, rows = 40, 100
+    data, expected = _catalog_bytes(shards, rows, seed=5)
+    path = gcs.upload_bytes(f"gs://{gcs_bucket}/ds/versions/V/catalog.parquet", data)
+    metadata = pq.ParquetFile(pa.BufferReader(data)).metadata
+    group_bytes = [sum(metadata.row_group(g).column(c).total_compressed_size
+                       for c in range(metadata.num_columns)) for g in range(shards)]
+    footer = int.from_bytes(data[-8:-4], "little") + 8
+    tasks = [[7], [3], [12, 13], [39], [0], [21], [30], [8]]  # a task's rows: its shard's
+    numbers = [[n for s in t for n in range(s * rows, (s + 1) * rows)] for t in tasks]
+    numbers[1] = numbers[1][:40] + [numbers[1][40]] * 3 + numbers[1][41:]  # repeats allowed
+    catalog._FOOTERS.clear()  # a fresh worker process
+    gcs_counter.reset()
+    for wanted in numbers:
+        assert catalog.read_numbered(path, wanted) == [expected[n] for n in wanted]
+    reads = [(kind, down) for kind, _, target, down in gcs_counter.log
+             if "catalog.parquet" in target]
+    media = [down for kind, down in reads if kind == "media_get"]
+    read_groups = sum(group_bytes[s] for t in tasks for s in t)
+    assert sum(media) <= footer + (64 << 10) + read_groups, (sum(media), len(data))
+    assert sum(media) < len(data) / 2  # 8 tasks: less than half the catalog, once
+    # the object's size and its footer (one or two ranged GETs) once; a GET per row group
+    assert len(reads) <= 1 + 2 + sum(len(t) for t in tasks), reads
+    gcs_counter.reset()
+    assert catalog.read_numbered(path, numbers[0]) == [expected[n] for n in numbers[0]]
+    again = [down for kind, _, target, down in gcs_counter.log if "catalog.parquet" in target]
+    assert len(again) == 1 and again[0] == group_bytes[7], again  # the footer is kept

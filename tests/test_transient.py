@@ -411,7 +411,7 @@ def test_the_versions_a_build_resumes_from_are_listed_or_it_fails(night, proxy, 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("status, code", [(503, 1), ("timeout", 1), (403, 2)])
+@pytest.mark.parametrize("status, code", [(503, 1), ("timeout", 1), (403, 2), (401, 2)])
 def test_a_label_file_out_of_reach_is_an_outage_not_a_wrong_command(
         night, proxy, gcs, patient_retries, capsys, status, code):
     """Before: any failure to read --label_file was exit 2 ("the command is wrong"), so a
@@ -422,8 +422,11 @@ def test_a_label_file_out_of_reach_is_an_outage_not_a_wrong_command(
     line = _failed_night(proxy, gcs, capsys, ["--input", src, "--output", root, *ARGS,
                                          "--label_file", labels], "labels.txt", status, code)
     assert labels in line, line
-    if code == 2:
+    if status == 403:
         assert line.startswith(f"error: --label_file {labels}: cannot read it (403 "), line
+    if status == 401:  # the emulator's anonymous credentials cannot be refreshed
+        assert line.startswith(f"error: --label_file {labels}: cannot read it (Anonymous "
+                               "credentials cannot be refreshed"), line
 
 
 @pytest.mark.slow
@@ -516,6 +519,37 @@ def test_verify_tells_a_read_that_failed_from_damage_and_from_not_a_dataset(
         assert str(status) in err, err
     assert verify.main([f"{root}-nothing"]) == 2  # damage, of a kind: no dataset there
     assert "not a dataset" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("what, status", [("shard", 403), ("shard", 503), ("index", 403),
+                                          ("index", 503)])
+def test_verify_tells_an_outage_on_a_shard_or_index_from_its_damage(
+        night, proxy, gcs, short_retries, capsys, what, status):
+    """Before: verify read shards and `.index` files through tf.io.gfile, outside the
+    project's storage layer: a 403 or 503 there was the file's damage in the report. Now:
+    exit 1, one line "cannot read FILE (...)", no report; storage back, the same version
+    verifies OK. (A persisting 503: past the 1 s retries.)"""
+    from beam_pipeline.tools import verify
+    from dataset_format import dataset_info
+
+    _, root, _ = night
+    vdir, manifest = dataset_info.load_manifest(root)
+    shard = sorted(sh.path for s in dataset_info.from_manifest(vdir, manifest).splits.values()
+                   for sh in s.shards)[-1]
+    named = shard if what == "shard" else layout.index_name(shard)
+    proxy.fail(named.split("/", 3)[3] + "?", status, method="GET")  # that object, not its index
+    try:
+        code = verify.main([root])
+        hits = list(proxy.forced_hits)
+    finally:
+        proxy.fail_clear()
+    err = capsys.readouterr().err
+    assert hits and code == 1, err
+    assert err.startswith(f"error: cannot read {named} (") and err.count("\n") == 1, err
+    assert "run verify again once storage answers" in err and "FAILED" not in err, err
+    assert str(status) in err, err
+    assert verify.main([root]) == 0, capsys.readouterr().err
 
 
 def test_a_local_listing_that_fails_is_not_an_empty_one(tmp_path):

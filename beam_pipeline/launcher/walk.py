@@ -11,6 +11,7 @@ import threading
 
 from beam_pipeline.errors import UserError
 from beam_pipeline.launcher import stamps
+from beam_pipeline.store import transient
 from beam_pipeline.store.gcs import client as shared_client
 from dataset_format.error_record import ErrorRecord
 
@@ -142,8 +143,8 @@ def gcs_retry():
 
 
 def named_pages(pages, where, what):
-    """Pages of a listing, with a failure that outlived the retries named: 403 is the user's
-    to fix (exit 2), anything else fails the build (exit 1)."""
+    """Pages of a listing, with a failure that outlived the retries named: a 401/403 is the
+    user's to fix (exit 2), anything else fails the build (exit 1)."""
     try:
         yield from pages
     except Exception as e:
@@ -151,12 +152,20 @@ def named_pages(pages, where, what):
 
 
 def gcs_failure(e, where, what):
+    """The error of a failed first read of what the command names (--input's folders, a
+    manifest and its objects): credentials refused, 403 or 401 alike (transient.is_denied),
+    are the command's (UserError, exit 2); anything else fails the build (exit 1)."""
     from google.api_core import exceptions
 
-    if isinstance(e, exceptions.Forbidden):
-        permission = "list" if what == "list" else "get"
-        return UserError(f"{where}: permission denied (403) to {what} it; grant the build's "
-                         f"account storage.objects.{permission}")
+    if transient.is_denied(e):
+        if any(isinstance(c, exceptions.Forbidden) for c in transient.causes(e)):
+            permission = "list" if what == "list" else "get"
+            return UserError(f"{where}: permission denied (403) to {what} it; grant the "
+                             f"build's account storage.objects.{permission}")
+        return UserError(f"{where}: credentials refused (401: {type(e).__name__}: "
+                         f"{_one_line(e)}) to {what} it; give the build credentials the "
+                         "storage accepts (application default credentials, or its service "
+                         "account)")
     return ListingFailed(f"cannot {what} {where}: {type(e).__name__}: {_one_line(e)}")
 
 

@@ -175,7 +175,11 @@ def read_numbered(path, numbers):
     """Rows of a catalog file by row number (file order, from 0; ascending, repeats allowed)
     -> [CatalogRow], reading only the row groups (one per shard) that hold them: a reuse or
     copy task's kept rows, which its listing names by number (job/reuse.read_task). The
-    footer is read once per process and file (~1 MB a million rows), not once a task.
+    footer is read once per process and file (~1 MB a million rows), not once a task; on
+    gs://, with the object's size (a metadata GET), then one ranged GET per row group
+    (gcs.RangedObject). Before, every task downloaded the whole catalog up to 16 MiB (a
+    larger one: its first 16 MiB, then 16 MiB chunks): a worker's 8 tasks of an 11.3 MiB
+    catalog downloaded 90 MiB, now 2.0 (benchmarks/bench_catalog_reads.py).
     A failure that proves no damage raises StorageUnavailable naming `path` (a local EIO
     retried first: transient.retrying); damage (missing, not Parquet, too few rows) raises
     as it is."""
@@ -189,12 +193,12 @@ def _read_numbered(path, numbers):
     import bisect
 
     key = _identity(path)
-    with files.open_seekable(path) as f:
-        metadata = _FOOTERS.get(key)
+    metadata, size = _FOOTERS.get(key, (None, None))
+    with _by_range(path, size) as f:
         source = pq.ParquetFile(f, metadata=metadata)
         if metadata is None:
             _FOOTERS.clear()  # one previous catalog a job: keep the last one only
-            _FOOTERS[key] = source.metadata
+            _FOOTERS[key] = source.metadata, getattr(f, "size", None)
         starts = _group_starts(path, source.metadata)
         if numbers[-1] >= starts[-1]:
             raise ValueError(f"{path}: no row {numbers[-1]} (it holds {starts[-1]})")
@@ -203,6 +207,8 @@ def _read_numbered(path, numbers):
             group = bisect.bisect_right(starts, numbers[i]) - 1
             start, end = starts[group], starts[group + 1]
             j = bisect.bisect_left(numbers, end, i)
+            if isinstance(f, gcs.RangedObject):  # its column chunks in one GET
+                f.fetch(*_group_span(source.metadata, group))
             table = source.read_row_group(group).take([n - start for n in numbers[i:j]])
             rows += [CatalogRow.from_dict(catalog_schema.nest_fields(r))
                      for r in table.to_pylist()]
@@ -210,8 +216,32 @@ def _read_numbered(path, numbers):
     return rows
 
 
-_FOOTERS = {}  # _identity(path) -> the Parquet footer read_numbered read last (~2.4 KB
-              # a row group: ~18 MB for the 7,500 shards of 10M photographs)
+_FOOTERS = {}  # _identity(path) -> (the Parquet footer read_numbered read last (~2.4 KB
+              # a row group: ~18 MB for the 7,500 shards of 10M photographs), gs:// size)
+
+
+def _by_range(path, size=None):
+    """A catalog file to read by row group: locally the file; on gs://, a RangedObject
+    (its `size`, when not known, from a metadata GET; FileNotFoundError when it is absent)."""
+    if not files.is_gcs(path):
+        return open(path, "rb")
+    if size is None:
+        found = gcs.size_and_crc32c(path)
+        if found is None:
+            raise FileNotFoundError(f"{path}: no such object")
+        size = found[0]
+    return gcs.RangedObject(path, size)
+
+
+def _group_span(metadata, group):
+    """Bytes [start, end) of a row group's column chunks (dictionary pages included)."""
+    spans = []
+    for c in range(metadata.num_columns):
+        column = metadata.row_group(group).column(c)
+        first = (column.dictionary_page_offset if column.has_dictionary_page
+                 and column.dictionary_page_offset else column.data_page_offset)
+        spans.append((first, first + column.total_compressed_size))
+    return min(s for s, _ in spans), max(e for _, e in spans)
 
 
 def _identity(path):

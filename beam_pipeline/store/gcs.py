@@ -107,6 +107,58 @@ def open_ranged(uri, whole_bytes):
                                   retry=DEFAULT_RETRY.with_deadline(READ_DEADLINE))
 
 
+class RangedObject(io.RawIOBase):
+    """A gs:// object of known `size` as a seekable binary file whose reads are ranged GETs
+    (read_range), one a read, except those inside the span `fetch` read last. For a Parquet
+    file read by row group: pyarrow reads its footer from the end (one or two reads) and a
+    row group's column chunks one by one, side by side in the file; `fetch` of the row
+    group's span makes them one GET (catalog.read_numbered)."""
+
+    def __init__(self, uri, size):
+        super().__init__()
+        self.uri, self.size, self.position = uri, size, 0
+        self.held_at, self.held = 0, b""
+
+    def readable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    def tell(self):
+        return self.position
+
+    def seek(self, offset, whence=io.SEEK_SET):
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.position, io.SEEK_END: self.size}[whence]
+        self.position = base + offset
+        return self.position
+
+    def fetch(self, start, end):
+        """Read bytes [start, end) in one GET; reads inside them are answered from memory
+        until the next fetch."""
+        self.held_at, self.held = start, b""  # (the last span let go before the next GET)
+        self.held = read_range(self.uri, start, end - start)
+
+    def read(self, n=-1):
+        n = self.size - self.position if n is None or n < 0 else n
+        n = max(0, min(n, self.size - self.position))
+        at = self.position - self.held_at
+        if 0 <= at and at + n <= len(self.held):
+            data = self.held[at:at + n]
+        else:
+            data = read_range(self.uri, self.position, n) if n else b""
+        self.position += len(data)
+        return data
+
+    def readall(self):
+        return self.read()
+
+    def readinto(self, buffer):
+        data = self.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
+
+
 def exists(uri):
     """Whether the object is there: one metadata GET."""
     from google.cloud.storage.retry import DEFAULT_RETRY

@@ -43,7 +43,7 @@ class StorageUnavailable(RuntimeError):
     stops (exit 1) rather than treat the file as damaged."""
 
 
-def _chain(error):
+def causes(error):
     """`error` and its causes (RetryError and Beam wrap theirs), each once."""
     seen = set()
     while error is not None and id(error) not in seen:
@@ -58,7 +58,7 @@ def is_transient(error):
     or EACCES. False for everything that may be the file's."""
     if gcs.is_transient(error):
         return True
-    for e in _chain(error):
+    for e in causes(error):
         if _denied(e):
             return True
         if isinstance(e, OSError) and not isinstance(e, FileNotFoundError) and (
@@ -71,7 +71,7 @@ def is_denied(error):
     """A 401/403 or a local EACCES/EPERM in `error`'s chain: the credentials, or the
     permissions, are wrong (not damage; a retry will not fix them either)."""
     return any(_denied(e) or (isinstance(e, OSError) and e.errno in DENIED_ERRNOS)
-               for e in _chain(error))
+               for e in causes(error))
 
 
 def _denied(e):
@@ -97,7 +97,7 @@ def is_damage(error):
         return False
     from google.api_core import exceptions
 
-    for e in _chain(error):
+    for e in causes(error):
         if isinstance(e, (FileNotFoundError, NotADirectoryError, IsADirectoryError,
                           exceptions.NotFound, ValueError, KeyError, TypeError, IndexError,
                           EOFError, UnicodeError)):
@@ -141,4 +141,4 @@ def is_local_outage(error):
     """A local errno worth retrying, in `error`'s chain: EIO, ESTALE, ENOTCONN, ... (gs://
     reads were retried by their client already). EACCES is not one: on an input it is the
     input's own problem."""
-    return any(isinstance(e, OSError) and e.errno in TRANSIENT_ERRNOS for e in _chain(error))
+    return any(isinstance(e, OSError) and e.errno in TRANSIENT_ERRNOS for e in causes(error))

@@ -16,9 +16,11 @@ Checked, file by file and record by record, with no trust in anything but manife
   * TFDS dataset_info.json shard lengths equal the manifest's
 
 Exit status 0 when nothing is wrong, 1 with a report of every problem found, 2 when PATH is
-not a dataset at all. A read of the manifest (or LATEST) or of the catalog that fails without
-proving damage (a 503 or timeout past the retries, a 401/403, EACCES, EIO) is neither: exit 1
-with one line, "cannot read X (reason)", and no report; run verify again once storage answers.
+not a dataset at all. A read of any of these files (the manifest or LATEST, the catalog, a
+shard, an index, errors.jsonl, the TFDS metadata) that fails without proving damage (a 503
+or timeout past the retries, a 401/403, EACCES, EIO) is neither: exit 1 with one line,
+"cannot read X (reason)", and no report; run verify again once storage answers. The files
+are read through the project's storage layer (tools/verify_reads.py), not tf.io.gfile.
 """
 
 import argparse
@@ -26,8 +28,9 @@ import json
 import sys
 
 from beam_pipeline.store import transient
-from beam_pipeline.tools import near_rejects, verify_copy
-from beam_pipeline.tools.verify_catalog import ADVICE, CatalogCheck
+from beam_pipeline.tools import near_rejects, verify_copy, verify_reads
+from beam_pipeline.tools.verify_catalog import CatalogCheck
+from beam_pipeline.tools.verify_reads import ADVICE
 from beam_pipeline.tools.verify_shards import check_shard
 from dataset_format import dataset_info, fields, layout, refs
 import tf_quiet
@@ -46,46 +49,51 @@ class _Problems:
         self.items.append(f"{where}: {message}")
 
 
-def _check_errors_file(gfile, vdir, manifest, problems):
+def _read_listed(path, rel, problems):
+    """A file the manifest lists, as text; None (and the problem "missing") when it is not
+    there. An outage raises StorageUnavailable."""
+    try:
+        return verify_reads.read_text(path)
+    except FileNotFoundError:
+        problems.add(rel, "missing (the manifest lists it)")
+        return None
+
+
+def _check_errors_file(vdir, manifest, problems):
     errors = manifest.get("errors") or {}
     rel = errors.get("path", layout.ERRORS)
-    path = layout.join(vdir, rel)
-    if not gfile.exists(path):
-        problems.add(rel, "missing (the manifest lists it)")
+    text = _read_listed(layout.join(vdir, rel), rel, problems)
+    if text is None:
         return
-    with gfile.GFile(path, "r") as f:
-        lines = [l for l in f.read().splitlines() if l.strip()]
+    lines = [l for l in text.splitlines() if l.strip()]
     if len(lines) != errors.get("count", len(lines)):
         problems.add(rel, f"{len(lines)} lines, manifest errors.count is {errors['count']}")
 
 
-def _check_near_duplicates_file(gfile, vdir, manifest, problems):
+def _check_near_duplicates_file(vdir, manifest, problems):
     near = manifest.get("near_duplicates")
     if not near:
         return
-    path = layout.join(vdir, near["path"])
-    if not gfile.exists(path):
-        problems.add(near["path"], "missing (the manifest lists it)")
+    text = _read_listed(layout.join(vdir, near["path"]), near["path"], problems)
+    if text is None:
         return
-    with gfile.GFile(path, "r") as f:
-        lines = sum(1 for l in f if l.strip())
+    lines = sum(1 for l in text.split("\n") if l.strip())
     field = "pairs" if "pairs" in near else "groups"  # groups: before pairs were confirmed
     if lines != near[field]:
         problems.add(near["path"], f"{lines} lines, manifest near_duplicates.{field} is "
                                    f"{near[field]}")
 
 
-def _check_tfds(gfile, vdir, info, problems):
+def _check_tfds(vdir, info, problems):
     tfds = info.manifest.get("tfds")
     if not tfds:
         return
     for rel in tfds.get("files", []):
-        if not gfile.exists(layout.join(vdir, rel)):
+        if not verify_reads.exists(layout.join(vdir, rel)):
             problems.add(rel, "missing (TFDS metadata the manifest lists)")
     info_path = layout.join(vdir, layout.TFDS_DATASET_INFO)
-    if layout.TFDS_DATASET_INFO in tfds.get("files", []) and gfile.exists(info_path):
-        with gfile.GFile(info_path, "r") as f:
-            tfds_info = json.load(f)
+    if layout.TFDS_DATASET_INFO in tfds.get("files", []) and verify_reads.exists(info_path):
+        tfds_info = json.loads(verify_reads.read_text(info_path))
         for s in tfds_info.get("splits", []):
             split = info.splits.get(s["name"])
             want = [sh.num_examples for sh in split.shards] if split else None
@@ -101,9 +109,6 @@ def check(path):
     Raises NotADataset when there is no manifest at PATH, StorageUnavailable when it (or
     the catalog) could not be read for a reason that is not the file's.
     """
-    import tensorflow as tf
-
-    gfile = tf.io.gfile
     try:  # dataset_format.storage: google-cloud-storage retries 429/5xx, retrying an EIO
         vdir, manifest = transient.retrying(lambda: dataset_info.load_manifest(path), path)
     except transient.StorageUnavailable as e:  # not the file's: neither damage nor a mistake
@@ -116,14 +121,14 @@ def check(path):
     write_index = bool(info.config.get("write_index", False))
     files = records = 0
     written = 0
-    catalog = CatalogCheck(gfile, vdir, manifest, problems)
+    catalog = CatalogCheck(vdir, manifest, problems)
     field_schema = fields.from_json(manifest["fields"]) if manifest.get("fields") else None
     for split, s in sorted(info.splits.items()):
         counted, readable = {}, True
         for shard in s.shards:
-            counts = check_shard(gfile, vdir, shard, labels, label_offset,
-                                 write_index=write_index, problems=problems, catalog=catalog,
-                                 split=split, field_schema=field_schema)
+            counts = check_shard(shard, labels, label_offset, write_index=write_index,
+                                 problems=problems, catalog=catalog, split=split,
+                                 field_schema=field_schema)
             files += 1
             if counts is None:
                 readable = False
@@ -135,9 +140,9 @@ def check(path):
         written += s.num_examples
     _check_accounting(manifest.get("accounting"), written, problems)
     catalog.finish([sh.name for s in info.splits.values() for sh in s.shards])
-    _check_errors_file(gfile, vdir, manifest, problems)
-    _check_near_duplicates_file(gfile, vdir, manifest, problems)
-    _check_tfds(gfile, vdir, info, problems)
+    _check_errors_file(vdir, manifest, problems)
+    _check_near_duplicates_file(vdir, manifest, problems)
+    _check_tfds(vdir, info, problems)
     return {"problems": problems.items, "version_dir": vdir, "version": info.version,
             "shards": files, "records": records, "warnings": _warnings(manifest)}
 

@@ -8,17 +8,17 @@ problem: the file is not known to be damaged."""
 import collections
 
 from beam_pipeline.store import transient
+from beam_pipeline.tools.verify_reads import ADVICE
 from dataset_format import layout, storage
 
 COLUMNS = ["key", "split", "file", "position", "offset", "length", "sha256"]
-ADVICE = "it is not known to be damaged: run verify again once storage answers"
 MAX_PER_SHARD = 3  # mismatching rows named per shard; the rest counted
 
 
 class CatalogCheck:
     """Built once per version; check_shard() after each shard is read; finish() at the end."""
 
-    def __init__(self, gfile, vdir, manifest, problems):
+    def __init__(self, vdir, manifest, problems):
         import pyarrow.parquet as pq
 
         self.source = self.name = None

@@ -1,11 +1,14 @@
 """verify's record-level half: one shard read end to end, every frame and Example checked
 against the manifest's entry, and its `.index` against the frames found (tools/verify.py
-checks the rest: counts, sums and the files beside the shards)."""
+checks the rest: counts, sums and the files beside the shards). Files are read through
+tools/verify_reads.py: an outage raises StorageUnavailable, never a problem of the file."""
 
 import hashlib
 
 import google_crc32c
 
+from beam_pipeline.store import transient
+from beam_pipeline.tools import verify_reads
 from dataset_format import examples, fields, layout, schema
 from dataset_format.frames import FrameError, crc32c_text, parse_index, read_frame
 
@@ -63,52 +66,57 @@ def _example_fields(record):
             one(schema.FILENAME, "bytes_list").decode())
 
 
-def check_shard(gfile, vdir, shard, labels, label_offset, *, write_index, problems,
-                 catalog=None, split=None, field_schema=None):
+def check_shard(shard, labels, label_offset, *, write_index, problems, catalog=None,
+                split=None, field_schema=None):
     """Read one shard (a ShardInfo) end to end (and its catalog rows, with `catalog`; its
     records' declared fields, with `field_schema`: dataset_format.fields.Schema).
 
     Returns {class name: records}, or None when the shard is missing or could not be read to
-    its end (its records cannot all be counted).
+    its end (its records cannot all be counted). Raises StorageUnavailable when a read of it
+    (or of its index) failed without proving damage.
     """
     rel, path = shard.name, shard.path
-    if not gfile.exists(path):
-        problems.add(rel, "missing (the manifest lists it)")
+    try:
+        raw = verify_reads.Stream(path).start()
+    except transient.StorageUnavailable:
+        raise
+    except Exception as e:
+        problems.add(rel, "missing (the manifest lists it)" if verify_reads.is_missing(e)
+                     else f"unreadable ({_one_line(e)})")
         return None
     counts, frames, shard_problems, complete, seen = {}, [], [], True, []
-    with gfile.GFile(path, "rb") as raw:
-        f = _HashingReader(raw, sha256=bool(shard.sha256))
-        offset = 0
-        while True:
-            try:
-                frame = read_frame(f, offset)
-            except FrameError as e:
-                shard_problems.append(f"record {len(frames)} at {e}")
-                if e.frame_length is None:  # lost the frame boundaries: stop here
-                    shard_problems[-1] += "; records after it cannot be located"
-                    complete = False
-                    f.drain()
-                    break
-                frame = e.record, e.frame_length  # only the bytes are bad: still count it
-            if frame is None:
+    f = _HashingReader(raw, sha256=bool(shard.sha256))
+    offset = 0
+    while True:
+        try:
+            frame = read_frame(f, offset)
+        except FrameError as e:
+            shard_problems.append(f"record {len(frames)} at {e}")
+            if e.frame_length is None:  # lost the frame boundaries: stop here
+                shard_problems[-1] += "; records after it cannot be located"
+                complete = False
+                f.drain()
                 break
-            record, frame_len = frame
-            k = len(frames)
-            frames.append((offset, frame_len))
-            offset += frame_len
-            try:
-                label, text, encoded, sha, key = _example_fields(record)
-            except Exception as e:
-                shard_problems.append(f"record {k}: not a valid Example ({e})")
-                seen.append((offset - frame_len, frame_len, None, None))
-                continue
-            seen.append((offset - frame_len, frame_len, key, sha))
-            shard_problems += _record_problems(k, label, text, encoded, sha, labels=labels,
-                                               label_offset=label_offset)
-            if field_schema:
-                shard_problems += [f"record {k}: {p}" for p in fields.record_problems(
-                    field_schema, examples.parse_features(record), schema.FEATURES)]
-            counts[text] = counts.get(text, 0) + 1
+            frame = e.record, e.frame_length  # only the bytes are bad: still count it
+        if frame is None:
+            break
+        record, frame_len = frame
+        k = len(frames)
+        frames.append((offset, frame_len))
+        offset += frame_len
+        try:
+            label, text, encoded, sha, key = _example_fields(record)
+        except Exception as e:
+            shard_problems.append(f"record {k}: not a valid Example ({e})")
+            seen.append((offset - frame_len, frame_len, None, None))
+            continue
+        seen.append((offset - frame_len, frame_len, key, sha))
+        shard_problems += _record_problems(k, label, text, encoded, sha, labels=labels,
+                                           label_offset=label_offset)
+        if field_schema:
+            shard_problems += [f"record {k}: {p}" for p in fields.record_problems(
+                field_schema, examples.parse_features(record), schema.FEATURES)]
+        counts[text] = counts.get(text, 0) + 1
     if shard.num_bytes is not None and f.size != shard.num_bytes:
         shard_problems.insert(0, f"size {f.size} bytes, manifest says {shard.num_bytes}")
     if (mismatch := f.mismatch(shard)) is not None:
@@ -119,7 +127,7 @@ def check_shard(gfile, vdir, shard, labels, label_offset, *, write_index, proble
         problems.add(rel, p)
     if len(shard_problems) > MAX_PROBLEMS_PER_FILE:
         problems.add(rel, f"… and {len(shard_problems) - MAX_PROBLEMS_PER_FILE} more problems")
-    _check_index(gfile, path, rel, frames, complete, required=write_index, problems=problems)
+    _check_index(path, rel, frames, complete, required=write_index, problems=problems)
     if catalog is not None:
         catalog.check_shard(rel, split, seen, complete)
     return counts if complete else None
@@ -140,20 +148,28 @@ def _record_problems(k, label, text, encoded, sha, *, labels, label_offset):
     return found
 
 
-def _check_index(gfile, path, rel, frames, complete, *, required, problems):
+def _one_line(e):
+    return " ".join(f"{type(e).__name__}: {e}".split())[:200]
+
+
+def _check_index(path, rel, frames, complete, *, required, problems):
     """Each index line must be (offset, length) of the frame at that position; when the shard
     could not be read to its end, only the lines for the frames that were read are compared."""
     index = layout.index_name(path)
     name = layout.index_name(rel)
-    if not gfile.exists(index):
-        if required:
+    try:
+        data = verify_reads.read_bytes(index)
+    except transient.StorageUnavailable:
+        raise
+    except Exception as e:
+        if not verify_reads.is_missing(e):
+            problems.add(name, f"unreadable ({_one_line(e)})")
+        elif required:
             problems.add(name, "missing (write_index is on for this version)")
         return
-    with gfile.GFile(index, "r") as f:
-        text = f.read()
     try:
-        entries = parse_index(text)
-    except ValueError:
+        entries = parse_index(data.decode())
+    except ValueError:  # (a UnicodeDecodeError too)
         problems.add(name, "not 'offset length' integer pairs")
         return
     if complete and len(entries) != len(frames):
