@@ -552,6 +552,37 @@ def test_verify_tells_an_outage_on_a_shard_or_index_from_its_damage(
     assert verify.main([root]) == 0, capsys.readouterr().err
 
 
+@pytest.mark.slow
+def test_an_outage_while_verify_writes_its_advice_is_exit_1_not_other_advice(
+        night, proxy, gcs, short_retries, capsys):
+    """After a FAILED report (a shard gone), verify's advice asks which files are missing and
+    whether the version sits in its root (LATEST). A 503 on that last question used to end
+    in a traceback after the client's own 120 s retry deadline. Now: exit 1 within the
+    configured retries, one line "cannot read .../LATEST (...)", and no advice built on an
+    unanswered question."""
+    from beam_pipeline.tools import verify
+    from dataset_format import dataset_info
+
+    _, root, _ = night
+    vdir, manifest = dataset_info.load_manifest(root)
+    shard = sorted(sh.path for s in dataset_info.from_manifest(vdir, manifest).splits.values()
+                   for sh in s.shards if "/" not in sh.name)[-1]
+    _delete(gcs, shard)
+    latest = layout.join(root, layout.LATEST)
+    proxy.fail(latest.split("/", 3)[3] + "?", 503, method="GET")
+    try:
+        code = verify.main([vdir])
+        hits = list(proxy.forced_hits)
+    finally:
+        proxy.fail_clear()
+    err = capsys.readouterr().err
+    assert hits and code == 1, err
+    assert f"error: cannot read {latest} (" in err and "partial copy" not in err, err
+    assert verify.main([vdir]) == 1
+    err = capsys.readouterr().err
+    assert "missing (the manifest lists it)" in err and "build again with --force" in err, err
+
+
 def test_a_local_listing_that_fails_is_not_an_empty_one(tmp_path):
     """files.objects: glob (and Beam's local match) lists a folder it cannot read as empty."""
     from beam_pipeline.store import files

@@ -248,18 +248,22 @@ def main(argv=None):
         parser.error(f"--near_duplicate_rejects {args.near_duplicate_rejects}: must be >= 0")
     tf_quiet.install(args.verbose)  # before TensorFlow loads
     try:
-        result = check(args.path)
+        return _report(check(args.path), args.near_duplicate_rejects)
     except NotADataset as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except transient.StorageUnavailable as e:
+    except transient.StorageUnavailable as e:  # during the check or the advice after it
         print(f"error: {e}", file=sys.stderr)
         return 1
+
+
+def _report(result, near_duplicate_rejects):
+    """Prints the outcome of `check` and returns the exit status (0 OK, 1 FAILED)."""
     where = result["version_dir"]
     for warning in result["warnings"]:
         print(f"warning: {warning}", file=sys.stderr)
-    if args.near_duplicate_rejects > 0:
-        _print_near_duplicate_rejects(where, args.near_duplicate_rejects)
+    if near_duplicate_rejects > 0:
+        _print_near_duplicate_rejects(where, near_duplicate_rejects)
     tags = _tags_line(where, result["version"])
     if not result["problems"]:
         print(f"OK {where}: {result['shards']} shards, {result['records']} records; sizes, "

@@ -4,7 +4,8 @@ versions (materialize it where it was built, then copy it again), and a partial 
 it again). Telling them apart needs only where the directory is and which files it lacks.
 """
 
-from dataset_format import dataset_info, layout, storage
+from beam_pipeline.tools import verify_reads
+from dataset_format import dataset_info, layout
 
 REBUILD = ("To repair it, build again with --force (python -m beam_pipeline --input … --output "
            "ROOT --force): a damaged record is converted again from its input (or rejected "
@@ -13,11 +14,12 @@ REBUILD = ("To repair it, build again with --force (python -m beam_pipeline --in
 
 
 def advice(vdir, manifest):
-    """The one paragraph verify ends a report of problems with."""
+    """The one paragraph verify ends a report of problems with. Which files are missing is
+    asked through verify_reads, so an outage here stops verify (exit 1), not the advice."""
     info = dataset_info.from_manifest(vdir, manifest)
     shards = [s for split in info.splits.values() for s in split.shards]
-    missing = [s for s in shards if not storage.exists(s.path)]
-    in_root = layout.root_of(vdir) is not None and storage.exists(
+    missing = [s for s in shards if not verify_reads.exists(s.path)]
+    in_root = layout.root_of(vdir) is not None and verify_reads.exists(
         layout.join(layout.root_of(vdir), layout.LATEST))
     if not missing or in_root:
         return REBUILD
