@@ -4,6 +4,7 @@ the class tally leaves exactly the class names of the images a build keeps; a co
 schema does not declare stops the build with one line."""
 
 import json
+import os
 import random
 
 import pytest
@@ -201,3 +202,25 @@ def test_a_schema_keeps_its_file_through_its_vocabularies(tmp_path):
     assert schema.source == str(tmp_path / "s.json")
     assert schema.with_classes({"tags": ["a"]}).source == schema.source
     assert schema == fields.from_json({"fields": {"tags": "classes"}})  # not compared
+
+
+def test_a_field_removed_from_the_schema_but_kept_in_the_manifest_exits_2(tmp_path, capsys):
+    """The build stops at launch with one line (exit 2) and publishes nothing, instead of
+    one bad_field row per image."""
+    from beam_pipeline import cli
+    from tests.helpers import FAST, image_bytes
+
+    rows = []
+    for i in range(3):
+        (tmp_path / f"{i}.jpg").write_bytes(image_bytes((10 * i, 0, 0)))
+        rows.append({"uri": f"{i}.jpg", "label": "x", "tags": ["p"], "caption": f"c{i}"})
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "schema.yaml").write_text("fields:\n  tags: {type: classes}\n")  # no caption
+    code = cli.main(["--input", str(tmp_path / "m.jsonl"), "--output", str(tmp_path / "out"),
+                     "--schema", str(tmp_path / "schema.yaml"), *FAST])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert (code, err) == (2, [
+        f"error: {tmp_path}/m.jsonl:1: column 'caption' is not a field of --schema "
+        f"{tmp_path}/schema.yaml (fields: tags); declare it in the schema, or drop the "
+        "column from the manifest"])
+    assert not os.path.exists(tmp_path / "out" / "LATEST")
