@@ -25,6 +25,18 @@ parse and a dump, the fields' text a string in it) are not in this figure.
 --launcher N measures those: the launcher's whole planning (prepare.prepare: listing,
 row checks, identity, the plan's spills) on N photos in this process, CPU ms per image
 without and with the fields, medians of alternating rounds.
+
+--side measures the target ("three fields cost <= 10% more per image") in one run: whole
+builds of the manifest without and with the fields, alternating (which goes first swaps
+each round), at both --sizes each round; a round's CPU per image is each program's slope
+between the sizes (start-up cancels), its ratio fields / plain; it prints the median of
+the rounds' ratios (PASS at <= 1.10) and the ratio of the median slopes. Then, in the same
+run, the launcher's share (--launcher at the larger size) and the writer's (--focused on
+--writer_photos, from the listing line on, the image converted before the clock starts),
+each as what the fields add over the plain build's CPU per image. Run it under
+`nice -n 10` with many rounds on a shared machine:
+
+    nice -n 10 .venv/bin/python benchmarks/bench_fields.py --side --sizes 500,4000 --rounds 15
 """
 
 import argparse

@@ -224,3 +224,18 @@ def test_a_field_removed_from_the_schema_but_kept_in_the_manifest_exits_2(tmp_pa
         f"{tmp_path}/schema.yaml (fields: tags); declare it in the schema, or drop the "
         "column from the manifest"])
     assert not os.path.exists(tmp_path / "out" / "LATEST")
+
+
+def test_schema_infer_names_a_column_it_could_not_type(tmp_path):
+    """A column with no value in any row has no type to infer: the build stops naming it."""
+    rows = [{"uri": "a.jpg", "label": "x", "tags": ["p"], "notes": None},
+            {"uri": "b.jpg", "label": "x", "tags": [], "notes": None}]
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    schema = manifests.infer_schema([str(path)])
+    assert schema.names == ("tags",)
+    with pytest.raises(UserError) as e:
+        list(manifests.list_manifest(str(path), schema))
+    assert str(e.value) == (
+        f"{path}:1: column 'notes' is not a field of --schema infer (fields: tags); no row "
+        "has a value to infer its type from: write a schema file for it, or drop the column")

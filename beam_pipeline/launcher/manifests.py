@@ -4,6 +4,7 @@ from directory inputs because a manifest names its files: nothing is walked, eve
 be wrong on its own."""
 
 import csv
+import dataclasses
 import difflib
 import io
 import itertools
@@ -81,10 +82,12 @@ def undeclared(where, column, schema):
     the manifest keeps its column would reject every row)."""
     hint = difflib.get_close_matches(column, schema.names, n=1)
     named = f"--schema {schema.source}" if schema.source else "the schema"
+    fix = ("no row has a value to infer its type from: write a schema file for it, or drop "
+           "the column" if schema.source == "infer" else
+           "declare it in the schema, or drop the column from the manifest")
     return (f"{where}: column {column!r} is not a field of {named} "
             f"(fields: {', '.join(schema.names)})"
-            + (f"; did you mean {hint[0]!r}?" if hint else "")
-            + "; declare it in the schema, or drop the column from the manifest")
+            + (f"; did you mean {hint[0]!r}?" if hint else "") + f"; {fix}")
 
 
 def _check_strings(path, n, row):
@@ -112,8 +115,8 @@ def infer_schema(specs):
                 yield ({k: field_types.cell_value(v) for k, v in row.items() if v}
                        if text else row)
 
-    try:
-        return field_types.infer(rows())
+    try:  # named "infer" where a column it left out (no value to type) stops the build
+        return dataclasses.replace(field_types.infer(rows()), source="infer")
     except ValueError as e:
         raise UserError(f"--schema infer: {e}") from e
 
