@@ -209,18 +209,20 @@ def launcher(n, rounds):
     return {"cpu_ms_per_image": medians, "rounds": got}
 
 
-def side_by_side(sizes, rounds, writer_n):
+def side_by_side(sizes, rounds, writer_n, workers=0):
     """Whole builds of the manifest without and with the three fields, alternating, at two
     sizes a round (see --side): per round each program's CPU per image (the slope between
     the sizes: start-up cancels) and their ratio; then, in the same run, the launcher's and
-    the writer's per-image CPU without and with the fields, as shares of the plain build's."""
+    the writer's per-image CPU without and with the fields, as shares of the plain build's.
+    `workers`: --direct_num_workers for both programs (0: the config's, a thread per core)."""
     small, large = sizes
     inputs = {}
+    engine = ["--direct_num_workers", str(workers)] if workers else []
     for n in sizes:
         work = tempfile.mkdtemp(prefix="bench-fields-")
         plain, rich, schema = manifests(photo_tree(n), work)
-        inputs[n] = {"plain": build_command_of(plain), "fields": build_command_of(
-            rich, "--schema", schema)}
+        inputs[n] = {"plain": build_command_of(plain, *engine), "fields": build_command_of(
+            rich, "--schema", schema, *engine)}
     cpu = {name: {n: [] for n in sizes} for name in ("plain", "fields")}
     slopes = {"plain": [], "fields": []}
     ratios = []
@@ -236,13 +238,18 @@ def side_by_side(sizes, rounds, writer_n):
         print(f"round {r + 1}: CPU ms/image plain {slopes['plain'][-1]:.3f} fields "
               f"{slopes['fields'][-1]:.3f} ratio {ratios[-1]:.3f}", flush=True)
     whole = {name: statistics.median(v) for name, v in slopes.items()}
+    # every round's CPU pooled: the sums' slopes (a round's outlier weighs what its CPU does)
+    pooled = (sum(cpu["fields"][large]) - sum(cpu["fields"][small])) / (
+        sum(cpu["plain"][large]) - sum(cpu["plain"][small]))
+    quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
     at_large = {name: statistics.median(cpu[name][large]) for name in cpu}
     print(f"\nwhole builds, photos {small} and {large}, {rounds} alternating rounds, CPU of "
           "the process tree:")
     print(f"  CPU ms per image (slope): plain {whole['plain']:.3f}, fields {whole['fields']:.3f}")
     print(f"  fields / plain per image: median of the rounds' ratios "
-          f"{statistics.median(ratios):.3f} (rounds {min(ratios):.3f}-{max(ratios):.3f}); "
-          f"of the median slopes {whole['fields'] / whole['plain']:.3f}")
+          f"{statistics.median(ratios):.3f} (quartiles {quartiles[0]:.3f}-{quartiles[2]:.3f}, "
+          f"rounds {min(ratios):.3f}-{max(ratios):.3f}); of the median slopes "
+          f"{whole['fields'] / whole['plain']:.3f}; of every round's CPU pooled {pooled:.3f}")
     print(f"  whole build at {large} (start-up included): plain {at_large['plain']:.2f} s, "
           f"fields {at_large['fields']:.2f} s, ratio {at_large['fields'] / at_large['plain']:.3f}")
     print("\nthe launcher alone (in this process):")
@@ -260,7 +267,8 @@ def side_by_side(sizes, rounds, writer_n):
           f"{statistics.median(ratios) - 1:+.1%} (target: <= +10%: "
           f"{'PASS' if statistics.median(ratios) <= 1.10 else 'FAIL'})")
     return {"sizes": sizes, "cpu": cpu, "cpu_ms_per_image": slopes, "ratios": ratios,
-            "ratio": statistics.median(ratios), "launcher": launched, "writer": written,
+            "ratio": statistics.median(ratios), "pooled": pooled, "quartiles": quartiles,
+            "launcher": launched, "writer": written,
             "shares": shares}
 
 
@@ -279,6 +287,10 @@ def main():
                              "--sizes, then the launcher's and the writer's shares")
     parser.add_argument("--writer_photos", type=int, default=500,
                         help="--side: photos of the writer's in-process measurement")
+    parser.add_argument("--workers", type=int, default=0,
+                        help="--side: --direct_num_workers of both builds (0: the config's, "
+                             "a thread per core; 1: one thread, no contention for the GIL "
+                             "between two writers)")
     parser.add_argument("--only", choices=("plain", "fields", "listfeature"),
                         help="--focused: that program alone, e.g. under valgrind --tool="
                              "callgrind for its instruction count (the difference between "
@@ -300,7 +312,8 @@ def main():
         return
     if args.side:
         sizes = [int(v) for v in args.sizes.split(",")]
-        record.save({"side": side_by_side(sizes, args.rounds, args.writer_photos)})
+        record.save({"side": side_by_side(sizes, args.rounds, args.writer_photos,
+                                          args.workers)})
         return
     sizes = [int(v) for v in args.sizes.split(",")]
     runs = {}
