@@ -1,11 +1,12 @@
 """A manifest row's declared fields checked and written as their JSON text in one pass, and
 the tally of the class names the listed rows use: what the launcher does per row.
 
-fields.check_row then fields.values_text cost ~6 + ~7 µs a row for three fields (a
-caption, 1-4 tags, 1-3 boxes): nested dicts built, then dumped with their keys sorted.
-row_text checks the same values with a checker made once per schema and writes each
-value's text as it checks it (~3 µs): the bytes values_text gives (the listing's digests
-and fingerprints depend on them). Any value off the common path (a wrong type, an int in
+fields.check_row then fields.values_text cost ~13.5 µs a row for three fields (a caption,
+1-4 tags, 1-3 boxes; 300 of bench_fields.py's rows, a loaded machine): nested dicts built,
+then dumped with their keys sorted. row_text checks the same values with a checker made
+once per schema and writes each value's text as it checks it (~8.5 µs, most of it the four
+float reprs of a box): the bytes values_text gives (the listing's digests and fingerprints
+depend on them; tests/test_field_rows.py compares them on random rows). Any value off the common path (a wrong type, an int in
 a float field, a missing required field) goes to check_row itself, so every FieldError is
 the one it raises, for the same first bad column.
 """
