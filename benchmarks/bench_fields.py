@@ -25,6 +25,18 @@ parse and a dump, the fields' text a string in it) are not in this figure.
 --launcher N measures those: the launcher's whole planning (prepare.prepare: listing,
 row checks, identity, the plan's spills) on N photos in this process, CPU ms per image
 without and with the fields, medians of alternating rounds.
+
+--side measures the target ("three fields cost <= 10% more per image") in one run: whole
+builds of the manifest without and with the fields, alternating (which goes first swaps
+each round), at both --sizes each round; a round's CPU per image is each program's slope
+between the sizes (start-up cancels), its ratio fields / plain; it prints the median of
+the rounds' ratios (PASS at <= 1.10) and the ratio of the median slopes. Then, in the same
+run, the launcher's share (--launcher at the larger size) and the writer's (--focused on
+--writer_photos, from the listing line on, the image converted before the clock starts),
+each as what the fields add over the plain build's CPU per image. Run it under
+`nice -n 10` with many rounds on a shared machine:
+
+    nice -n 10 .venv/bin/python benchmarks/bench_fields.py --side --sizes 500,4000 --rounds 15
 """
 
 import argparse
@@ -81,8 +93,12 @@ def base_command(base, src, out):
     return ["sh", "-c", f"cd {shlex.quote(base)} && exec {shlex.join(build_command(src, out))}"]
 
 
-def focused(n, rounds, only=None):
-    """Per image CPU ms of the writer's work without and with three fields (see --focused)."""
+def focused(n, rounds, only=None, writer_only=False):
+    """Per image CPU ms of the writer's work without and with three fields (see --focused).
+    `writer_only`: the launcher's part (the row check, the text, the line's dump) and the
+    image's conversion (the same work in both programs, and most of the rounds' noise) done
+    before the clock starts: what the fields add to the job's work, from its listing line
+    on, without the pixels' ~0.5 ms."""
     import time
 
     import pyarrow as pa
@@ -90,7 +106,7 @@ def focused(n, rounds, only=None):
     sys.path.insert(0, REPO)  # this checkout's package, whatever the environment installed
     from beam_pipeline.job import images, records
     from beam_pipeline.refs import ImageRef
-    from dataset_format import catalog_schema, fields
+    from dataset_format import catalog_schema, field_rows, fields
     from dataset_format.catalog_schema import CatalogRow
 
     root = photo_tree(n)
@@ -106,18 +122,26 @@ def focused(n, rounds, only=None):
     encoders = {"plain": None, "fields": fields.encoded, "listfeature": fields.features}
     if only:  # one of them alone (for an instruction count: see --only)
         encoders = {only: encoders[only]}
+    elif writer_only:  # the writer as it is
+        del encoders["listfeature"]
+
+    def line_of(row, data, with_fields):  # the launcher's part: the row check, the line
+        text = field_rows.row_text(schema, row)[0] if with_fields else None
+        return ImageRef(row["uri"], row["uri"], row["label"], "train", len(data), "s",
+                        fields=text).to_json()
+
+    given = {w: [line_of(row, data, w) for row, data in zip(rows, datas)] for w in (False, True)}
+    converted = [images.convert(data) for data in datas] if writer_only else None
 
     def one_pass(name):
         encode = encoders[name]
         with_fields = encode is not None
         catalog_rows = []
         start = time.process_time()
-        for row, data in zip(rows, datas):
-            text = fields.values_text(fields.check_row(schema, row)) if with_fields else None
-            ref = ImageRef(row["uri"], row["uri"], row["label"], "train", len(data), "s",
-                           fields=text)
-            ref = ImageRef.from_json(ref.to_json())
-            encoded = images.convert(data)
+        for i, (row, data) in enumerate(zip(rows, datas)):
+            line = given[with_fields][i] if writer_only else line_of(row, data, with_fields)
+            ref = ImageRef.from_json(line)
+            encoded = converted[i] if writer_only else images.convert(data)
             values = fields.values_from_text(ref.fields) if with_fields else None
             extra = encode(schema, values) if with_fields else None
             parts, length = records.example_parts(encoded, 0, ref.label, ref.key, None, extra)
@@ -139,11 +163,11 @@ def focused(n, rounds, only=None):
     if only:
         return {"cpu_ms_per_image": medians, "rounds": got}
     ratios = {}
-    for k in ("fields", "listfeature"):
+    for k in encoders.keys() - {"plain"}:
         ratios[k] = medians[k] / medians["plain"]
         print(f"{k} / plain: {ratios[k]:.3f} (+{medians[k] - medians['plain']:.3f} ms)")
     return {"cpu_ms_per_image": medians, "rounds": got, "ratio": ratios["fields"],
-            "ratio_listfeature": ratios["listfeature"]}
+            "ratio_listfeature": ratios.get("listfeature")}
 
 
 def launcher(n, rounds):
@@ -185,18 +209,94 @@ def launcher(n, rounds):
     return {"cpu_ms_per_image": medians, "rounds": got}
 
 
+def side_by_side(sizes, rounds, writer_n, workers=0):
+    """Whole builds of the manifest without and with the three fields, alternating, at two
+    sizes a round (see --side): per round each program's CPU per image (the slope between
+    the sizes: start-up cancels) and their ratio; then, in the same run, the launcher's and
+    the writer's per-image CPU without and with the fields, as shares of the plain build's.
+    `workers`: --direct_num_workers for both programs (0: the config's, a thread per core)."""
+    small, large = sizes
+    inputs = {}
+    engine = ["--direct_num_workers", str(workers)] if workers else []
+    for n in sizes:
+        work = tempfile.mkdtemp(prefix="bench-fields-")
+        plain, rich, schema = manifests(photo_tree(n), work)
+        inputs[n] = {"plain": build_command_of(plain, *engine), "fields": build_command_of(
+            rich, "--schema", schema, *engine)}
+    cpu = {name: {n: [] for n in sizes} for name in ("plain", "fields")}
+    slopes = {"plain": [], "fields": []}
+    ratios = []
+    for r in range(rounds):
+        order = ("plain", "fields") if r % 2 == 0 else ("fields", "plain")  # neither always first
+        for n in sizes:
+            for name in order:
+                cpu[name][n].append(measure(inputs[n][name], 1)["cpu"])
+        for name in slopes:
+            slopes[name].append(1000 * (cpu[name][large][-1] - cpu[name][small][-1])
+                                / (large - small))
+        ratios.append(slopes["fields"][-1] / slopes["plain"][-1])
+        print(f"round {r + 1}: CPU ms/image plain {slopes['plain'][-1]:.3f} fields "
+              f"{slopes['fields'][-1]:.3f} ratio {ratios[-1]:.3f}", flush=True)
+    whole = {name: statistics.median(v) for name, v in slopes.items()}
+    # every round's CPU pooled: the sums' slopes (a round's outlier weighs what its CPU does)
+    pooled = (sum(cpu["fields"][large]) - sum(cpu["fields"][small])) / (
+        sum(cpu["plain"][large]) - sum(cpu["plain"][small]))
+    quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+    at_large = {name: statistics.median(cpu[name][large]) for name in cpu}
+    print(f"\nwhole builds, photos {small} and {large}, {rounds} alternating rounds, CPU of "
+          "the process tree:")
+    print(f"  CPU ms per image (slope): plain {whole['plain']:.3f}, fields {whole['fields']:.3f}")
+    print(f"  fields / plain per image: median of the rounds' ratios "
+          f"{statistics.median(ratios):.3f} (quartiles {quartiles[0]:.3f}-{quartiles[2]:.3f}, "
+          f"rounds {min(ratios):.3f}-{max(ratios):.3f}); of the median slopes "
+          f"{whole['fields'] / whole['plain']:.3f}; of every round's CPU pooled {pooled:.3f}")
+    print(f"  whole build at {large} (start-up included): plain {at_large['plain']:.2f} s, "
+          f"fields {at_large['fields']:.2f} s, ratio {at_large['fields'] / at_large['plain']:.3f}")
+    print("\nthe launcher alone (in this process):")
+    launched = launcher(large, rounds)
+    print("\nthe writer alone (in this process, from its listing line on, the image converted "
+          "before the clock starts):")
+    written = focused(writer_n, rounds, writer_only=True)
+    shares = {}
+    for part, got in (("launcher", launched), ("writer", written)):
+        extra = got["cpu_ms_per_image"]["fields"] - got["cpu_ms_per_image"]["plain"]
+        shares[part] = extra / whole["plain"]
+    print(f"\nwhat the fields add, as a share of the plain build's {whole['plain']:.3f} ms an "
+          f"image: launcher {shares['launcher']:+.1%}, writer {shares['writer']:+.1%}, "
+          f"together {shares['launcher'] + shares['writer']:+.1%}; whole builds "
+          f"{statistics.median(ratios) - 1:+.1%} (target: <= +10%: "
+          f"{'PASS' if statistics.median(ratios) <= 1.10 else 'FAIL'})")
+    return {"sizes": sizes, "cpu": cpu, "cpu_ms_per_image": slopes, "ratios": ratios,
+            "ratio": statistics.median(ratios), "pooled": pooled, "quartiles": quartiles,
+            "launcher": launched, "writer": written,
+            "shares": shares}
+
+
+def build_command_of(src, *extra):
+    return lambda out: build_command(src, out, *extra)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--focused", type=int, default=0, metavar="N",
                         help="measure what fields add to one image's work on N photos")
     parser.add_argument("--launcher", type=int, default=0, metavar="N",
                         help="measure what fields add to the launcher's planning on N photos")
+    parser.add_argument("--side", action="store_true",
+                        help="whole builds without and with the fields, alternating rounds at "
+                             "--sizes, then the launcher's and the writer's shares")
+    parser.add_argument("--writer_photos", type=int, default=500,
+                        help="--side: photos of the writer's in-process measurement")
+    parser.add_argument("--workers", type=int, default=0,
+                        help="--side: --direct_num_workers of both builds (0: the config's, "
+                             "a thread per core; 1: one thread, no contention for the GIL "
+                             "between two writers)")
     parser.add_argument("--only", choices=("plain", "fields", "listfeature"),
                         help="--focused: that program alone, e.g. under valgrind --tool="
                              "callgrind for its instruction count (the difference between "
                              "two programs' counts is what one costs more; load moves neither)")
     parser.add_argument("--rounds", type=int, default=5,
-                        help="--focused, --launcher: alternating rounds")
+                        help="--focused, --launcher, --side: alternating rounds")
     parser.add_argument("--sizes", default="250,1000",
                         help="two photo counts: CPU per image is the slope between them")
     parser.add_argument("--repeat", type=int, default=3)
@@ -209,6 +309,11 @@ def main():
         return
     if args.launcher:
         record.save({"launcher": launcher(args.launcher, args.rounds)})
+        return
+    if args.side:
+        sizes = [int(v) for v in args.sizes.split(",")]
+        record.save({"side": side_by_side(sizes, args.rounds, args.writer_photos,
+                                          args.workers)})
         return
     sizes = [int(v) for v in args.sizes.split(",")]
     runs = {}

@@ -60,6 +60,11 @@ class FieldError(ValueError):
         self.column, self.value, self.problem = column, value, problem
 
 
+class UndeclaredColumn(FieldError):
+    """A row's column that the schema does not declare: the launcher stops on it with one
+    line naming the column and the schema file, instead of rejecting every such row."""
+
+
 def _shown(value, limit=120):
     text = json.dumps(value, ensure_ascii=False)
     return text if len(text) <= limit else text[:limit - 3] + "..."
@@ -113,6 +118,7 @@ class Schema:
     """The declared fields, in the file's order."""
 
     fields: tuple = ()
+    source: str = dataclasses.field(default="", compare=False)  # the file it was read from
 
     def __bool__(self):
         return bool(self.fields)
@@ -146,8 +152,9 @@ class Schema:
 
     def with_classes(self, vocabularies):
         """{field name: class names in id order} -> the schema with those vocabularies."""
-        return Schema(tuple(dataclasses.replace(f, classes=tuple(vocabularies[f.name]))
-                            if f.name in vocabularies else f for f in self.fields))
+        return dataclasses.replace(self, fields=tuple(
+            dataclasses.replace(f, classes=tuple(vocabularies[f.name]))
+            if f.name in vocabularies else f for f in self.fields))
 
 
 def from_json(obj, where="schema"):
@@ -217,7 +224,7 @@ def load(path):
     except yaml.YAMLError as e:
         raise ValueError(f"--schema {path}: not valid YAML or JSON "
                          f"({' '.join(str(e).split())})") from e
-    return from_json(obj, path)
+    return dataclasses.replace(from_json(obj, path), source=str(path))
 
 
 def dump(schema):
@@ -241,7 +248,7 @@ def check_row(schema, row, text=False):
     for column in row:
         if column not in allowed:
             hint = difflib.get_close_matches(str(column), schema.names, n=1)
-            raise FieldError(column, row[column], "not a field of the schema"
+            raise UndeclaredColumn(column, row[column], "not a field of the schema"
                              + (f" (did you mean {hint[0]!r}?)" if hint else ""))
     for f in schema.fields:
         value = row.get(f.name)
@@ -321,12 +328,21 @@ def _scalar(f, kind, v, whole):
     if kind == "float":
         if type(v) not in (int, float):
             raise FieldError(f.name, whole, f"expected float, found {_kind(v)}")
-        if not math.isfinite(v):
+        if not _finite(v):
             raise FieldError(f.name, whole, "not a finite number")
         return float(v)
     if type(v) is not str:
         raise FieldError(f.name, whole, f"expected string, found {_kind(v)}")
     return v
+
+
+def _finite(v):
+    """An int or float that is a finite float64 (an int past 1.8e308 is not one: isfinite
+    raised OverflowError for it)."""
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
 
 
 def _kind(v):
@@ -350,7 +366,7 @@ def _box(f, box, whole):
     xmin, ymin, xmax, ymax = sides = (box["xmin"], box["ymin"], box["xmax"], box["ymax"])
     for side, v in zip(BOX_SIDES, sides):
         if type(v) is not float and type(v) is not int or not 0.0 <= v <= 1.0:
-            if type(v) not in (int, float) or not math.isfinite(v):
+            if type(v) not in (int, float) or not _finite(v):
                 raise FieldError(f.name, whole, f"box {side} must be a number, not {_shown(v)}")
             raise FieldError(f.name, whole, f"box {side} {v} is outside [0, 1] (coordinates "
                              "are fractions of the image's width and height)")

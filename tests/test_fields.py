@@ -272,8 +272,8 @@ def test_csv_header_names_only_declared_fields(tmp_path):
 
     schema = fields.from_json({"fields": {"n": "int"}})
     path = _manifest(tmp_path, "m.csv", "uri,label,n,colour\na.jpg,x,1,red\n")
-    with pytest.raises(UserError, match=r"m.csv: column 'colour' is not a field of --schema "
-                                        r"\(fields: n\)"):
+    with pytest.raises(UserError, match=r"m.csv: column 'colour' is not a field of the schema "
+                                        r"\(fields: n\); declare it in the schema, or drop "):
         list(list_manifest(path, schema))
     path = _manifest(tmp_path, "m2.csv", "uri,label,n\na.jpg,x,7\nb.jpg,x,\n")
     got = {i.key: fields.values_from_text(i.fields) for i in list_manifest(path, schema)

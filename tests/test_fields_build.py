@@ -426,3 +426,31 @@ def test_inspect_draws_the_boxes(built):
     for _, _, _, image in got:
         pixels = np.asarray(image)
         assert (pixels == drawing.BOX_COLOURS[0]).all(axis=-1).sum() >= 20  # the outline
+
+
+def test_every_exif_orientation_keeps_its_box_on_its_marker(tmp_path):
+    """One build of all 8 EXIF orientations (the mirrored 2, 4, 5, 7 too; the writer's
+    conversion of each: tests/test_box_orientation.py), resized by --max_side: each stored
+    box frames its red marker, and the blue dot is top left."""
+    from tests.test_box_orientation import BOX as MARKER, assert_box_on_marker, stored_file
+
+    data = tmp_path / "data"
+    data.mkdir()
+    rows = []
+    for orientation in range(1, 9):
+        (data / f"o{orientation}.jpg").write_bytes(stored_file(orientation))
+        rows.append({"uri": f"o{orientation}.jpg", "label": "pet",
+                     "objects": [dict(MARKER, label="cat")]})
+    (data / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "schema.json").write_text(json.dumps({"fields": {"objects": SCHEMA["fields"][
+        "objects"]}}))
+    result = build(data / "m.jsonl", tmp_path / "ds", *FAST, "--schema",
+                   tmp_path / "schema.json", "--max_side", "40")
+    records = _records(result["version_dir"], result["manifest"])
+    assert sorted(records) == [f"o{o}.jpg" for o in range(1, 9)]
+    for name, record in records.items():
+        pixels = np.asarray(Image.open(io.BytesIO(record["image/encoded"].values[0])))
+        assert pixels.shape == (24, 40, 3), name
+        stored = {side: record[f"image/object/bbox/{side}"].values[0] for side in MARKER}
+        assert stored == pytest.approx(MARKER), name
+        assert_box_on_marker(pixels)

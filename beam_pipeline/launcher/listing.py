@@ -28,7 +28,7 @@ from beam_pipeline.launcher.folders import GLOB_CHARS, glob_root, list_directory
 from beam_pipeline.launcher.manifests import is_manifest, list_manifest
 from beam_pipeline.refs import ImageRef, Listed
 from beam_pipeline.store.gcs import gcs_blob
-from dataset_format import fields as field_types
+from dataset_format import field_rows, fields as field_types
 from dataset_format.error_record import ErrorRecord
 
 
@@ -68,26 +68,30 @@ class Fingerprint:
 def list_inputs(config, spill_dir, errors_path):
     """The listing stage: every input listed, deduplicated and fingerprinted in one streaming
     pass -> Listing (refs spilled by key); listing errors go to errors_path (JSONL)."""
+    tally = field_rows.ClassTally(config.schema) if config.schema else None
     with open(errors_path, "w") as errors_file:
         return plan_listing(
-            iter_inputs(config.inputs, config.max_bytes, config.schema),
+            iter_inputs(config.inputs, config.max_bytes, config.schema, tally),
             Fingerprint(config.fingerprint_config, __version__),
             set(config.label_file) if config.label_file else None, spill_dir,
-            lambda e: errors_file.write(e.to_json() + "\n"), schema=config.schema)
+            lambda e: errors_file.write(e.to_json() + "\n"), schema=config.schema,
+            tally=tally)
 
 
-def iter_inputs(specs, max_bytes=0, schema=None):
+def iter_inputs(specs, max_bytes=0, schema=None, tally=None):
     """Every --input -> a stream of ImageRef (listed image) or ErrorRecord (errors.jsonl's).
 
     An input larger than `max_bytes` (0: no limit) is an error record, `too_large`: it is
     never read, so one huge file cannot fill a worker's memory. A local file name that is not
     valid UTF-8 (old zip and Windows archives) is an error record, `bad_name`: keys are UTF-8
-    in every file a version holds.
+    in every file a version holds. `tally` (field_rows.ClassTally): manifests count their
+    rows' class names in it; a row made an error record here is taken off again.
     """
     names = input_names(specs)
     for spec, name in zip(specs, names):
-        for item in _list_spec(spec, schema):
+        for item in _list_spec(spec, schema, tally):
             if isinstance(item, ImageRef):
+                dropped = item.fields
                 if not _is_utf8(item.uri):
                     item = ErrorRecord(printable(item.uri), "read", "bad_name",
                                        "the file name is not valid UTF-8; rename it")
@@ -97,6 +101,8 @@ def iter_inputs(specs, max_bytes=0, schema=None):
                                        f"({max_bytes / 2**20:g} MiB)")
                 elif name:
                     item = item.with_key(f"{name}/{item.key}")
+                if tally is not None and isinstance(item, ErrorRecord):
+                    tally.drop(dropped)
             yield item
 
 
@@ -168,9 +174,9 @@ def _input_name(spec):
     return name or "input"
 
 
-def _list_spec(spec, schema=None):
+def _list_spec(spec, schema=None, tally=None):
     if is_manifest(spec):
-        return list_manifest(spec, schema)
+        return list_manifest(spec, schema, tally)
     if GLOB_CHARS & set(spec):
         return list_glob(spec)
     return list_directory(spec.rstrip("/") or "/")
@@ -193,7 +199,8 @@ class Listing:
     # the class names its values use (their ids: rules.label_ids, as for labels)
 
 
-def plan_listing(items, fingerprint, known_labels, spill_dir, write_error, schema=None):
+def plan_listing(items, fingerprint, known_labels, spill_dir, write_error, schema=None,
+                 tally=None):
     """Listed items (ImageRef or ErrorRecord) -> Listing, in flat memory.
 
     Sorts by uri on disk to drop duplicates (the same file listed again, by any input:
@@ -202,9 +209,17 @@ def plan_listing(items, fingerprint, known_labels, spill_dir, write_error, schem
     paths under its own prefix), then spills the refs again by key for identity.resolve,
     which gives every image its split. `fingerprint` has add(ref) and hexdigest();
     `write_error` takes each errors.jsonl record; `known_labels` (a --label_file's
-    classes) or None; `schema` (fields.Schema): which fields' class names to collect.
+    classes) or None; `schema` (fields.Schema): which fields' class names to collect (an
+    open vocabulary's: a closed one's ids are its declared classes). `tally`
+    (field_rows.ClassTally, or None): the class names the items' rows were counted with
+    as they were checked; the rows dropped here are taken off, and the names left are
+    the kept images' (without it, each kept line's values are parsed again for them).
     """
-    class_fields = [f for f in (schema.fields if schema else ()) if f.has_classes]
+    class_fields = [f for f in (schema.fields if schema else ())
+                    if f.has_classes and not f.closed]
+    drop = tally.drop if tally is not None and class_fields else (lambda text: None)
+    if tally is not None:
+        class_fields = []
     plan = Listing(fingerprint="", labels_present=set(), by_key=SortedSpill(spill_dir))
     with SortedSpill(spill_dir) as by_uri:
         for item in items:
@@ -218,6 +233,7 @@ def plan_listing(items, fingerprint, known_labels, spill_dir, write_error, schem
         for _, line in by_uri:
             ref = Listed._make(json.loads(line))  # no ImageRef: the line is passed on as is
             if first is not None and ref.uri == first.uri:
+                drop(ref.fields)
                 if (ref.label, ref.split) == (first.label, first.split):
                     plan.duplicates += 1
                 else:
@@ -233,6 +249,7 @@ def plan_listing(items, fingerprint, known_labels, spill_dir, write_error, schem
                 plan.errors += 1
                 write_error(ErrorRecord(ref.uri, "read", "unknown_label",
                                         f"class {ref.label!r} is not in --label_file"))
+                drop(ref.fields)
                 continue
             if ref.label:  # "": a manifest row with fields and no class
                 plan.labels_present.add(ref.label)
@@ -244,5 +261,7 @@ def plan_listing(items, fingerprint, known_labels, spill_dir, write_error, schem
                         field_types.class_names(f, value))
             plan.num_images += 1
             plan.by_key.add(json_string(ref.key), line)
+    if tally is not None:
+        plan.classes_present = tally.present()
     plan.fingerprint = fingerprint.hexdigest()
     return plan
