@@ -40,7 +40,8 @@ def _upright():
 
 def _jpeg_with_orientation(orientation):
     upright = _upright()
-    raw = upright.transpose(STORED_AS[orientation]) if STORED_AS[orientation] else upright
+    stored_as = STORED_AS[orientation]
+    raw = upright if stored_as is None else upright.transpose(stored_as)
     exif = Image.Exif()
     exif[0x0112] = orientation
     buf = io.BytesIO()
