@@ -47,6 +47,7 @@ from beam_pipeline.launcher.same_bytes import (  # noqa: F401 (input_sha256: tes
     by_content, by_md5, first_match, hashed, input_sha256)
 from beam_pipeline.refs import (LINE_KEY, LINE_SHA256, LINE_SIZE, LINE_SPLIT, ImageRef, Listed,
                                 StoredFrame)
+from beam_pipeline.algorithms import fast_json
 from beam_pipeline.algorithms.spill import SortedSpill, join_sorted
 from beam_pipeline.store import split_map as split_maps
 from dataset_format import layout
@@ -121,7 +122,7 @@ class Resolved(Sized):
         None), in refs() order: what a plan reads a field or two of without building an
         ImageRef (~3 µs)."""
         for line, number, row in self.numbered_lines(columns):
-            yield json.loads(line), number, row
+            yield fast_json.loads(line), number, row
 
     def ref_lines(self, columns=None):
         """(ImageRef JSON, previous catalog row dict or None), in refs() order."""
@@ -208,7 +209,7 @@ def resolve(by_key, rows, splits, spill_dir, reuse=True, verify=False, split_map
             if line is None:
                 out.counts[Became.REMOVED] += 1
                 continue
-            fields = json.loads(line)  # ImageRef.to_json's list
+            fields = fast_json.loads(line)  # ImageRef.to_json's list
             ref = Listed._make(fields)  # its fields by name; no ImageRef built
             if old is None:
                 orphans.add(json_string(ref.uri), line)
@@ -219,7 +220,7 @@ def resolve(by_key, rows, splits, spill_dir, reuse=True, verify=False, split_map
             elif _same_stamp(ref, row) or _same_md5(ref, row):
                 split = ref.split or row.split
                 fields[LINE_SPLIT], fields[LINE_SHA256] = split, row.input_sha256
-                out.add_line(ref.key, split, ref.size, json.dumps(fields),
+                out.add_line(ref.key, split, ref.size, fast_json.dumps(fields),
                              row.row if reuse else None,
                              _same_values(ref.label, split, ref.fields, row))
             else:  # other bytes, which may have been published before
@@ -292,7 +293,7 @@ def _hashed_pairs(out, spill):
     row's input?), inputs read HASH_THREADS at a time."""
     def items():
         for _, line in spill:
-            fields, row = json.loads(line)
+            fields, row = fast_json.loads(line)
             yield ImageRef.from_fields(fields), Stored(*row)
 
     for (ref, row), digest in hashed(items()):
@@ -350,7 +351,7 @@ def _new_keys(out, refs, outcomes, previous, smap, splits, *, spill_dir, reuse, 
                                         ) as unmatched:
             with SortedSpill(spill_dir) as by_digest:  # 3. bytes only older versions
                 for _, line in unmatched:            # held, or new content
-                    by_digest.add(json.loads(line)[LINE_SHA256] or "", line)
+                    by_digest.add(fast_json.loads(line)[LINE_SHA256] or "", line)
                 for line, known in smap.splits_of(by_digest):  # a merge join with the map
                     ref = ImageRef.from_json(line)
                     known = known or (None if verify else asked.split_of_md5(ref.md5, ref.size))
@@ -368,7 +369,7 @@ def _wanted(refs, verify):
     20 digits) keys): the stored rows they can match by file or by md5."""
     uris, md5s = set(), set()
     for _, line in refs:
-        ref = Listed._make(json.loads(line))
+        ref = Listed._make(fast_json.loads(line))
         uris.add(ref.uri)
         if ref.md5 and not verify:
             md5s.add((ref.md5, f"{ref.size:020d}"))
@@ -380,7 +381,7 @@ def _map_questions(refs, verify):
     them: ((md5, size) of those with a listing md5, unless verify; every size)."""
     md5s, sizes = set(), set()
     for _, line in refs:
-        ref = Listed._make(json.loads(line))
+        ref = Listed._make(fast_json.loads(line))
         sizes.add(ref.size)
         if ref.md5 and not verify:
             md5s.add((ref.md5, ref.size))

@@ -15,6 +15,7 @@ import os
 from json.encoder import encode_basestring_ascii as json_string  # = json.dumps(a str)
 from typing import NamedTuple, Optional
 
+from beam_pipeline.algorithms import fast_json
 from beam_pipeline.algorithms.spill import SortedSpill
 from beam_pipeline.store import catalog, files
 from dataset_format import catalog_schema, fields as field_types
@@ -39,7 +40,7 @@ class Stored(NamedTuple):
 
     @classmethod
     def from_json(cls, text):
-        return cls(*json.loads(text))
+        return cls(*fast_json.loads(text))
 
 
 def fields_digest(fields):
@@ -234,7 +235,7 @@ class Previous:
         self.records = None  # written by the spills below, when first built
         self.by_key = self._spill()
         for key, _, record in rows.records():
-            self.by_key.add(json_string(key), json.dumps(record))
+            self.by_key.add(json_string(key), fast_json.dumps(record))
 
     def _spill(self):
         self.spills.append(SortedSpill(self.spill_dir))
@@ -303,7 +304,7 @@ class Previous:
 
     def _write(self, record):
         """Appends a Stored record to the records file -> "offset length"."""
-        data = (json.dumps(record) + "\n").encode()
+        data = (fast_json.dumps(record) + "\n").encode()
         offset = self.records_end
         self.records.write(data)
         self.records_end += len(data)
