@@ -10,6 +10,7 @@ JSON); the uri, size and content spills hold a sort key and where the record is 
 offset and length into one file of records), not the record.
 """
 
+import itertools
 import json
 import os
 from json.encoder import encode_basestring_ascii as json_string  # = json.dumps(a str)
@@ -88,6 +89,14 @@ class CatalogRows:
                 found[field_types.STALE + name] = found.pop(name)
         return row
 
+    def with_fields(self):
+        """Whether the catalog has declared fields' columns."""
+        import pyarrow.parquet as pq
+
+        with files.open_seekable(self.path) as f:
+            names = pq.ParquetFile(f).schema_arrow.names
+        return any(n not in catalog_schema.COLUMNS for n in names)
+
     def records(self, keep=None):
         """(key, uri, Stored) of every row in file order; `keep`: a function of a row
         group's table (IDENTITY_COLUMNS) -> a boolean mask of the rows worth looking at
@@ -138,6 +147,9 @@ class CatalogRows:
         with files.open_seekable(self.path) as f:
             source = pq.ParquetFile(f)
             names = _read_columns(source.schema_arrow.names, columns)
+            # what each row needs besides its values (~1 µs a row when it needs neither)
+            nest = names is None or any(n not in catalog_schema.COLUMNS for n in names)
+            encode = names is None or DESCRIPTOR in names
             start = 0
             for group in range(source.num_row_groups):
                 end = start + source.metadata.row_group(group).num_rows
@@ -150,10 +162,11 @@ class CatalogRows:
                         rows = _Rows(values, names)
                     while number is not None and number < end:
                         row = rows[number - start]
-                        if row.get(DESCRIPTOR) is not None and not isinstance(
+                        if encode and row.get(DESCRIPTOR) is not None and not isinstance(
                                 row[DESCRIPTOR], str):
                             row[DESCRIPTOR] = base64.b64encode(row[DESCRIPTOR]).decode()
-                        yield number, self._marked(catalog_schema.nest_fields(row))
+                        yield number, (self._marked(catalog_schema.nest_fields(row)) if nest
+                                       else row)
                         number = next(wanted, None)
                     if number is None:
                         return
@@ -226,6 +239,65 @@ def stored(number, row):
                   fields=fields_digest(row.get("fields")))
 
 
+def by_key_texts(rows):
+    """CatalogRows or RowList -> lists of the by-key spill's texts, "key JSON<TAB>Stored
+    JSON\n", in file order: a row group's built column-wise with pyarrow.compute when its
+    strings need no JSON escapes (printable ASCII without quotes or backslashes: every
+    gs:// listing's), else a row at a time. The same text either way: what
+    fast_json.dumps makes of the key and the Stored record. Column-wise, a row costs ~0.3 µs
+    where records() and a dump cost ~4."""
+    if not isinstance(rows, CatalogRows) or rows.with_fields():
+        records = iter(rows.records())
+        while texts := [f"{json_string(key)}\t{fast_json.dumps(record)}\n"
+                        for key, _, record in itertools.islice(records, 10_000)]:
+            yield texts
+        return
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    first = 0
+    for table in catalog.iter_tables(rows.path, columns=list(IDENTITY_COLUMNS)):
+        numbers = pa.array(range(first, first + table.num_rows), pa.int64())
+        first += table.num_rows
+        texts = _json_columns([table["key"], numbers] + [table[c] for c in (
+            "input_size", "input_stamp", "input_sha256", "input_md5", "label", "split")])
+        if texts is None:  # a string to escape: this row group a row at a time
+            c = table.to_pydict()
+            yield [f"{json_string(key)}\t{fast_json.dumps((number, *values, None))}\n"
+                   for number, key, *values in zip(
+                       numbers.to_pylist(), c["key"], c["input_size"], c["input_stamp"],
+                       c["input_sha256"], c["input_md5"], c["label"], c["split"])]
+            continue
+        key, *record = texts
+        parts = [key, "\t["]
+        for text in record:
+            parts += [text, ", "]
+        parts[-1] = ", null]\n"  # Stored.fields: a catalog without declared fields
+        yield pc.binary_join_element_wise(*parts, "").to_pylist()
+
+
+_PLAIN = "^[ !#-\\[\\]-~]*$"  # printable ASCII but the quote and the backslash: such a
+                              # string's JSON text is itself in quotes
+
+
+def _json_columns(columns):
+    """Arrow columns (int64 or string) -> each value's JSON text as a string column (nulls
+    "null"), or None when some string needs an escape."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    out = []
+    for column in columns:
+        if pa.types.is_integer(column.type):
+            text = pc.cast(column, pa.string())
+        else:
+            if pc.all(pc.match_substring_regex(column, _PLAIN)).as_py() is False:
+                return None
+            text = pc.binary_join_element_wise('"', column, '"', "")
+        out.append(pc.fill_null(text, "null"))
+    return out
+
+
 class Previous:
     """The previous catalog's records spilled by key; by uri, size and content only when
     some listed key is new (`others`)."""
@@ -234,8 +306,8 @@ class Previous:
         self.spill_dir, self.spills, self.rows = spill_dir, [], rows
         self.records = None  # written by the spills below, when first built
         self.by_key = self._spill()
-        for key, _, record in rows.records():
-            self.by_key.add(json_string(key), fast_json.dumps(record))
+        for texts in by_key_texts(rows):
+            self.by_key.extend_texts(texts)
 
     def _spill(self):
         self.spills.append(SortedSpill(self.spill_dir))
