@@ -115,12 +115,12 @@ class CatalogRows:
                     yield row["key"], row["uri"], stored(number, row)
             return
         first = 0
-        for table in catalog.iter_tables(self.path, columns=list(IDENTITY_COLUMNS)):
-            numbers = range(first, first + table.num_rows)
-            first += table.num_rows
+        for table in _batched(catalog.iter_tables(self.path, columns=list(IDENTITY_COLUMNS))):
+            start, first = first, first + table.num_rows
+            numbers = range(start, first)
             if keep is not None:
                 mask = keep(table)
-                numbers = [n for n, k in zip(numbers, mask.to_pylist()) if k]
+                numbers = (start + _true(mask)).tolist()
                 if not numbers:
                     continue
                 table = table.filter(mask)
@@ -225,11 +225,38 @@ def _candidates(rows, keep):
     if keep is None:
         return
     first = 0
-    for table in catalog.iter_tables(rows.path, columns=list(IDENTITY_COLUMNS)):
-        for i, k in enumerate(keep(table).to_pylist()):
-            if k:
-                yield first + i
+    for table in _batched(catalog.iter_tables(rows.path, columns=list(IDENTITY_COLUMNS))):
+        yield from (first + _true(keep(table))).tolist()
         first += table.num_rows
+
+
+KEEP_ROWS = 1 << 16  # rows a `keep` mask is computed over at once
+
+
+def _batched(tables, rows=KEEP_ROWS):
+    """Row groups' tables -> tables of `rows` rows or more (the last may hold fewer), in
+    order. pyarrow.compute.is_in builds its hash set of the value set on every call: with
+    150k uris and md5s asked (a night of 1% new keys at 10M rows) ~30 ms a call, once for
+    each of 7,500 row groups, each pass over the catalog (measured at 1M rows: 22.8 s a
+    pass a row group at a time, 0.8 s in 65k-row batches)."""
+    import pyarrow as pa
+
+    pending, count = [], 0
+    for table in tables:
+        pending.append(table)
+        count += table.num_rows
+        if count >= rows:
+            yield pa.concat_tables(pending) if len(pending) > 1 else pending[0]
+            pending, count = [], 0
+    if pending:
+        yield pa.concat_tables(pending) if len(pending) > 1 else pending[0]
+
+
+def _true(mask):
+    """A boolean Arrow array (no nulls) -> the positions of its true values (numpy)."""
+    import numpy as np
+
+    return np.flatnonzero(mask.to_numpy(zero_copy_only=False))
 
 
 def stored(number, row):
