@@ -12,11 +12,12 @@ same md5, a new name and generation), chosen by a seeded hash of the object.
 Each night runs `prepare.prepare` in a fresh process into a local root, as a Flex Template
 launcher does before it submits the job: history, listing, fingerprint, identity, the
 incremental or full plan, one listing file per shard. Measured per night: CPU seconds of
-that process (user + system), its peak RSS, the peak bytes of its scratch directory
-(TMPDIR, polled every 0.2 s: the launcher's disk when the root is on gs://), the same with
-what it writes under the local root (the new version's shard listings, which a gs:// root
-keeps in the bucket), and the objects it would download (`Planned.to_convert`: images the job decodes,
-read from gs://; the rest are stored records reused or re-framed).
+that process (user + system) and of each of those stages (`timed_stages`), its peak RSS,
+the peak bytes of its scratch directory (TMPDIR, polled every 0.2 s: the launcher's disk
+when the root is on gs://), the same with what it writes under the local root (the new
+version's shard listings, which a gs:// root keeps in the bucket), and the objects it
+would download (`Planned.to_convert`: images the job decodes, read from gs://; the rest
+are stored records reused or re-framed).
 
 Between nights, outside the measured process, a stand-in for the job publishes the
 version the night planned: a catalog.parquet with one row per planned image (frames
@@ -90,9 +91,41 @@ def fake_listing(n, night=1):
     return walk
 
 
+STAGES = (("history", "find"), ("listing", "list_inputs"), ("identity", "resolve_listing"),
+          ("incremental", "incremental_plan"), ("plan", "full_plan"))
+
+
+def timed_stages(prepare):
+    """prepare's stages wrapped to add up their CPU seconds: {"history", "listing",
+    "identity", "plan" (incremental or full), "write" (the shard listings, which the
+    incremental plan streams into)}."""
+    import importlib
+
+    cpu = {}
+
+    def wrap(owner, name, stage):
+        inner = getattr(owner, name)
+
+        def timed(*args, **kwargs):
+            start = time.process_time()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                cpu[stage] = cpu.get(stage, 0) + time.process_time() - start
+
+        setattr(owner, name, timed)
+
+    for module, name in STAGES:
+        wrap(importlib.import_module(f"beam_pipeline.launcher.{module}"), name,
+             "plan" if module in ("incremental", "plan") else module)
+    wrap(prepare, "write_shard_listings", "write")
+    return cpu
+
+
 def child(n, night, root, spec_path):
     from beam_pipeline.launcher import options, prepare, walk
 
+    stages = timed_stages(prepare)
     walk._walk_gcs = fake_listing(n, night)
     _, build = options.parse(["--input", "gs://fake-bucket/images", "--output", root,
                               "--name", "scale"])
@@ -104,7 +137,7 @@ def child(n, night, root, spec_path):
     print(json.dumps({"images": planned.images, "download": planned.to_convert,
                       "kind": "incremental" if planned.spec.increment else "full",
                       "wall": time.perf_counter() - start,
-                      "cpu": usage.ru_utime + usage.ru_stime,
+                      "cpu": usage.ru_utime + usage.ru_stime, "stages": stages,
                       "peak_rss": usage.ru_maxrss * 1024}))
 
 
@@ -264,6 +297,14 @@ def main():
                     record.save({"runs": runs})                  # nights it finished
         finally:
             shutil.rmtree(work, ignore_errors=True)
+    print("\nCPU s by stage (the rest of a night's CPU: imports, claiming the version)")
+    print("| listed objects | night | history | listing | identity | plan | write |")
+    print("|---|---|---|---|---|---|---|")
+    for f in runs:
+        cpu = f["stages"]
+        print(f"| {f['objects']:,} | {f['night']} | " + " | ".join(
+            f"{cpu.get(stage, 0):,.1f}" for stage in ("history", "listing", "identity", "plan",
+                                                     "write")) + " |")
     print(f"load {os.getloadavg()[0]:.1f}")
     record.save({"runs": runs})
 

@@ -8,7 +8,9 @@ import json
 import pytest
 
 from beam_pipeline.job.contracts import Kind, Origin, PlannedShard, ShardPlan, ShardTask
+from beam_pipeline.algorithms import fast_json
 from beam_pipeline.launcher import identity, incremental, rules
+from beam_pipeline.launcher import previous as stored_rows
 from beam_pipeline.refs import ImageRef
 from beam_pipeline.store import catalog
 from beam_pipeline.store.catalog import FragmentWriter
@@ -193,3 +195,34 @@ def test_the_job_reads_kept_rows_by_number_across_row_groups(tmp_path):
         ("k5", 2, "/old/k5"), ("k6", 0, "/old/k6")]
     with pytest.raises(ValueError, match=r"catalog.parquet: no row 7 \(it holds 7\)"):
         catalog.read_numbered(path, [0, 7])
+
+
+def test_the_previous_catalog_spills_the_same_text_column_wise_or_a_row_at_a_time(tmp_path):
+    """A row group whose strings need no JSON escape is spilled column-wise; one with a
+    quote, a backslash or a non-ASCII letter a row at a time: the text is json.dumps' in
+    both, so the join parses them alike."""
+    path = str(tmp_path / layout.CATALOG)
+    rows = [row("plain/a.jpg", 0, 0), row("plain/b.jpg", 0, 1, stamp=None),
+            row('odd/"q".jpg', 1, 0), row("odd/caf\u00e9\\.jpg", 1, 1, label="l\u00e9")]
+    with FragmentWriter(path) as writer:  # 2 rows a row group: plain, then odd
+        for r in rows:
+            writer.append(CatalogRow.from_dict(r))
+            if len(writer.rows) == 2:
+                writer._flush()
+    texts = [t for chunk in stored_rows.by_key_texts(stored_rows.CatalogRows(path)) for t in chunk]
+    assert texts == [
+        f"{json.dumps(r['key'])}\t" + json.dumps([i, 10, r["input_stamp"], r["input_sha256"],
+                                                   None, r["label"], "train", None]) + "\n"
+        for i, r in enumerate(rows)]
+    assert stored_rows.Stored.from_json(texts[3].split("\t")[1]).label == "l\u00e9"
+
+
+def test_fast_json_writes_and_reads_what_json_does():
+    values = ["k\u00e9y/\"a\".jpg", "gs://b/k", None, 12, -3, 1.5, ["x", None], {"a": [1]}]
+    assert fast_json.dumps(values) == json.dumps(values)
+    assert fast_json.loads(json.dumps(values)) == values
+    assert fast_json.loads(" [1] ") == [1]  # whitespace around, as json.loads allows
+    with pytest.raises(json.JSONDecodeError, match="Extra data"):
+        fast_json.loads("[1] x")
+    with pytest.raises(json.JSONDecodeError, match="Expecting value"):
+        fast_json.loads("nope")

@@ -31,6 +31,14 @@ class SortedSpill:
         if len(self.chunk) >= self.chunk_lines:
             self._spill()
 
+    def extend_texts(self, texts):
+        """add() of many lines given as their spilled texts, "sort_key<TAB>line\n" each
+        (built column-wise by the caller)."""
+        self.chunk += texts
+        self.count += len(texts)
+        if len(self.chunk) >= self.chunk_lines:
+            self._spill()
+
     def _spill(self):
         self.chunk.sort()
         fd, path = tempfile.mkstemp(prefix="spill-", suffix=".txt", dir=self.directory)
