@@ -507,27 +507,17 @@ def crop_hash(grey, cut):
     return perceptual._packed(perceptual.bits_of(perceptual._low(grey[t:h - b, l:w - r])))
 
 
-def _linear(lo, hi, side=descriptor.SIDE):
-    """side x side: linear sampling of the span [lo, hi) px of a side-px axis."""
-    m = np.zeros((side, side))
-    for o in range(side):
-        x = min(max(lo + (o + 0.5) * (hi - lo) / side - 0.5, 0.0), side - 1.0)
-        k = int(x)
-        m[o, k] += 1 - (x - k)
-        m[o, min(k + 1, side - 1)] += x - k
-    return m
-
-
 def thumbnail_hash(desc, cut):
     """A pHash-like hash computed at commit from the stored 16x16 thumbnail (no new bytes):
     the 8x8 lowest DCT frequencies of the cut, resampled back to 16x16 (a 16-px thumbnail
     holds the same frequencies as the 32-px one pHash reads, box- not Lanczos-filtered). The
-    built one, descriptor.thumbnail_probes, is this of the cut (.1, .1, .1, .1), batched."""
+    built one, descriptor.thumbnail_probes, is this of the cut (.075, .075, .075, .075), batched."""
     thumb = descriptor.parse([desc])[0][0].astype(np.float64)
     dct = perceptual._dct_rows(descriptor.SIDE, 8)
     t, b, l, r = (f * descriptor.SIDE for f in cut)
-    low = (dct @ _linear(t, descriptor.SIDE - b)) @ thumb @ (dct @ _linear(
-        l, descriptor.SIDE - r)).T
+    rows = dct @ descriptor.linear_resampling(t, descriptor.SIDE - b)
+    cols = dct @ descriptor.linear_resampling(l, descriptor.SIDE - r)
+    low = rows @ thumb @ cols.T
     return perceptual._packed(perceptual.bits_of(low.ravel()))
 
 
@@ -876,7 +866,8 @@ def main(argv=None):
                           "false": wrong}, "built": list(built), "radii": {},
                "alternatives": {}}
     print("\n'2 hashes': whole and central 90%; '6 hashes': and the four 95% corner crops; "
-          "'7 hashes': and the thumbnail's central 85%, made at commit (built); '+ before': confirmed as before (19 windows, <= 0.25, <= 3); '+ means': "
+          "'7 hashes': and the thumbnail's central 85%, made at commit (built); '+ before': "
+          "confirmed as before (19 windows, <= 0.25, <= 3); '+ means': "
           "49 windows, the whole means' chroma (<= 0.29, <= 4.4: before the colour grid); "
           "'+ conf': "
           "the built confirmation (49 windows, chroma over the window they line up, its "
@@ -887,7 +878,8 @@ def main(argv=None):
     for rad in radii:
         for hashed, d, confirms in (("2 hashes", dist2, ALL_CONFIRMS),
                                     ("6 hashes", dist6, ALL_CONFIRMS),
-                                    ("7 hashes", dist, (("", None), (" + conf", built_descriptor)))):
+                                    ("7 hashes", dist,
+                                     (("", None), (" + conf", built_descriptor)))):
             for scheme, confirm in ((hashed + name, fn) for name, fn in confirms):
                 for part, universe in (("all", everything), ("A", choose), ("B", report)):
                     cd = np.nonzero((d <= rad) & universe)[0]

@@ -848,18 +848,26 @@ def scale_one(n, radius, real_path, thumbnails=0):
           f"{'x'.join(map(str, p.widths))}/{p.sub_radius} {p.exact_radius}")
 
 
+def _corpus_hashes():
+    """The corpus's six hashes an image (whole, central 90%, four corners) and the .npy
+    file the child processes read them from."""
+    from beam_pipeline.dedup import descriptor
+
+    smalls = [small_rgb(d) for d, *_ in corpus(random.Random(SEED))]
+    real = np.array([perceptual.phash_pair(s) + descriptor.probes(descriptor.describe(s))
+                     for s in smalls], dtype=np.uint64)
+    return real, _saved(real, "all")
+
+
 def scale(radius=None):
     """Grouping time per image and memory at SCALE_SIZES with six hashes per image and the
     plan the build would choose (band_plan.choose_plan: exact within BUDGET, else
     multi-probe), the planted copies (1..radius varying bits of the whole hash flipped,
     uniformly; their other hashes unrelated) it finds, and the model to 100M."""
-    from beam_pipeline.dedup import band_plan, descriptor, near_duplicates
+    from beam_pipeline.dedup import band_plan, near_duplicates
 
     radius = near_duplicates.DEFAULT_RADIUS if radius is None else radius
-    smalls = [small_rgb(d) for d, *_ in corpus(random.Random(SEED))]
-    real = np.array([perceptual.phash_pair(s) + descriptor.probes(descriptor.describe(s))
-                     for s in smalls], dtype=np.uint64)
-    real_path = _saved(real, "all")
+    real, real_path = _corpus_hashes()
     print(f"grouping n images with six hashes each, radius {radius}, the plan the build "
           f"chooses; one process per size, the faster of 2 runs (1M: 1 run); CPU seconds")
     print("       n   seconds  us/image  grouping MB  planted found  plan (widths/sub)  exact")
@@ -899,13 +907,10 @@ def probe_cost(radius=None):
     without it, side by side: the same synthetic rows (scale's six hashes) with seeded
     noise thumbnails or flat ones, one child process per run, alternating, the faster of 3;
     CPU seconds per image (making the seventh hash included)."""
-    from beam_pipeline.dedup import descriptor, near_duplicates
+    from beam_pipeline.dedup import near_duplicates
 
     radius = near_duplicates.DEFAULT_RADIUS if radius is None else radius
-    smalls = [small_rgb(d) for d, *_ in corpus(random.Random(SEED))]
-    real = np.array([perceptual.phash_pair(s) + descriptor.probes(descriptor.describe(s))
-                     for s in smalls], dtype=np.uint64)
-    real_path = _saved(real, "all")
+    real, real_path = _corpus_hashes()
     print(f"join at radius {radius}, six hashes an image against six and the thumbnail's "
           "(made at commit), the faster of 3 alternating runs, CPU us per image")
     for n in PROBE_SIZES:

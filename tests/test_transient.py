@@ -18,7 +18,7 @@ from google.auth import exceptions as auth_exceptions
 from beam_pipeline import cli
 from beam_pipeline.store import gcs as gcs_store
 from beam_pipeline.store import transient, versions
-from dataset_format import layout, storage
+from dataset_format import dataset_info, layout, storage
 from tests.faults import FaultProxy
 from tests.helpers import image_bytes, noise_image
 
@@ -531,20 +531,11 @@ def test_verify_tells_an_outage_on_a_shard_or_index_from_its_damage(
     exit 1, one line "cannot read FILE (...)", no report; storage back, the same version
     verifies OK. (A persisting 503: past the 1 s retries.)"""
     from beam_pipeline.tools import verify
-    from dataset_format import dataset_info
 
     _, root, _ = night
-    vdir, manifest = dataset_info.load_manifest(root)
-    shard = sorted(sh.path for s in dataset_info.from_manifest(vdir, manifest).splits.values()
-                   for sh in s.shards)[-1]
+    shard = _last_shard(root)
     named = shard if what == "shard" else layout.index_name(shard)
-    proxy.fail(named.split("/", 3)[3] + "?", status, method="GET")  # that object, not its index
-    try:
-        code = verify.main([root])
-        hits = list(proxy.forced_hits)
-    finally:
-        proxy.fail_clear()
-    err = capsys.readouterr().err
+    code, hits, err = _verify_while_failing(proxy, capsys, named, status, root)
     assert hits and code == 1, err
     assert err.startswith(f"error: cannot read {named} (") and err.count("\n") == 1, err
     assert "run verify again once storage answers" in err and "FAILED" not in err, err
@@ -561,21 +552,12 @@ def test_an_outage_while_verify_writes_its_advice_is_exit_1_not_other_advice(
     configured retries, one line "cannot read .../LATEST (...)", and no advice built on an
     unanswered question."""
     from beam_pipeline.tools import verify
-    from dataset_format import dataset_info
 
     _, root, _ = night
-    vdir, manifest = dataset_info.load_manifest(root)
-    shard = sorted(sh.path for s in dataset_info.from_manifest(vdir, manifest).splits.values()
-                   for sh in s.shards if "/" not in sh.name)[-1]
-    _delete(gcs, shard)
+    _delete(gcs, _last_shard(root))
+    vdir, _ = dataset_info.load_manifest(root)
     latest = layout.join(root, layout.LATEST)
-    proxy.fail(latest.split("/", 3)[3] + "?", 503, method="GET")
-    try:
-        code = verify.main([vdir])
-        hits = list(proxy.forced_hits)
-    finally:
-        proxy.fail_clear()
-    err = capsys.readouterr().err
+    code, hits, err = _verify_while_failing(proxy, capsys, latest, 503, vdir)
     assert hits and code == 1, err
     assert f"error: cannot read {latest} (" in err and "partial copy" not in err, err
     assert verify.main([vdir]) == 1
@@ -605,6 +587,25 @@ def test_a_local_listing_that_fails_is_not_an_empty_one(tmp_path):
             files.objects(f"{tmp_path}/v/.tmp/*.x")
     finally:
         (tmp_path / "v" / ".tmp").chmod(0o755)
+
+
+def _last_shard(root):
+    vdir, manifest = dataset_info.load_manifest(root)
+    return sorted(sh.path for s in dataset_info.from_manifest(vdir, manifest).splits.values()
+                  for sh in s.shards)[-1]
+
+
+def _verify_while_failing(proxy, capsys, uri, status, path):
+    """verify PATH while every GET of URI answers STATUS: (exit code, forced hits, stderr)."""
+    from beam_pipeline.tools import verify
+
+    proxy.fail(uri.split("/", 3)[3] + "?", status, method="GET")  # that object, not its index
+    try:
+        code = verify.main([path])
+        hits = list(proxy.forced_hits)
+    finally:
+        proxy.fail_clear()
+    return code, hits, capsys.readouterr().err
 
 
 def _delete(gcs, uri):

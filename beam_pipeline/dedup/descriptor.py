@@ -107,18 +107,24 @@ THUMB_CUT = 0.075  # the probe made at commit hashes the thumbnail's central 85%
 
 
 @functools.lru_cache(maxsize=None)
+def linear_resampling(lo, hi, side=SIDE):
+    """side x side: linear sampling of the span [lo, hi) px of a side-px axis (a crop of the
+    thumbnail, resampled back to its size)."""
+    m = np.zeros((side, side))
+    for o in range(side):
+        x = min(max(lo + (o + 0.5) * (hi - lo) / side - 0.5, 0.0), side - 1.0)
+        k = int(x)
+        m[o, k] += 1 - (x - k)
+        m[o, min(k + 1, side - 1)] += x - k
+    return m
+
+
 def _thumb_probe_side():
     """8 x SIDE: the 8 lowest DCT-II frequencies of the thumbnail's central span, linearly
     resampled back to SIDE px (a 16-px thumbnail holds the frequencies a 32-px pHash reads,
     box- rather than Lanczos-filtered)."""
-    lo, hi = THUMB_CUT * SIDE, (1 - THUMB_CUT) * SIDE
-    m = np.zeros((SIDE, SIDE))
-    for o in range(SIDE):
-        x = min(max(lo + (o + 0.5) * (hi - lo) / SIDE - 0.5, 0.0), SIDE - 1.0)
-        k = int(x)
-        m[o, k] += 1 - (x - k)
-        m[o, min(k + 1, SIDE - 1)] += x - k
-    out = perceptual._dct_rows(SIDE, 8) @ m
+    out = perceptual._dct_rows(SIDE, 8) @ linear_resampling(THUMB_CUT * SIDE,
+                                                           (1 - THUMB_CUT) * SIDE)
     out.flags.writeable = False
     return out
 
