@@ -280,8 +280,6 @@ def test_previous_verdicts_count_only_when_confirmed_alike(tmp_path):
 
 
 def test_closest_rejects_lines_name_the_measure_and_the_build_limits(tmp_path):
-    import tensorflow as tf
-
     from beam_pipeline.tools import near_rejects
 
     pairs = [grouping.NearPair(("a.jpg", "b.jpg"), ("train", "test"), 6, 0.3412, 0.8, False),
@@ -291,7 +289,7 @@ def test_closest_rejects_lines_name_the_measure_and_the_build_limits(tmp_path):
         f.write("".join(p.to_json() + "\n" for p in pairs))
     manifest = {"near_duplicates": {"rejected_path": layout.NEAR_DUPLICATES_REJECTED,
                                     "rejected": 3, "max_structure": 0.25, "max_chroma": 3.0}}
-    lines = near_rejects.closest(tf.io.gfile, str(tmp_path), manifest, 5)
+    lines = near_rejects.closest(str(tmp_path), manifest, 5)
     assert lines == [
         "closest rejected cross-split near-duplicate pairs (2 shown, of 3 rejected in "
         "near_duplicates_rejected.jsonl; limits: structure 0.25, chroma 3.0):",
@@ -304,7 +302,7 @@ def test_closest_rejects_lines_name_the_measure_and_the_build_limits(tmp_path):
     with open(tmp_path / layout.NEAR_DUPLICATES_REJECTED, "w") as f:
         f.write("".join(p.to_json() + "\n" for p in pairs[:1] + [mean]))
     manifest["near_duplicates"].update(max_chroma=2.5, max_mean_chroma=4.4)
-    assert near_rejects.closest(tf.io.gfile, str(tmp_path), manifest, 5) == [
+    assert near_rejects.closest(str(tmp_path), manifest, 5) == [
         "closest rejected cross-split near-duplicate pairs (2 shown, of 3 rejected in "
         "near_duplicates_rejected.jsonl; limits: structure 0.25, chroma 2.5 (of whole means "
         "4.4)):",
@@ -312,7 +310,7 @@ def test_closest_rejects_lines_name_the_measure_and_the_build_limits(tmp_path):
         "limit: colour differs (4.62 > 4.4)",
         "  a.jpg (train) ~ b.jpg (test): 6 bits, structure 0.3412, chroma 0.8, 1.36x the "
         "limit: structure differs (0.3412 > 0.25)"]
-    assert near_rejects.closest(tf.io.gfile, str(tmp_path), {}, 5) == [
+    assert near_rejects.closest(str(tmp_path), {}, 5) == [
         "no near-duplicate rejects: this version was built without --near_duplicates (or "
         "before rejected candidates were kept)"]
 

@@ -4,13 +4,15 @@ rejected it and by how much, and can look at the two images.
 """
 
 from beam_pipeline.dedup import near_duplicates
+from beam_pipeline.tools import verify_reads
 from dataset_format import layout
 
 
-def closest(gfile, vdir, manifest, n):
+def closest(vdir, manifest, n):
     """Lines describing up to `n` rejected cross-split pairs of the version at `vdir`,
     nearest to the build's limits first (near_duplicates.closest_rejected), after a heading;
-    one line saying why there are none when the version has no rejected pairs file."""
+    one line saying why there are none when the version has no rejected pairs file. The file
+    is read through verify_reads: an outage is verify's one line (exit 1), not a traceback."""
     near = manifest.get("near_duplicates") or {}
     rel = near.get("rejected_path")
     if not rel:
@@ -18,8 +20,9 @@ def closest(gfile, vdir, manifest, n):
                 "(or before rejected candidates were kept)"]
     # a version from before the colour grid recorded no max_mean_chroma: its pairs are of means
     limits = near.get("max_structure"), near.get("max_chroma"), near.get("max_mean_chroma")
-    with gfile.GFile(layout.join(vdir, rel), "r") as f:
-        pairs = near_duplicates.closest_rejected(near_duplicates.read_pairs(f), n, *limits)
+    text = verify_reads.read_text(layout.join(vdir, rel))
+    pairs = near_duplicates.closest_rejected(near_duplicates.read_pairs(text.splitlines()), n,
+                                             *limits)
     lines = [f"closest rejected cross-split near-duplicate pairs ({len(pairs)} shown, of "
              f"{near.get('rejected', '?')} rejected in {rel}; limits: structure "
              f"{limits[0]}, chroma {limits[1]}"

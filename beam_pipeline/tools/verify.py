@@ -277,10 +277,8 @@ def _report(result, near_duplicate_rejects):
 
 
 def _print_near_duplicate_rejects(vdir, n):
-    import tensorflow as tf
-
     _, manifest = dataset_info.load_manifest(vdir)
-    print("\n".join(near_rejects.closest(tf.io.gfile, vdir, manifest, n)))
+    print("\n".join(near_rejects.closest(vdir, manifest, n)))
 
 
 if __name__ == "__main__":
