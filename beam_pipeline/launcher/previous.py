@@ -91,10 +91,7 @@ class CatalogRows:
 
     def with_fields(self):
         """Whether the catalog has declared fields' columns."""
-        import pyarrow.parquet as pq
-
-        with files.open_seekable(self.path) as f:
-            names = pq.ParquetFile(f).schema_arrow.names
+        names = catalog.fragment_schema(self.path).names
         return any(n not in catalog_schema.COLUMNS for n in names)
 
     def records(self, keep=None):

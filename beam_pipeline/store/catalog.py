@@ -265,8 +265,9 @@ def _group_starts(path, metadata):
 
 
 def fragment_schema(path):
-    """A catalog file's columns as an Arrow schema (SCHEMA when it has no field columns)."""
-    with files.open_seekable(path) as f:
+    """A catalog file's columns as an Arrow schema (SCHEMA when it has no field columns).
+    On gs:// its footer alone, by ranged GETs (_by_range), not the file's first 16 MiB."""
+    with _by_range(path) as f:
         found = pq.ParquetFile(f).schema_arrow.remove_metadata()
     return SCHEMA if found.names == SCHEMA.names else found
 

@@ -80,7 +80,7 @@ def check_shard(shard, labels, label_offset, *, write_index, problems, catalog=N
         raw = verify_reads.Stream(path).start()
     except transient.StorageUnavailable:
         raise
-    except Exception as e:
+    except Exception as e:  # damage only: verify_reads raises nothing else
         problems.add(rel, "missing (the manifest lists it)" if verify_reads.is_missing(e)
                      else f"unreadable ({_one_line(e)})")
         return None
@@ -161,7 +161,7 @@ def _check_index(path, rel, frames, complete, *, required, problems):
         data = verify_reads.read_bytes(index)
     except transient.StorageUnavailable:
         raise
-    except Exception as e:
+    except Exception as e:  # damage only: verify_reads raises nothing else
         if not verify_reads.is_missing(e):
             problems.add(name, f"unreadable ({_one_line(e)})")
         elif required:
