@@ -544,6 +544,41 @@ def test_verify_tells_an_outage_on_a_shard_or_index_from_its_damage(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("what, status", [("shard", 403), ("shard", 503), ("index", 403),
+                                          ("index", 503)])
+def test_inspect_tells_an_outage_on_a_shard_or_index_in_one_line(
+        night, proxy, gcs, short_retries, tmp_path, capsys, what, status):
+    """Before: inspect_dataset read its samples' shards and `.index` files through
+    tf.io.gfile, outside the project's storage layer: a 403 or 503 there was a traceback
+    (after the client's own 120 s deadline). Now: exit 1 within the configured 1 s of
+    retries, one line "cannot read FILE (...)"; storage back, the same call draws its
+    sheets."""
+    import time
+
+    from beam_pipeline.tools import inspect_dataset
+
+    _, root, _ = night
+    shard = _last_shard(root)
+    named = shard if what == "shard" else layout.index_name(shard)
+    argv = [root, "--out", str(tmp_path), "--n", "100"]  # every record: every shard read
+    proxy.fail(named.split("/", 3)[3] + "?", status, method="GET")  # that object alone
+    started = time.monotonic()
+    try:
+        code = inspect_dataset.main(argv)
+        hits = list(proxy.forced_hits)
+    finally:
+        proxy.fail_clear()
+    took = time.monotonic() - started
+    err = capsys.readouterr().err
+    assert hits and code == 1, err
+    assert err.startswith(f"error: cannot read {named} (") and err.count("\n") == 1, err
+    assert str(status) in err and "run inspect_dataset again once storage answers" in err, err
+    assert took < 60, took  # the configured retries, not the client's 120 s
+    assert inspect_dataset.main(argv) == 0, capsys.readouterr().err
+    assert (tmp_path / inspect_dataset.CONTACT_SHEET).stat().st_size > 0
+
+
+@pytest.mark.slow
 def test_an_outage_while_verify_writes_its_advice_is_exit_1_not_other_advice(
         night, proxy, gcs, short_retries, capsys):
     """After a FAILED report (a shard gone), verify's advice asks which files are missing and
