@@ -92,10 +92,13 @@ WHOLE_BYTES = 16 << 20  # a gs:// file up to this size is read whole by open_see
 
 
 def open_seekable(path):
-    """A seekable binary file object (Parquet reads its footer, then parts): local, the
-    file; gs://, the whole object from one GET when it is at most WHOLE_BYTES (a catalog
-    fragment, a split map), else ranged GETs through the shared client (a version's
-    catalog). FileNotFoundError naming it when it is not there."""
+    """A seekable binary file object, for a reader of the whole file or of most of its row
+    groups in order (Parquet reads its footer, then parts): local, the file; gs://, the
+    whole object from one GET when it is at most WHOLE_BYTES (a catalog fragment, a split
+    map), else its first WHOLE_BYTES kept from that GET and the rest by ranged GETs of 16
+    MiB through the shared client (gcs.open_ranged). A reader of a footer alone asks
+    catalog.footer, which reads only that. FileNotFoundError naming it when it is not
+    there."""
     if not is_gcs(path):
         return open(path, "rb")
 
