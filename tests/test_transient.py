@@ -675,6 +675,48 @@ def test_a_work_item_that_cannot_read_an_input_fails_and_its_retry_writes_every_
     assert manifest["accounting"]["written"] == 6 and manifest["errors"]["count"] == 0
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("times", [None, 2])
+def test_a_listing_read_by_ranges_fails_midway_or_is_retried_and_never_ends_early(
+        proxy, gcs, patient_retries, tmp_path, monkeypatch, times):
+    """A shard's listing on gs:// is streamed by ranged GETs (files.open_stream; a dozen
+    here, STREAM_BYTES cut to 128). 503s from the third GET on, past the retries: the
+    attempt raises, naming the listing, and places no shard (none missing the images
+    after the fault); its retry reads the listing again from the start and writes every
+    image. Two 503s midway: retried inside the read, every image written."""
+    from beam_pipeline.store import files
+    from tests.dataflow_sim import plan
+    from tests.helpers import make_images
+
+    monkeypatch.setattr(files, "STREAM_BYTES", 128)
+    bucket = gcs.create_bucket()
+    make_images(tmp_path / "in", {"cat": 3, "dog": 3})
+    src, root = f"gs://{bucket}/in", f"gs://{bucket}/out"
+    gcs.upload_tree(tmp_path / "in", src)
+    job = plan(["--input", src, "--output", root, "--name", "night", "--num_shards", "1",
+                "--splits", "train=1.0", "--no_transform", "--max_error_rate", "0"])
+    (task,) = job.tasks
+    assert len(gcs.read(task.listing)) > 6 * 128  # the fault lands midway
+    proxy.fail(task.listing.split("/", 3)[3], 503, times=times, method="GET", after=2)
+    try:
+        if times is None:
+            with pytest.raises(transient.StorageUnavailable,
+                               match=rf"^cannot read {re.escape(task.listing)} \(.*503"):
+                job.attempt(task)
+            assert not [uri for uri in gcs.list(f"{root}/")
+                        if ".tfrecord-" in uri and "/.tmp/" not in uri]
+        else:
+            attempt = job.attempt(task)
+        hits = list(proxy.forced_hits)
+    finally:
+        proxy.fail_clear()
+    assert hits and len(hits) == (times or len(hits)), hits
+    retried = job.attempt(task) if times is None else attempt
+    assert (retried.written.num_examples, retried.errors) == (6, ())
+    manifest = job.commit([retried])
+    assert manifest["accounting"]["written"] == 6 and manifest["errors"]["count"] == 0
+
+
 def test_an_input_is_rejected_only_for_what_is_its_own(tmp_path):
     """inputs.fetch and its local read-ahead: missing, a folder, a link loop, a mode that
     forbids reading are the input's rows; an outage or a credential raises, naming it."""

@@ -105,6 +105,21 @@ def open_seekable(path):
     return gcs.open_ranged(path, WHOLE_BYTES)
 
 
+STREAM_BYTES = 4 << 20  # a file read front to back holds at most this much of it
+
+
+def open_stream(path):
+    """A file to read front to back (its lines iterate), holding at most STREAM_BYTES:
+    local, the file; gs://, ranged GETs of STREAM_BYTES through the shared client, of the
+    generation the first one read (gcs.FrontToBack): a small file costs one GET, as a
+    whole read. FileNotFoundError naming it when it is not there."""
+    if not is_gcs(path):
+        return open(path, "rb")
+    import io
+
+    return io.BufferedReader(gcs.FrontToBack(path), STREAM_BYTES)
+
+
 def read_json(path):
     return json.loads(read_bytes(path).decode())
 

@@ -178,6 +178,47 @@ class RangedObject(io.RawIOBase):
         return len(data)
 
 
+class FrontToBack(io.RawIOBase):
+    """A gs:// object read front to back (wrap it in io.BufferedReader to iterate lines):
+    each read one ranged GET from where the last ended, all of the generation the first
+    answer named (a file replaced while it is read raises NotFound, never mixes two). The
+    end is a read answered short (GCS answers a range of one generation whole). Each GET
+    is retried as every read (READ_DEADLINE); one that still fails raises, so a reader can
+    fail loudly, never stop early as if the file ended there."""
+
+    def __init__(self, uri):
+        super().__init__()
+        self.uri, self.offset, self.generation, self.ended = uri, 0, None, False
+
+    def readable(self):
+        return True
+
+    def readinto(self, buffer):
+        if self.ended or not len(buffer):
+            return 0
+        from google.api_core import exceptions
+        from google.cloud.storage.retry import DEFAULT_RETRY
+
+        bucket, name = gcs_blob(self.uri)
+        blob = bucket.blob(name, generation=self.generation)
+        try:
+            data = blob.download_as_bytes(
+                start=self.offset, end=self.offset + len(buffer) - 1, raw_download=True,
+                timeout=REQUEST_TIMEOUT, retry=DEFAULT_RETRY.with_deadline(READ_DEADLINE))
+        except exceptions.RequestRangeNotSatisfiable:  # from its end (or an empty object)
+            data = b""
+        except exceptions.NotFound:
+            if self.offset or self.generation is not None:
+                raise  # gone, or replaced, while it was read
+            raise FileNotFoundError(f"{self.uri}: no such object") from None
+        if self.generation is None and blob.generation is not None:
+            self.generation = int(blob.generation)  # (from the answer's x-goog-generation)
+        buffer[:len(data)] = data
+        self.offset += len(data)
+        self.ended = len(data) < len(buffer)
+        return len(data)
+
+
 def exists(uri):
     """Whether the object is there: one metadata GET."""
     from google.cloud.storage.retry import DEFAULT_RETRY
