@@ -104,12 +104,14 @@ class FaultProxy(socketserver.ThreadingTCPServer):
                 return fault
         return None
 
-    def fail(self, text, status, times=None, method=None):
+    def fail(self, text, status, times=None, method=None, after=0):
         """Answer `status` to requests whose decoded target contains `text` (`times` times,
         or always); with `method`, only requests of that method, including the requests
         inside a batch (the whole batch is answered `status`, as a refused batch would be
-        by the client). `fail_clear()` forgets them all (and the holds)."""
-        self.forced.append([text, status, times, method])
+        by the client); with `after`, only once that many of them were let through (a
+        fault midway through a file read by ranges). `fail_clear()` forgets them all (and
+        the holds)."""
+        self.forced.append([text, status, times, method, after])
 
     def fail_clear(self):
         self.forced, self.holds, self.held, self.forced_hits = [], [], [], []
@@ -147,6 +149,9 @@ class FaultProxy(socketserver.ThreadingTCPServer):
                 hit = ((wanted is None or wanted == method) and text in decoded) or (
                     wanted is not None and any(line.startswith(wanted + " ") and text in line
                                                for line in inner))
+                if hit and rule[4] > 0:  # let through, as asked
+                    rule[4] -= 1
+                    continue
                 if hit and rule[2] != 0:
                     if rule[2] is not None:
                         rule[2] -= 1

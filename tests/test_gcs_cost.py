@@ -328,3 +328,45 @@ def test_a_reuse_task_downloads_its_shards_row_groups_not_the_catalog(gcs, gcs_b
     assert catalog.read_numbered(path, numbers[0]) == [expected[n] for n in numbers[0]]
     again = [down for kind, _, target, down in gcs_counter.log if "catalog.parquet" in target]
     assert len(again) == 1 and again[0] == group_bytes[7], again  # the footer is kept
+
+
+@pytest.mark.slow
+def test_a_large_catalogs_footer_is_read_alone_and_its_rows_once(gcs, gcs_bucket, gcs_counter):
+    """A gs:// catalog over 16 MiB (files.WHOLE_BYTES). Before: every open downloaded its
+    first 16 MiB, threw them away and read it again from the start (a BlobReader), so a
+    check of its rows or columns (the launcher's intact-catalog check, split_map.add_catalog,
+    previous.CatalogRows) cost 16 MiB, and a whole read 16 MiB more than the file. Now: a
+    footer read costs the footer (ranged GETs), a whole read the file once, and a read of
+    two row groups far apart no more than the file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from beam_pipeline.launcher import previous
+    from beam_pipeline.store import catalog, files
+
+    shards, rows = 66, 1000
+    data, expected = _catalog_bytes(shards, rows, seed=11)
+    assert len(data) > files.WHOLE_BYTES
+    path = gcs.upload_bytes(f"gs://{gcs_bucket}/ds/versions/V/catalog.parquet", data)
+    footer = int.from_bytes(data[-8:-4], "little") + 8
+    for name, read, want in [("rows", lambda: catalog.footer(path).num_rows, shards * rows),
+                             ("fields", lambda: previous.CatalogRows(path).with_fields(), False)]:
+        gcs_counter.reset()
+        assert read() == want, name
+        gets, down = _media(gcs_counter, "catalog.parquet")
+        assert footer <= down <= footer + (64 << 10), (name, down, footer)  # was >= 16 MiB
+        assert gets <= 2, (name, gets)
+
+    gcs_counter.reset()  # a whole read: the file's bytes once, and its footer
+    table = pa.concat_tables(catalog.iter_tables(path))
+    assert table.equals(pq.read_table(pa.BufferReader(data)))
+    gets, down = _media(gcs_counter, "catalog.parquet")
+    assert len(data) <= down <= len(data) + footer + (64 << 10), (down, len(data))
+    assert gets <= 2 + 2 + len(data) // files.WHOLE_BYTES, gets
+
+    gcs_counter.reset()  # two rows, in the first and the last row groups
+    wanted = [3, shards * rows - 2]
+    got = dict(previous.CatalogRows(path).full(wanted, columns=["key", "split"]))
+    assert [got[n]["key"] for n in wanted] == [expected[n].key for n in wanted]
+    gets, down = _media(gcs_counter, "catalog.parquet")
+    assert down <= len(data) and gets <= 4, (down, gets)

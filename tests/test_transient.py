@@ -544,6 +544,41 @@ def test_verify_tells_an_outage_on_a_shard_or_index_from_its_damage(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("what, status", [("shard", 403), ("shard", 503), ("index", 403),
+                                          ("index", 503)])
+def test_inspect_tells_an_outage_on_a_shard_or_index_in_one_line(
+        night, proxy, gcs, short_retries, tmp_path, capsys, what, status):
+    """Before: inspect_dataset read its samples' shards and `.index` files through
+    tf.io.gfile, outside the project's storage layer: a 403 or 503 there was a traceback
+    (after the client's own 120 s deadline). Now: exit 1 within the configured 1 s of
+    retries, one line "cannot read FILE (...)"; storage back, the same call draws its
+    sheets."""
+    import time
+
+    from beam_pipeline.tools import inspect_dataset
+
+    _, root, _ = night
+    shard = _last_shard(root)
+    named = shard if what == "shard" else layout.index_name(shard)
+    argv = [root, "--out", str(tmp_path), "--n", "100"]  # every record: every shard read
+    proxy.fail(named.split("/", 3)[3] + "?", status, method="GET")  # that object alone
+    started = time.monotonic()
+    try:
+        code = inspect_dataset.main(argv)
+        hits = list(proxy.forced_hits)
+    finally:
+        proxy.fail_clear()
+    took = time.monotonic() - started
+    err = capsys.readouterr().err
+    assert hits and code == 1, err
+    assert err.startswith(f"error: cannot read {named} (") and err.count("\n") == 1, err
+    assert str(status) in err and "run inspect_dataset again once storage answers" in err, err
+    assert took < 90, took  # the configured 1 s of retries, not the client's own 120 s
+    assert inspect_dataset.main(argv) == 0, capsys.readouterr().err
+    assert (tmp_path / inspect_dataset.CONTACT_SHEET).stat().st_size > 0
+
+
+@pytest.mark.slow
 def test_an_outage_while_verify_writes_its_advice_is_exit_1_not_other_advice(
         night, proxy, gcs, short_retries, capsys):
     """After a FAILED report (a shard gone), verify's advice asks which files are missing and
@@ -635,6 +670,48 @@ def test_a_work_item_that_cannot_read_an_input_fails_and_its_retry_writes_every_
     _raises_naming(proxy, "in/dog/001.jpg", status, f"{src}/dog/001.jpg",
                    lambda: job.attempt(task))
     retried = job.attempt(task)
+    assert (retried.written.num_examples, retried.errors) == (6, ())
+    manifest = job.commit([retried])
+    assert manifest["accounting"]["written"] == 6 and manifest["errors"]["count"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("times", [None, 2])
+def test_a_listing_read_by_ranges_fails_midway_or_is_retried_and_never_ends_early(
+        proxy, gcs, patient_retries, tmp_path, monkeypatch, times):
+    """A shard's listing on gs:// is streamed by ranged GETs (files.open_stream; a dozen
+    here, STREAM_BYTES cut to 128). 503s from the third GET on, past the retries: the
+    attempt raises, naming the listing, and places no shard (none missing the images
+    after the fault); its retry reads the listing again from the start and writes every
+    image. Two 503s midway: retried inside the read, every image written."""
+    from beam_pipeline.store import files
+    from tests.dataflow_sim import plan
+    from tests.helpers import make_images
+
+    monkeypatch.setattr(files, "STREAM_BYTES", 128)
+    bucket = gcs.create_bucket()
+    make_images(tmp_path / "in", {"cat": 3, "dog": 3})
+    src, root = f"gs://{bucket}/in", f"gs://{bucket}/out"
+    gcs.upload_tree(tmp_path / "in", src)
+    job = plan(["--input", src, "--output", root, "--name", "night", "--num_shards", "1",
+                "--splits", "train=1.0", "--no_transform", "--max_error_rate", "0"])
+    (task,) = job.tasks
+    assert len(gcs.read(task.listing)) > 6 * 128  # the fault lands midway
+    proxy.fail(task.listing.split("/", 3)[3], 503, times=times, method="GET", after=2)
+    try:
+        if times is None:
+            with pytest.raises(transient.StorageUnavailable,
+                               match=rf"^cannot read {re.escape(task.listing)} \(.*503"):
+                job.attempt(task)
+            assert not [uri for uri in gcs.list(f"{root}/")
+                        if ".tfrecord-" in uri and "/.tmp/" not in uri]
+        else:
+            attempt = job.attempt(task)
+        hits = list(proxy.forced_hits)
+    finally:
+        proxy.fail_clear()
+    assert hits and len(hits) == (times or len(hits)), hits
+    retried = job.attempt(task) if times is None else attempt
     assert (retried.written.num_examples, retried.errors) == (6, ())
     manifest = job.commit([retried])
     assert manifest["accounting"]["written"] == 6 and manifest["errors"]["count"] == 0

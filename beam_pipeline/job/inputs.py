@@ -95,15 +95,24 @@ def _too_large(max_bytes):
 
 def read_listing(path):
     """A shard's listing file -> ImageRefs in shard order, streamed (a shard of tiny images
-    may list a hundred thousand). A local listing is read line by line, not whole: held
-    whole, a shard of 160,000 tiny images kept its 27 MB listing (~170 bytes an image) for
-    as long as the shard was written, the job's part of the growth of a default build's
-    peak RSS with the inputs (docs/measurements.md)."""
-    opened = files.open_read(path) if files.is_gcs(path) else open(path, "rb")
-    with opened as f:  # gs://: one GET through the process's client
-        for line in f:
-            if line.strip():
-                yield ImageRef.from_json(line.decode())
+    may list a hundred thousand), local and gs:// alike (files.open_stream: gs:// by ranged
+    GETs of 4 MiB, one generation). Held whole, a shard of 160,000 tiny images kept its 27
+    MB listing (~170 bytes an image) for as long as the shard was written, the job's part
+    of the growth of a default build's peak RSS with the inputs (docs/measurements.md).
+    A read that fails without proving damage, at the start or midway, raises
+    StorageUnavailable naming the listing: the attempt fails (and its retry reads the
+    listing again from its start); it never ends the listing early."""
+    try:
+        with files.open_stream(path) as f:
+            for line in f:
+                if line.strip():
+                    yield ImageRef.from_json(line.decode())
+    except transient.StorageUnavailable:
+        raise
+    except Exception as e:
+        if transient.is_damage(e):
+            raise
+        raise transient.unavailable(e, path) from e
 
 
 def _fetch_for(ref, max_bytes=0):

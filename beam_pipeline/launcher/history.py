@@ -19,7 +19,8 @@ import dataclasses
 from typing import Optional
 
 from beam_pipeline.errors import UserError
-from beam_pipeline.store import files, split_map as split_maps, split_map_file, transient, versions
+from beam_pipeline.store import (catalog, files, split_map as split_maps, split_map_file,
+                                 transient, versions)
 from dataset_format import layout
 from dataset_format.dataset_info import DatasetInfo, from_manifest
 
@@ -115,17 +116,10 @@ def _manifest(root, version):
 
 def _intact_catalog(root, version, manifest):
     """(catalog path, None) when its footer reads and its rows are the manifest's;
-    (None, the problem) otherwise."""
-    import pyarrow.parquet as pq
-
+    (None, the problem) otherwise. The footer alone is read (on gs:// by ranged GETs)."""
     path = manifest.catalog
-
-    def footer():
-        with files.open_seekable(path) as f:
-            return pq.ParquetFile(f).metadata.num_rows
-
     try:
-        rows = transient.retrying(footer, path)
+        rows = catalog.footer(path).num_rows
     except transient.StorageUnavailable:
         raise
     except Exception as e:  # damage: missing, cut short, not Parquet

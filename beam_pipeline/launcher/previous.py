@@ -18,7 +18,7 @@ from typing import NamedTuple, Optional
 
 from beam_pipeline.algorithms import fast_json
 from beam_pipeline.algorithms.spill import SortedSpill
-from beam_pipeline.store import catalog, files
+from beam_pipeline.store import catalog
 from dataset_format import catalog_schema, fields as field_types
 from dataset_format.catalog_schema import DESCRIPTOR
 
@@ -70,10 +70,7 @@ class CatalogRows:
     def identity(self):
         """(row number, {column: value} of IDENTITY_COLUMNS and, with declared fields, the
         fields under "fields"), in file order."""
-        import pyarrow.parquet as pq
-
-        with files.open_seekable(self.path) as f:
-            names = pq.ParquetFile(f).schema_arrow.names
+        names = catalog.fragment_schema(self.path).names  # the footer alone (gs://: ranged)
         wanted = list(IDENTITY_COLUMNS) + [n for n in names if n not in catalog_schema.COLUMNS]
         number = 0
         for table in catalog.iter_tables(self.path, columns=wanted):
@@ -100,12 +97,7 @@ class CatalogRows:
         (pyarrow.compute, so a pass for the 1% of rows some new key can match converts
         only those to Python). Rows without declared fields are built from the columns
         without a dict each (~4 µs a row less, read once a night at least)."""
-        import pyarrow.parquet as pq
-
-        with files.open_seekable(self.path) as f:
-            names = pq.ParquetFile(f).schema_arrow.names
-        with_fields = any(n not in catalog_schema.COLUMNS for n in names)
-        if with_fields:  # rare: declared fields, digested from their nested values
+        if self.with_fields():  # rare: declared fields, digested from their nested values
             wanted = set(_candidates(self, keep))
             for number, row in self.identity():
                 if keep is None or number in wanted:
@@ -141,7 +133,7 @@ class CatalogRows:
         number = next(wanted, None)
         if number is None:
             return
-        with files.open_seekable(self.path) as f:
+        with catalog.open_row_groups(self.path) as f:  # gs://: by range, from the footer
             source = pq.ParquetFile(f)
             names = _read_columns(source.schema_arrow.names, columns)
             # what each row needs besides its values (~1 µs a row when it needs neither)

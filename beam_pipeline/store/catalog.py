@@ -220,9 +220,10 @@ _FOOTERS = {}  # _identity(path) -> (the Parquet footer read_numbered read last 
               # a row group: ~18 MB for the 7,500 shards of 10M photographs), gs:// size)
 
 
-def _by_range(path, size=None):
+def _by_range(path, size=None, ahead=0):
     """A catalog file to read by row group: locally the file; on gs://, a RangedObject
-    (its `size`, when not known, from a metadata GET; FileNotFoundError when it is absent)."""
+    (its `size`, when not known, from a metadata GET; FileNotFoundError when it is absent),
+    reading at least `ahead` bytes a GET."""
     if not files.is_gcs(path):
         return open(path, "rb")
     if size is None:
@@ -230,7 +231,16 @@ def _by_range(path, size=None):
         if found is None:
             raise FileNotFoundError(f"{path}: no such object")
         size = found[0]
-    return gcs.RangedObject(path, size)
+    return gcs.RangedObject(path, size, ahead=ahead)
+
+
+def open_row_groups(path):
+    """A catalog file for a reader of some of its row groups, in order (the launcher's
+    kept rows): on gs://, its size (a metadata GET), its footer, then ranged GETs of at
+    least 16 MiB from the first row group wanted that is not read yet: at most the file's
+    bytes in all, however few rows are wanted (files.open_seekable read the first 16 MiB
+    before it knew what was wanted)."""
+    return _by_range(path, ahead=gcs.CHUNK)
 
 
 def _group_span(metadata, group):
@@ -266,10 +276,27 @@ def _group_starts(path, metadata):
 
 def fragment_schema(path):
     """A catalog file's columns as an Arrow schema (SCHEMA when it has no field columns).
-    On gs:// its footer alone, by ranged GETs (_by_range), not the file's first 16 MiB."""
-    with _by_range(path) as f:
-        found = pq.ParquetFile(f).schema_arrow.remove_metadata()
+    On gs:// its footer alone, by ranged GETs (_by_range), not the file's first 16 MiB.
+    Retried as iter_tables' reads (transient.retrying)."""
+    def read():
+        with _by_range(path) as f:
+            return pq.ParquetFile(f).schema_arrow.remove_metadata()
+
+    found = transient.retrying(read, path)
     return SCHEMA if found.names == SCHEMA.names else found
+
+
+def footer(path):
+    """A catalog file's Parquet footer (its rows, row groups and schema), the footer alone:
+    on gs://, the object's size (a metadata GET) and its last 64 KiB (one more GET for a
+    larger footer). Before, the launcher's checks of a previous catalog's row count opened
+    it whole: a catalog over 16 MiB cost its first 16 MiB too. Retried as iter_tables'
+    reads (transient.retrying): StorageUnavailable naming `path`, or damage as it is."""
+    def read():
+        with _by_range(path) as f:
+            return pq.ParquetFile(f).metadata
+
+    return transient.retrying(read, path)
 
 
 def read_rows(path):

@@ -92,14 +92,32 @@ WHOLE_BYTES = 16 << 20  # a gs:// file up to this size is read whole by open_see
 
 
 def open_seekable(path):
-    """A seekable binary file object (Parquet reads its footer, then parts): local, the
-    file; gs://, the whole object from one GET when it is at most WHOLE_BYTES (a catalog
-    fragment, a split map), else ranged GETs through the shared client (a version's
-    catalog). FileNotFoundError naming it when it is not there."""
+    """A seekable binary file object, for a reader of the whole file or of most of its row
+    groups in order (Parquet reads its footer, then parts): local, the file; gs://, the
+    whole object from one GET when it is at most WHOLE_BYTES (a catalog fragment, a split
+    map), else its first WHOLE_BYTES kept from that GET and the rest by ranged GETs of 16
+    MiB through the shared client (gcs.open_ranged). A reader of a footer alone asks
+    catalog.footer, which reads only that. FileNotFoundError naming it when it is not
+    there."""
     if not is_gcs(path):
         return open(path, "rb")
 
     return gcs.open_ranged(path, WHOLE_BYTES)
+
+
+STREAM_BYTES = 4 << 20  # a file read front to back holds at most this much of it
+
+
+def open_stream(path):
+    """A file to read front to back (its lines iterate), holding at most STREAM_BYTES:
+    local, the file; gs://, ranged GETs of STREAM_BYTES through the shared client, of the
+    generation the first one read (gcs.FrontToBack): a small file costs one GET, as a
+    whole read. FileNotFoundError naming it when it is not there."""
+    if not is_gcs(path):
+        return open(path, "rb")
+    import io
+
+    return io.BufferedReader(gcs.FrontToBack(path), STREAM_BYTES)
 
 
 def read_json(path):

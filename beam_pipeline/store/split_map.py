@@ -290,8 +290,7 @@ def add_catalog(old, catalog_path):
     row group at a time into arrays allocated once for every row (16 + 8 + 1 + 16 bytes a
     row: a list of per-row-group arrays, concatenated, held ~50 more at commit's peak),
     merged in one sort."""
-    with files.open_seekable(catalog_path) as f:
-        total = pq.ParquetFile(f).metadata.num_rows
+    total = catalog.footer(catalog_path).num_rows  # (on gs://: the footer alone, ranged)
     contents, sizes = np.empty(total, "S16"), np.empty(total, np.int64)
     codes, md5 = np.empty(total, np.uint8), np.empty((total, 2), np.uint64)
     names, filled = [], 0

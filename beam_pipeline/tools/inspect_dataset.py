@@ -10,15 +10,19 @@ two PNGs into DIR, three for a version built with --near_duplicates:
                            descriptor rejected, captioned with key, split and distances
 
 This module is the command and the summary text; samples.py picks records from the
-shards without a full read, drawing.py draws the PNGs.
+shards without a full read, drawing.py draws the PNGs. A read that fails without proving
+damage (a 503 past the retries, a 403) is one line, "error: cannot read FILE (...)", and
+exit 1; a path with no dataset, or a split it does not have, exit 2.
 """
 
 import argparse
 import sys
 
 from beam_pipeline.manifest_text import class_table, near_duplicates_line
+from beam_pipeline.store import transient
 from beam_pipeline.tools.drawing import class_counts_chart, contact_sheet, near_duplicate_sheet
 from beam_pipeline.tools.samples import cross_split_pairs, ordered_splits, sample
+from beam_pipeline.tools.verify_reads import INSPECT_ADVICE
 from dataset_format import dataset_info, layout, refs
 import tf_quiet
 
@@ -66,7 +70,12 @@ def inspect(path, out_dir, n=16, split=None, seed=0):
     """
     import tensorflow as tf
 
-    version_dir, manifest = dataset_info.load_manifest(path)
+    try:  # as verify reads it: 429/5xx retried (google-cloud-storage), a local EIO too
+        version_dir, manifest = transient.retrying(lambda: dataset_info.load_manifest(path),
+                                                   path)
+    except transient.StorageUnavailable as e:  # not the file's: neither damage nor a mistake
+        raise transient.unavailable(e.__cause__, f"the manifest of {path}",
+                                    INSPECT_ADVICE) from e.__cause__
     tf.io.gfile.makedirs(out_dir)
     sheet = layout.join(out_dir, CONTACT_SHEET)
     chart = layout.join(out_dir, CLASS_COUNTS)
@@ -108,6 +117,9 @@ def main(argv=None):
         print(f"error: {e.args[0] if isinstance(e, KeyError) and e.args else e}",
               file=sys.stderr)
         return 2
+    except transient.StorageUnavailable as e:  # a read failed without proving damage
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     print(result["summary"])
     tags = _tags(result["version_dir"])
     if tags:

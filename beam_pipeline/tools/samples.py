@@ -1,8 +1,11 @@
 """Records picked out of a version's shards without a full read, for inspect_dataset.
 
-A record is fetched by (shard, position): seek through the shard's .index file, or scan the
-shard up to that position when there is none. Near-duplicate pairs find their members'
-places in the catalog.
+A record is fetched by (shard, position): one ranged read of the span the shard's .index
+file gives, or a scan of the shard up to that position when there is none. Near-duplicate
+pairs find their members' places in the catalog. Every read goes through
+tools/verify_reads.py (retried; gs:// by ranged GETs through the process's client): a read
+that fails without proving damage (a 503 past the retries, a 403) raises StorageUnavailable
+"cannot read FILE (...)", inspect_dataset's one line and exit 1.
 """
 
 import heapq
@@ -11,8 +14,9 @@ import json
 import random
 
 from beam_pipeline.refs import split_order
-from beam_pipeline.store import catalog
-from beam_pipeline.tools import drawing
+from beam_pipeline.store import catalog, transient
+from beam_pipeline.tools import drawing, verify_reads
+from beam_pipeline.tools.verify_reads import INSPECT_ADVICE
 from dataset_format import fields, frames, layout, schema
 
 
@@ -20,25 +24,28 @@ def ordered_splits(manifest):
     return split_order(manifest.get("splits", {}))
 
 
-def _record_at(gfile, shard_path, position, index):
-    """The serialized Example at `position` of a shard: seek via its index, else scan."""
-    with gfile.GFile(shard_path, "rb") as f:
-        if index is not None:
-            offset = index[position][0]
-            f.seek(offset)
-            return frames.read_frame(f, offset)[0]
-        offset = 0
-        for _ in range(position):
-            offset += frames.read_frame(f, offset, check_crc=False)[1]
-        return frames.read_frame(f, offset)[0]
+def _record_at(shard_path, position, index):
+    """The serialized Example at `position` of a shard: the index's span in one read, else
+    a scan from the start (CHUNK pieces)."""
+    if index is not None:
+        offset, length = index[position]
+        data = verify_reads.read_range(shard_path, offset, length, INSPECT_ADVICE)
+        return frames.read_frame(io.BytesIO(data), offset)[0]
+    f, offset = verify_reads.Stream(shard_path, INSPECT_ADVICE), 0
+    for _ in range(position):
+        offset += frames.read_frame(f, offset, check_crc=False)[1]
+    return frames.read_frame(f, offset)[0]
 
 
-def _read_index(gfile, shard_path):
-    path = layout.index_name(shard_path)
-    if not gfile.exists(path):
-        return None
-    with gfile.GFile(path, "r") as f:
-        return frames.parse_index(f.read())
+def _read_index(shard_path):
+    """The shard's index entries [(offset, length)], or None when it has no .index file."""
+    try:
+        text = verify_reads.read_text(layout.index_name(shard_path), INSPECT_ADVICE)
+    except Exception as e:  # damage only (verify_reads raises nothing else): missing is fine
+        if verify_reads.is_missing(e):
+            return None
+        raise
+    return frames.parse_index(text)
 
 
 def sample(version_dir, manifest, n, split=None, seed=0):
@@ -46,7 +53,6 @@ def sample(version_dir, manifest, n, split=None, seed=0):
 
     Returns [(split, class name, label id, PIL RGB image)], in sampling order.
     """
-    import tensorflow as tf
     from PIL import Image
     from tensorflow.core.example import example_pb2
 
@@ -62,9 +68,9 @@ def sample(version_dir, manifest, n, split=None, seed=0):
         s, rel, k = slots[i]
         path = layout.shard_file(version_dir, rel)
         if rel not in indexes:
-            indexes[rel] = _read_index(tf.io.gfile, path)
+            indexes[rel] = _read_index(path)
         feature = example_pb2.Example.FromString(
-            _record_at(tf.io.gfile, path, k, indexes[rel])).features.feature
+            _record_at(path, k, indexes[rel])).features.feature
         image = Image.open(io.BytesIO(feature[schema.ENCODED].bytes_list.value[0]))
         out.append((s, feature[schema.TEXT].bytes_list.value[0].decode(),
                     feature[schema.LABEL].int64_list.value[0],
@@ -86,16 +92,13 @@ def cross_split_pairs(version_dir, manifest, n, rejected=2):
     confirmed pairs first, then up to `rejected` of the closest candidates the descriptor
     turned down (captioned "rejected"); a member is (split, key, image). Keys are found in
     the catalog; members left out of the version (--drop_near_duplicate_leaks) are skipped."""
-    import tensorflow as tf
-
     near = manifest.get("near_duplicates")
     if not near or not n:
         return []
-    wanted = _cross_split(tf.io.gfile, version_dir, near["path"], n - min(rejected, n // 2),
-                          "")
+    wanted = _cross_split(version_dir, near["path"], n - min(rejected, n // 2), "")
     if near.get("rejected_path"):
         closest = heapq.nsmallest(n - len(wanted), _cross_split(
-            tf.io.gfile, version_dir, near["rejected_path"], None, "rejected "))
+            version_dir, near["rejected_path"], None, "rejected "))
         wanted += closest
     wanted = [w[1:] for w in wanted]
     where = _catalog_places(version_dir, {k for _, a, b in wanted for k in (a, b)})
@@ -106,22 +109,22 @@ def cross_split_pairs(version_dir, manifest, n, rejected=2):
             split, rel, position = where[key]
             path = layout.shard_file(version_dir, rel)
             if rel not in indexes:
-                indexes[rel] = _read_index(tf.io.gfile, path)
-            members.append((split, key, _image(_record_at(tf.io.gfile, path, position,
-                                                          indexes[rel]))))
+                indexes[rel] = _read_index(path)
+            members.append((split, key, _image(_record_at(path, position, indexes[rel]))))
         out.append((caption, *members))
     return out
 
 
-def _cross_split(gfile, version_dir, rel, n, prefix):
+def _cross_split(version_dir, rel, n, prefix):
     """[(hash distance, caption, key a, key b)] of the pairs across splits in a
     near_duplicates(_rejected) file (the earlier group form: each group's closest pair); all
     of them when n is None."""
     found = []
-    with gfile.GFile(layout.join(version_dir, rel), "r") as f:
-        for line in f:
-            if n is not None and len(found) >= n:
-                break
+    text = verify_reads.read_text(layout.join(version_dir, rel), INSPECT_ADVICE)
+    for line in text.splitlines():
+        if n is not None and len(found) >= n:
+            break
+        if line.strip():
             g = json.loads(line)
             gone = set(g.get("excluded", ()))
             if "distances" in g:
@@ -138,14 +141,18 @@ def _cross_split(gfile, version_dir, rel, n, prefix):
     return found
 
 def _catalog_places(version_dir, keys):
-    """{key: (split, shard file, position)} of `keys`, from catalog.parquet."""
+    """{key: (split, shard file, position)} of `keys`, from catalog.parquet (its reads
+    retried by catalog.iter_tables; an outage says to run inspect_dataset again)."""
     import pyarrow.compute as pc
 
-    places = {}
-    for table in catalog.iter_tables(layout.join(version_dir, layout.CATALOG)):
-        rows = table.filter(pc.is_in(table["key"], value_set=pa_array(sorted(keys))))
-        for row in rows.select(["key", "split", "file", "position"]).to_pylist():
-            places[row["key"]] = (row["split"], row["file"], row["position"])
+    places, path = {}, layout.join(version_dir, layout.CATALOG)
+    try:
+        for table in catalog.iter_tables(path, columns=["key", "split", "file", "position"]):
+            rows = table.filter(pc.is_in(table["key"], value_set=pa_array(sorted(keys))))
+            for row in rows.to_pylist():
+                places[row["key"]] = (row["split"], row["file"], row["position"])
+    except transient.StorageUnavailable as e:
+        raise transient.unavailable(e.__cause__, path, INSPECT_ADVICE) from e.__cause__
     return places
 
 

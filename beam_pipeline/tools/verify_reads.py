@@ -1,10 +1,12 @@
-"""verify's reads of a version's files (shards, `.index` files, errors.jsonl, TFDS metadata),
-through the project's storage layer rather than tf.io.gfile: gs:// by the process's one
+"""verify's and inspect_dataset's reads of a version's files (shards, `.index` files,
+errors.jsonl, TFDS metadata, near-duplicate pairs), through the project's storage layer
+rather than tf.io.gfile: gs:// by the process's one
 client (store/gcs.py: 429/5xx and resets retried for READ_DEADLINE), a local EIO or ESTALE
 retried as long (store/transient.py). A read that fails without proving damage (a 503 past
 the retries, a 401/403, a timeout, EACCES, EIO) raises StorageUnavailable naming the file:
-verify stops with exit 1, "cannot read FILE (...)", instead of reporting an outage as the
-file's damage. Missing (404, ENOENT) and unreadable bytes are the caller's to report.
+the tool stops with exit 1, "cannot read FILE (...); `advice`", instead of reporting an
+outage as the file's damage (verify) or a traceback (inspect_dataset). Missing (404, ENOENT)
+and unreadable bytes are the caller's to report.
 """
 
 import os
@@ -12,16 +14,17 @@ import os
 from beam_pipeline.store import files, gcs, ranges, transient
 
 ADVICE = "it is not known to be damaged: run verify again once storage answers"
+INSPECT_ADVICE = "it is not known to be damaged: run inspect_dataset again once storage answers"
 CHUNK = 16 << 20  # a shard is read front to back in pieces of this size (one GET each)
 
 
-def retried(read, path):
+def retried(read, path, advice=ADVICE):
     """`read()`'s answer; damage (missing, not parseable) raised as it is; anything else,
-    once the retries are spent, StorageUnavailable "cannot read PATH (...); ADVICE"."""
+    once the retries are spent, StorageUnavailable "cannot read PATH (...); `advice`"."""
     try:
         return transient.retrying(read, path)
     except transient.StorageUnavailable as e:
-        raise transient.unavailable(e.__cause__, path, ADVICE) from e.__cause__
+        raise transient.unavailable(e.__cause__, path, advice) from e.__cause__
 
 
 def is_missing(error):
@@ -31,7 +34,7 @@ def is_missing(error):
     return isinstance(error, (FileNotFoundError, exceptions.NotFound))
 
 
-def exists(path):
+def exists(path, advice=ADVICE):
     """Whether the file is there (gs://: one metadata GET); an outage raises, never False."""
     def probe():
         if files.is_gcs(path):
@@ -42,16 +45,21 @@ def exists(path):
             return False
         return True
 
-    return retried(probe, path)
+    return retried(probe, path, advice)
 
 
-def read_bytes(path):
+def read_bytes(path, advice=ADVICE):
     """The whole (small) file; FileNotFoundError when it is not there."""
-    return retried(lambda: files.read_bytes(path), path)
+    return retried(lambda: files.read_bytes(path), path, advice)
 
 
-def read_text(path):
-    return read_bytes(path).decode()
+def read_text(path, advice=ADVICE):
+    return read_bytes(path, advice).decode()
+
+
+def read_range(path, offset, length, advice=ADVICE):
+    """`length` bytes of the file from `offset` (fewer at its end): one ranged GET on gs://."""
+    return retried(lambda: ranges.read_range(path, offset, length), path, advice)
 
 
 class Stream:
@@ -59,11 +67,12 @@ class Stream:
     GET each on gs://, os.pread locally, each retried (`retried`). The first read raises
     FileNotFoundError or NotFound when the file is missing."""
 
-    def __init__(self, path):
+    def __init__(self, path, advice=ADVICE):
         self.path, self.offset, self.piece, self.at, self.ended = path, 0, b"", 0, False
+        self.advice = advice
 
     def _next_piece(self):
-        piece = retried(lambda: ranges.read_range(self.path, self.offset, CHUNK), self.path)
+        piece = read_range(self.path, self.offset, CHUNK, self.advice)
         self.offset += len(piece)
         self.piece, self.at, self.ended = piece, 0, len(piece) < CHUNK
 
