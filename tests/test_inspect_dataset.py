@@ -118,3 +118,19 @@ def test_sample_names_match_labels_with_and_without_index(built_dataset, tmp_pat
 def test_unknown_split_is_a_clear_error(built_dataset, tmp_path, capsys):
     code = inspect_cmd.main([built_dataset["root"], "--out", str(tmp_path), "--split", "nope"])
     assert code == 2 and "no split 'nope'" in capsys.readouterr().err
+
+
+def test_a_missing_shard_is_damage_in_one_line_not_a_traceback(built_dataset, tmp_path,
+                                                                capsys):
+    """A shard the manifest lists, deleted: exit 1 (damage, not a mistake in the command),
+    one line naming the shard (on gs:// it was the client's NotFound as a traceback)."""
+    copy = tmp_path / "v"
+    shutil.copytree(built_dataset["version_dir"], copy)
+    shard = built_dataset["manifest"]["splits"]["train"]["shards"][0]["path"]
+    os.remove(copy / shard)
+    code = inspect_cmd.main([str(copy), "--out", str(tmp_path), "--n", "1000",
+                             "--split", "train"])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert err == (f"error: {copy / shard} is missing: the version is damaged (python -m "
+                   f"beam_pipeline.tools.verify names what else is)\n"), err

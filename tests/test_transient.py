@@ -580,7 +580,7 @@ def test_inspect_tells_an_outage_on_a_shard_or_index_in_one_line(
 
 @pytest.mark.slow
 def test_an_outage_while_verify_writes_its_advice_is_exit_1_not_other_advice(
-        night, proxy, gcs, short_retries, capsys):
+        night, proxy, gcs, short_retries, tmp_path, capsys):
     """After a FAILED report (a shard gone), verify's advice asks which files are missing and
     whether the version sits in its root (LATEST). A 503 on that last question used to end
     in a traceback after the client's own 120 s retry deadline. Now: exit 1 within the
@@ -598,6 +598,12 @@ def test_an_outage_while_verify_writes_its_advice_is_exit_1_not_other_advice(
     assert verify.main([vdir]) == 1
     err = capsys.readouterr().err
     assert "missing (the manifest lists it)" in err and "build again with --force" in err, err
+    from beam_pipeline.tools import inspect_dataset  # the same damage, as inspect meets it
+
+    assert inspect_dataset.main([vdir, "--out", str(tmp_path), "--n", "100"]) == 1
+    err = capsys.readouterr().err  # (it was the client's NotFound, a traceback)
+    assert err == (f"error: {_last_shard(root)} is missing: the version is damaged (python -m "
+                   f"beam_pipeline.tools.verify names what else is)\n"), err
 
 
 def test_a_local_listing_that_fails_is_not_an_empty_one(tmp_path):

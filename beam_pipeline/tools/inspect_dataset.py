@@ -21,7 +21,7 @@ import sys
 from beam_pipeline.manifest_text import class_table, near_duplicates_line
 from beam_pipeline.store import transient
 from beam_pipeline.tools.drawing import class_counts_chart, contact_sheet, near_duplicate_sheet
-from beam_pipeline.tools.samples import cross_split_pairs, ordered_splits, sample
+from beam_pipeline.tools.samples import MissingShard, cross_split_pairs, ordered_splits, sample
 from beam_pipeline.tools.verify_reads import INSPECT_ADVICE
 from dataset_format import dataset_info, layout, refs
 import tf_quiet
@@ -117,7 +117,8 @@ def main(argv=None):
         print(f"error: {e.args[0] if isinstance(e, KeyError) and e.args else e}",
               file=sys.stderr)
         return 2
-    except transient.StorageUnavailable as e:  # a read failed without proving damage
+    except (transient.StorageUnavailable,  # a read failed without proving damage
+            MissingShard) as e:            # proven damage: neither a mistake nor an outage
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(result["summary"])

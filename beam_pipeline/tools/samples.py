@@ -24,9 +24,26 @@ def ordered_splits(manifest):
     return split_order(manifest.get("splits", {}))
 
 
+class MissingShard(Exception):
+    """A shard the manifest lists is not there: the version is damaged (not a mistake in the
+    command, and not an outage): inspect_dataset's one line and exit 1."""
+
+
 def _record_at(shard_path, position, index):
     """The serialized Example at `position` of a shard: the index's span in one read, else
-    a scan from the start (CHUNK pieces)."""
+    a scan from the start (CHUNK pieces). MissingShard when the shard is not there (on
+    gs:// the client's NotFound, which was a traceback)."""
+    try:
+        return _read_record(shard_path, position, index)
+    except Exception as e:  # re-raised unless the shard is missing
+        if verify_reads.is_missing(e):
+            raise MissingShard(f"{shard_path} is missing: the version is damaged "
+                               f"(python -m beam_pipeline.tools.verify names what else is)"
+                               ) from None
+        raise
+
+
+def _read_record(shard_path, position, index):
     if index is not None:
         offset, length = index[position]
         data = verify_reads.read_range(shard_path, offset, length, INSPECT_ADVICE)
