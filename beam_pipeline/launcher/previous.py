@@ -170,6 +170,69 @@ class CatalogRows:
                 start = end
 
 
+    def by_number(self, wanted, columns):
+        """Ascending (row number, whole) pairs (repeats allowed) -> (number, row or None,
+        file): `columns` of a row asked whole (as full() gives them), else only its shard
+        file, read per row group from the column's statistics when the group is one
+        shard's, never a dict. A later night asks for ~99% of the rows, most of them only
+        for their file (incremental.kept_as_is was decided by identity), so a row group's
+        wanted columns are read only for the rows asked whole (`take`)."""
+        import pyarrow.parquet as pq
+
+        wanted = iter(wanted)
+        item = next(wanted, None)
+        if item is None:
+            return
+        with files.open_seekable(self.path) as f:
+            source = pq.ParquetFile(f)
+            names = _read_columns(source.schema_arrow.names, columns)
+            names = list(source.schema_arrow.names) if names is None else names
+            read = names if "file" in names else names + ["file"]
+            file_at = [source.schema.column(i).path
+                       for i in range(len(source.schema))].index("file")
+            start = 0
+            for group in range(source.num_row_groups):
+                meta = source.metadata.row_group(group)
+                end = start + meta.num_rows
+                batch = []
+                while item is not None and item[0] < end:
+                    batch.append(item)
+                    item = next(wanted, None)
+                if batch:
+                    whole = [n - start for n, w in batch if w]
+                    table = source.read_row_group(group, columns=read if whole else ["file"])
+                    file = _one_value(meta.column(file_at).statistics)
+                    if file is None:
+                        shard_files = table.column("file").to_pylist()
+                    rows = iter(self._rows(table.take(whole), names)) if whole else None
+                    for number, w in batch:
+                        yield (number, next(rows) if w else None,
+                               file if file is not None else shard_files[number - start])
+                if item is None:
+                    return
+                start = end
+
+    def _rows(self, table, names):
+        """A table of catalog columns -> row dicts as full() gives them."""
+        import base64
+
+        values = table.to_pydict()
+        nest = any(n not in catalog_schema.COLUMNS for n in names)
+        for i in range(table.num_rows):
+            row = {name: values[name][i] for name in names}
+            if row.get(DESCRIPTOR) is not None and not isinstance(row[DESCRIPTOR], str):
+                row[DESCRIPTOR] = base64.b64encode(row[DESCRIPTOR]).decode()
+            yield self._marked(catalog_schema.nest_fields(row)) if nest else row
+
+
+def _one_value(statistics):
+    """A row group's column statistics -> its one value when min and max are equal (a row
+    group of one shard's rows: the catalog's usual one), else None."""
+    if statistics is None or not statistics.has_min_max or statistics.min != statistics.max:
+        return None
+    return statistics.min
+
+
 def _read_columns(present, columns):
     """The catalog's columns to read for `columns` (None: all): those asked for that it has,
     and its declared fields' when "fields" is asked for."""
@@ -207,6 +270,14 @@ class RowList:
             if columns is not None:
                 row = {c: row[c] for c in columns if c in row}
             yield number, row
+
+    def by_number(self, wanted, columns):
+        for number, whole in wanted:
+            row = self.rows[number]
+            if whole:
+                yield number, next(iter(self.full([number], columns)))[1], row["file"]
+            else:
+                yield number, None, row["file"]
 
     def records(self, keep=None):
         """(key, uri, Stored) of every row (`keep` is for a catalog file's row groups)."""
