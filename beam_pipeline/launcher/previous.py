@@ -17,6 +17,7 @@ from json.encoder import encode_basestring_ascii as json_string  # = json.dumps(
 from typing import NamedTuple, Optional
 
 from beam_pipeline.algorithms import fast_json
+from beam_pipeline.algorithms.buckets import BUCKET_ROWS, RangeSpill
 from beam_pipeline.algorithms.spill import SortedSpill
 from beam_pipeline.store import catalog, files
 from dataset_format import catalog_schema, fields as field_types
@@ -169,7 +170,6 @@ class CatalogRows:
                         return
                 start = end
 
-
     def by_number(self, wanted, columns):
         """Ascending (row number, whole) pairs (repeats allowed) -> (number, row or None,
         file): `columns` of a row asked whole (as full() gives them), else only its shard
@@ -200,8 +200,10 @@ class CatalogRows:
                     item = next(wanted, None)
                 if batch:
                     whole = [n - start for n, w in batch if w]
-                    table = source.read_row_group(group, columns=read if whole else ["file"])
                     file = _one_value(meta.column(file_at).statistics)
+                    table = None
+                    if whole or file is None:
+                        table = source.read_row_group(group, columns=read if whole else ["file"])
                     if file is None:
                         shard_files = table.column("file").to_pylist()
                     rows = iter(self._rows(table.take(whole), names)) if whole else None
@@ -393,14 +395,37 @@ def _json_columns(columns):
     return out
 
 
+SAMPLE_EVERY = 64  # one key in 64 sampled for the by-key spill's ranges
+RANGE_ROWS = BUCKET_ROWS  # rows a range of the by-key spill holds (sorted in memory)
+
+
+def key_bounds(rows):
+    """CatalogRows or RowList -> ascending texts (keys as JSON, as by_key_texts' texts start)
+    that cut its keys into ranges of ~RANGE_ROWS rows, from a sample of one key in
+    SAMPLE_EVERY of each row group (only the key column read)."""
+    if isinstance(rows, CatalogRows):
+        import pyarrow as pa
+
+        sample = []
+        for table in catalog.iter_tables(rows.path, columns=["key"]):
+            every = pa.array(range(0, table.num_rows, SAMPLE_EVERY), pa.int64())
+            sample += table["key"].take(every).to_pylist()
+    else:
+        sample = [row["key"] for _, row in rows.identity()][::SAMPLE_EVERY]
+    sample = sorted(json_string(key) for key in sample)
+    step = max(1, RANGE_ROWS // SAMPLE_EVERY)
+    return sample[step::step]
+
+
 class Previous:
     """The previous catalog's records spilled by key; by uri, size and content only when
     some listed key is new (`others`)."""
 
     def __init__(self, spill_dir, rows):
-        self.spill_dir, self.spills, self.rows = spill_dir, [], rows
+        self.spill_dir, self.rows = spill_dir, rows
         self.records = None  # written by the spills below, when first built
-        self.by_key = self._spill()
+        self.by_key = RangeSpill(key_bounds(rows), spill_dir)  # no merge: ranges of keys
+        self.spills = [self.by_key]
         for texts in by_key_texts(rows):
             self.by_key.extend_texts(texts)
 
