@@ -226,27 +226,3 @@ def test_fast_json_writes_and_reads_what_json_does():
         fast_json.loads("[1] x")
     with pytest.raises(json.JSONDecodeError, match="Expecting value"):
         fast_json.loads("nope")
-
-
-def test_the_previous_catalogs_records_come_back_by_key_from_sampled_ranges(tmp_path,
-                                                                            monkeypatch):
-    """The by-key spill of a catalog file is parted by ranges of a sample of its keys
-    (previous.key_bounds), each sorted in memory: the order of every record's text sorted,
-    whatever the catalog's order and the ranges."""
-    monkeypatch.setattr(stored_rows, "SAMPLE_EVERY", 3)
-    monkeypatch.setattr(stored_rows, "RANGE_ROWS", 12)
-    path = str(tmp_path / layout.CATALOG)
-    keys = [f"k{(i * 37) % 101:03d}/{'x' * (i % 3)}.jpg" for i in range(101)]
-    with FragmentWriter(path) as writer:  # 10 rows a row group, keys in no order
-        for i, key in enumerate(keys):
-            writer.append(CatalogRow.from_dict(row(key, i // 10, i % 10)))
-            if len(writer.rows) == 10:
-                writer._flush()
-    rows = stored_rows.CatalogRows(path)
-    # 41 keys sampled (rows 0, 3, 6, 9 of each row group, and the last row), a bound every 4
-    assert len(stored_rows.key_bounds(rows)) == 10
-    with stored_rows.Previous(str(tmp_path), rows) as previous:
-        got = list(previous.by_key)
-    texts = sorted(t for chunk in stored_rows.by_key_texts(rows) for t in chunk)
-    assert got == [tuple(t[:-1].split("\t", 1)) for t in texts]
-    assert [json.loads(k) for k, _ in got] == sorted(keys)

@@ -45,7 +45,8 @@ from beam_pipeline.launcher.previous import (CatalogRows, Previous, RowList, Sto
                                              fields_digest)
 from beam_pipeline.launcher.same_bytes import (  # noqa: F401 (input_sha256: tests)
     by_content, by_md5, first_match, hashed, input_sha256)
-from beam_pipeline.refs import (LINE_KEY, LINE_SHA256, LINE_SIZE, LINE_SPLIT, ImageRef, Listed,
+from beam_pipeline.refs import (LINE_FIELDS, LINE_KEY, LINE_LABEL, LINE_SHA256, LINE_SIZE,
+                                LINE_SPLIT, LINE_STAMP, LINE_URI, ImageRef, Listed,
                                 StoredFrame)
 from beam_pipeline.algorithms import fast_json
 from beam_pipeline.algorithms.buckets import NumberedSpill
@@ -100,8 +101,9 @@ class Resolved(Sized):
     """Every listed image with its final split, and the previous record it may reuse."""
 
     # Images with a stored record, by previous catalog row number (so their rows are read
-    # back in one pass over catalog.parquet): (number, ImageRef JSON, then KEPT when
-    # identity found the image unchanged, its record reused as it is).
+    # back in one pass over catalog.parquet): (number, text), the text ImageRef JSON, or the
+    # listing line as listed and "[split, input sha256]" the line takes (`add_listed`),
+    # then KEPT when identity found the image unchanged (its record reused as it is).
     numbered: NumberedSpill
     # The others, in key order: (key JSON, ImageRef JSON).
     by_key: SortedSpill
@@ -131,21 +133,27 @@ class Resolved(Sized):
 
     def numbered_lines(self, columns=None):
         """(ImageRef JSON, previous catalog row number or None, row or None), in refs()
-        order: each line passed on as the text it was spilled as."""
-        for line, number, row, _ in self._read(columns, False):
-            yield line, number, row
+        order."""
+        for text, number, row, _ in self._read(columns, False):
+            if "\t" in text:  # as listed, and its split and sha256
+                yield fast_json.dumps(_listed_fields(text)), number, row
+            else:
+                yield text, number, row
 
-    def plan_lines(self, columns):
-        """(ImageRef JSON, row number or None, row or None, file or None), in refs() order,
-        for the incremental plan: an image identity found unchanged (its record reused as
-        it is) comes with its previous shard file and no row, so its columns are not read
-        back; another with a stored record with `columns` of its row. Reading back the
-        plan's columns of every kept row, a dict each, was a third of a later night's plan
-        (1M objects: 10.8 of its 23 s under cProfile)."""
-        return self._read(columns, True)
+    def plan_fields(self, columns):
+        """(ImageRef.to_json's parsed list, row number or None, row or None, file or None),
+        in refs() order, for the incremental plan: an image identity found unchanged (its
+        record reused as it is) comes with its previous shard file and no row, so its
+        columns are not read back; another with a stored record with `columns` of its row.
+        Reading back the plan's columns of every kept row, a dict each, was a third of a
+        later night's plan (1M objects: 10.8 of its 23 s under cProfile)."""
+        for text, number, row, file in self._read(columns, True):
+            yield (_listed_fields(text) if "\t" in text else fast_json.loads(text), number,
+                   row, file)
 
     def _read(self, columns, kept_apart):
-        """numbered_lines' items and the kept images' files (`kept_apart`: plan_lines)."""
+        """(numbered text without KEPT, number, row, file): the kept images' files and no
+        row when `kept_apart`, else every row with `columns`; then the others."""
         if self.rows is not None and len(self.numbered):
             waiting = collections.deque()
 
@@ -174,18 +182,40 @@ class Resolved(Sized):
     def add_line(self, key, split, size, ref_json, row, kind):
         """add() for an ImageRef already in JSON (with its split). Unchanged with a row:
         its record is reused as it is (incremental.kept_as_is holds of it)."""
-        counts = self.per_split.setdefault(split, [0, 0])
-        counts[0] += 1
-        counts[1] += size
-        self.counts[kind] += 1
+        self._count(split, size, kind)
         if row is None:
             self.by_key.add(json_string(key), ref_json)
         else:  # a record to reuse or re-frame
             self.counts["stored"] += 1
             self.numbered.add(row, ref_json + KEPT if kind is Became.UNCHANGED else ref_json)
 
+    def add_listed(self, line, split, sha256, size, row, kind):
+        """add_line() of an image with a stored record (`row`), given as its listing line
+        as listed and the split and sha256 it takes: the ImageRef JSON is made only if a
+        plan asks for the text (numbered_lines; the incremental plan parses the line
+        anyway). Dumping it here cost a later night ~1 µs an image, 10M a night."""
+        self._count(split, size, kind)
+        self.counts["stored"] += 1
+        sha = "null" if sha256 is None else json_string(sha256)
+        text = f"{line}\t[{json_string(split)}, {sha}]"
+        self.numbered.add(row, text + KEPT if kind is Became.UNCHANGED else text)
+
+    def _count(self, split, size, kind):
+        counts = self.per_split.setdefault(split, [0, 0])
+        counts[0] += 1
+        counts[1] += size
+        self.counts[kind] += 1
+
 
 KEPT = "\tkept"  # ends a numbered line identity found unchanged (JSON text holds no tab)
+
+
+def _listed_fields(text):
+    """A numbered text "listing line<TAB>[split, sha256]" -> ImageRef.to_json's list."""
+    line, _, taken = text.partition("\t")
+    fields = fast_json.loads(line)
+    fields[LINE_SPLIT], fields[LINE_SHA256] = fast_json.loads(taken)
+    return fields
 
 
 def resolve(by_key, rows, splits, spill_dir, reuse=True, verify=False, split_map=None):
@@ -214,11 +244,25 @@ def resolve(by_key, rows, splits, spill_dir, reuse=True, verify=False, split_map
                 out.counts[Became.REMOVED] += 1
                 continue
             fields = fast_json.loads(line)  # ImageRef.to_json's list
-            ref = Listed._make(fields)  # its fields by name; no ImageRef built
             if old is None:
-                orphans.add(json_string(ref.uri), line)
+                orphans.add(json_string(fields[LINE_URI]), line)
                 continue
             row = Stored._make(fast_json.loads(old))
+            if (not verify and fields[LINE_SIZE] == row.input_size
+                    and fields[LINE_STAMP] == row.input_stamp):
+                # the same file, as _verdict says first: most of a night's 10M keys, so
+                # without building its Listed and calling _verdict (~1 µs)
+                split = fields[LINE_SPLIT] or row.split
+                listed = fields[LINE_FIELDS] if len(fields) > LINE_FIELDS else None
+                kind = _same_values(fields[LINE_LABEL], split, listed, row)
+                if reuse:
+                    out.add_listed(line, split, row.input_sha256, row.input_size, row.row, kind)
+                else:
+                    fields[LINE_SPLIT], fields[LINE_SHA256] = split, row.input_sha256
+                    out.add_line(fields[LINE_KEY], split, row.input_size,
+                                 fast_json.dumps(fields), None, kind)
+                continue
+            ref = Listed._make(fields)  # its fields by name; no ImageRef built
             verdict = _verdict(ref, row, verify)
             if verdict is HASH:
                 rehash.add(json_string(ref.key), f"[{line},{old}]")

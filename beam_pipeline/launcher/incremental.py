@@ -184,8 +184,7 @@ def plan_increment(resolved, previous_vdir, previous, spill_dir, target_shard_mb
     kept_in = collections.Counter()             # previous shard file -> members kept
     fresh_size = collections.defaultdict(lambda: [0, 0])  # split -> [count, bytes]
     to_convert = 0
-    for line, number, row, file in resolved.plan_lines(PLAN_COLUMNS):
-        fields = fast_json.loads(line)
+    for fields, number, row, file in resolved.plan_fields(PLAN_COLUMNS):
         if file is not None or kept_as_is(fields, row):  # file: identity found it unchanged
             # Moved or touched with the same bytes: the catalog follows the file, which the
             # job does (its row read again by number, the input's values replaced).

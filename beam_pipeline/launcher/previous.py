@@ -17,7 +17,6 @@ from json.encoder import encode_basestring_ascii as json_string  # = json.dumps(
 from typing import NamedTuple, Optional
 
 from beam_pipeline.algorithms import fast_json
-from beam_pipeline.algorithms.buckets import BUCKET_ROWS, RangeSpill
 from beam_pipeline.algorithms.spill import SortedSpill
 from beam_pipeline.store import catalog, files
 from dataset_format import catalog_schema, fields as field_types
@@ -95,12 +94,13 @@ class CatalogRows:
         names = catalog.fragment_schema(self.path).names
         return any(n not in catalog_schema.COLUMNS for n in names)
 
-    def records(self, keep=None):
+    def records(self, keep=None, groups=None):
         """(key, uri, Stored) of every row in file order; `keep`: a function of a row
         group's table (IDENTITY_COLUMNS) -> a boolean mask of the rows worth looking at
         (pyarrow.compute, so a pass for the 1% of rows some new key can match converts
-        only those to Python). Rows without declared fields are built from the columns
-        without a dict each (~4 µs a row less, read once a night at least)."""
+        only those to Python); `groups`: the row groups worth reading (None: all). Rows
+        without declared fields are built from the columns without a dict each (~4 µs a
+        row less, read once a night at least)."""
         import pyarrow.parquet as pq
 
         with files.open_seekable(self.path) as f:
@@ -112,10 +112,8 @@ class CatalogRows:
                 if keep is None or number in wanted:
                     yield row["key"], row["uri"], stored(number, row)
             return
-        first = 0
-        for table in _batched(catalog.iter_tables(self.path, columns=list(IDENTITY_COLUMNS))):
-            start, first = first, first + table.num_rows
-            numbers = range(start, first)
+        for start, table in self._tables(groups):
+            numbers = range(start, start + table.num_rows)
             if keep is not None:
                 mask = keep(table)
                 numbers = (start + _true(mask)).tolist()
@@ -127,6 +125,47 @@ class CatalogRows:
                     numbers, c["key"], c["uri"], c["label"], c["split"], c["input_size"],
                     c["input_stamp"], c["input_sha256"], c["input_md5"]):
                 yield key, uri, Stored._make((number, size, stamp, sha, md5, label, split, None))
+
+    def _tables(self, groups):
+        """(first row number, table of IDENTITY_COLUMNS): every row group's, batched, or
+        only those numbered in `groups`, one at a time."""
+        columns = list(IDENTITY_COLUMNS)
+        if groups is None:
+            first = 0
+            for table in _batched(catalog.iter_tables(self.path, columns=columns)):
+                yield first, table
+                first += table.num_rows
+            return
+        import pyarrow.parquet as pq
+
+        with files.open_seekable(self.path) as f:
+            meta = pq.ParquetFile(f).metadata
+        starts = list(itertools.accumulate(
+            (meta.row_group(g).num_rows for g in range(meta.num_row_groups)), initial=0))
+        for group, table in zip(groups, catalog.iter_tables(self.path, columns=columns,
+                                                           row_groups=groups)):
+            yield starts[group], table
+
+    def md5_less_groups(self):
+        """The row groups that may hold a row without an input md5 (null or empty), by the
+        column's statistics; None: every one may. A gs:// catalog has none: a later
+        night's pass for rows without an md5 of the new keys' sizes read all 10M rows'
+        identity columns to find none (~1 s of CPU a million rows)."""
+        import pyarrow.parquet as pq
+
+        with files.open_seekable(self.path) as f:
+            meta = pq.ParquetFile(f).metadata
+        paths = [meta.schema.column(i).path for i in range(meta.num_columns)]
+        if "input_md5" not in paths:
+            return None
+        at = paths.index("input_md5")
+        out = []
+        for group in range(meta.num_row_groups):
+            stats = meta.row_group(group).column(at).statistics
+            if not (stats is not None and stats.has_null_count and stats.null_count == 0
+                    and stats.has_min_max and stats.min != ""):
+                out.append(group)
+        return out
 
     def full(self, wanted, columns=None):
         """Ascending row numbers (repeats allowed) -> (number, row dict), reading only the
@@ -281,8 +320,12 @@ class RowList:
             else:
                 yield number, None, row["file"]
 
-    def records(self, keep=None):
-        """(key, uri, Stored) of every row (`keep` is for a catalog file's row groups)."""
+    def md5_less_groups(self):
+        return None
+
+    def records(self, keep=None, groups=None):
+        """(key, uri, Stored) of every row (`keep`, `groups` are for a catalog file's row
+        groups)."""
         for number, row in self.identity():
             yield row["key"], row["uri"], stored(number, row)
 
@@ -395,37 +438,14 @@ def _json_columns(columns):
     return out
 
 
-SAMPLE_EVERY = 64  # one key in 64 sampled for the by-key spill's ranges
-RANGE_ROWS = BUCKET_ROWS  # rows a range of the by-key spill holds (sorted in memory)
-
-
-def key_bounds(rows):
-    """CatalogRows or RowList -> ascending texts (keys as JSON, as by_key_texts' texts start)
-    that cut its keys into ranges of ~RANGE_ROWS rows, from a sample of one key in
-    SAMPLE_EVERY of each row group (only the key column read)."""
-    if isinstance(rows, CatalogRows):
-        import pyarrow as pa
-
-        sample = []
-        for table in catalog.iter_tables(rows.path, columns=["key"]):
-            every = pa.array(range(0, table.num_rows, SAMPLE_EVERY), pa.int64())
-            sample += table["key"].take(every).to_pylist()
-    else:
-        sample = [row["key"] for _, row in rows.identity()][::SAMPLE_EVERY]
-    sample = sorted(json_string(key) for key in sample)
-    step = max(1, RANGE_ROWS // SAMPLE_EVERY)
-    return sample[step::step]
-
-
 class Previous:
     """The previous catalog's records spilled by key; by uri, size and content only when
     some listed key is new (`others`)."""
 
     def __init__(self, spill_dir, rows):
-        self.spill_dir, self.rows = spill_dir, rows
+        self.spill_dir, self.spills, self.rows = spill_dir, [], rows
         self.records = None  # written by the spills below, when first built
-        self.by_key = RangeSpill(key_bounds(rows), spill_dir)  # no merge: ranges of keys
-        self.spills = [self.by_key]
+        self.by_key = self._spill()
         for texts in by_key_texts(rows):
             self.by_key.extend_texts(texts)
 
@@ -455,10 +475,11 @@ class Previous:
         ref could match by content: sizes in `plain` (refs hashed or to hash: any stored
         row of their size), sizes in `missed` (refs with an md5 no row had: only rows
         without one, whose bytes the md5 cannot rule out)."""
-        _, sizes, by_sha, _, md5_less = self._spills(None, plain, missed)
+        groups = None if plain else self.rows.md5_less_groups()  # only rows without md5s
+        _, sizes, by_sha, _, md5_less = self._spills(None, plain, missed, groups)
         return sizes, by_sha, md5_less
 
-    def _spills(self, matching, plain, missed):
+    def _spills(self, matching, plain, missed, groups=None):
         every = matching is None and plain is None
         spills = [self._spill() for _ in range(5)]
         by_uri, sizes, by_sha, by_md5, md5_less = spills
@@ -467,7 +488,7 @@ class Previous:
             self.records, self.records_end = os.fdopen(fd, "w+b"), 0
         uris, md5s = matching or ((), ())
         keep = None if every else _keep(uris, md5s, plain or set(), missed or set())
-        for key, uri, record in self.rows.records(keep):
+        for key, uri, record in self.rows.records(keep, groups):
             size, sha, md5 = record.input_size, record.input_sha256, record.input_md5
             size_key = f"{size:020d}"
             to_uri = every or uri in uris
