@@ -161,6 +161,8 @@ class CatalogRows:
         at = paths.index("input_md5")
         out = []
         for group in range(meta.num_row_groups):
+            if not meta.row_group(group).num_rows:
+                continue
             stats = meta.row_group(group).column(at).statistics
             if not (stats is not None and stats.has_null_count and stats.null_count == 0
                     and stats.has_min_max and stats.min != ""):
