@@ -226,3 +226,55 @@ def test_fast_json_writes_and_reads_what_json_does():
         fast_json.loads("[1] x")
     with pytest.raises(json.JSONDecodeError, match="Expecting value"):
         fast_json.loads("nope")
+
+
+def test_rows_by_number_give_whole_rows_or_only_their_shard_file(tmp_path):
+    """CatalogRows.by_number: a row asked whole comes with the plan's columns, another with
+    its shard file only: from the row group's statistics when the group is one shard's,
+    else read from the column (a row group of two shards)."""
+    path = str(tmp_path / layout.CATALOG)
+    rows = [row("a", 0, 0), row("b", 0, 1), row("c", 1, 0), row("d", 0, 2), row("e", 1, 1)]
+    with FragmentWriter(path) as writer:  # row groups: [a, b] of shard 0, [c, d, e] mixed
+        for r in rows:
+            writer.append(CatalogRow.from_dict(r))
+            if len(writer.rows) == 2 and r["key"] == "b":
+                writer._flush()
+    got = list(stored_rows.CatalogRows(path).by_number(
+        [(0, False), (1, True), (2, False), (3, True), (3, False), (4, False)],
+        incremental.PLAN_COLUMNS))
+    assert [(n, r and (r["key"], r["file"], r["offset"]), f) for n, r, f in got] == [
+        (0, None, "train-00000-of-00002.tfrecord"),
+        (1, ("b", "train-00000-of-00002.tfrecord", 100), "train-00000-of-00002.tfrecord"),
+        (2, None, "train-00001-of-00002.tfrecord"),
+        (3, ("d", "train-00000-of-00002.tfrecord", 200), "train-00000-of-00002.tfrecord"),
+        (3, None, "train-00000-of-00002.tfrecord"),
+        (4, None, "train-00001-of-00002.tfrecord")]
+    listed = stored_rows.RowList(rows).by_number([(0, False), (3, True)], ("key", "file"))
+    assert list(listed) == [(0, None, "train-00000-of-00002.tfrecord"),
+                            (3, {"key": "d", "file": "train-00000-of-00002.tfrecord"},
+                             "train-00000-of-00002.tfrecord")]
+
+
+def test_the_pass_for_rows_without_an_md5_reads_only_row_groups_that_may_hold_one(tmp_path):
+    """Row groups whose input_md5 statistics show no null and no empty value are not read
+    for rows without an md5 (a gs:// catalog: none); the rows of those read keep their
+    numbers."""
+    path = str(tmp_path / layout.CATALOG)
+    rows = [dict(row(k, 0, i), input_md5="bWQ1") for i, k in enumerate("abc")]
+    rows[2]["input_md5"] = None
+    rows += [dict(row("d", 1, 0), input_md5="bWQ1")]
+    with FragmentWriter(path) as writer:  # row groups: [a, b] with md5s, [c, d], [] none
+        for r in rows:
+            writer.append(CatalogRow.from_dict(r))
+            if len(writer.rows) == 2:
+                writer._flush()
+    catalog_rows = stored_rows.CatalogRows(path)
+    assert catalog_rows.md5_less_groups() == [1]
+    everything = [(k, r.row) for k, _, r in catalog_rows.records()]
+    assert everything == [("a", 0), ("b", 1), ("c", 2), ("d", 3)]
+    assert [(k, r.row, r.input_md5) for k, _, r in catalog_rows.records(groups=[1])] == [
+        ("c", 2, None), ("d", 3, "bWQ1")]
+    with stored_rows.Previous(str(tmp_path), catalog_rows) as previous:
+        sizes, by_sha, md5_less = previous.by_size(set(), {10})
+        assert [json.loads(line)["key"] for _, line in by_sha] == ["c"]
+        assert [size for size, _ in md5_less] == [f"{10:020d}"]

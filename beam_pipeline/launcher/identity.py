@@ -45,9 +45,11 @@ from beam_pipeline.launcher.previous import (CatalogRows, Previous, RowList, Sto
                                              fields_digest)
 from beam_pipeline.launcher.same_bytes import (  # noqa: F401 (input_sha256: tests)
     by_content, by_md5, first_match, hashed, input_sha256)
-from beam_pipeline.refs import (LINE_KEY, LINE_SHA256, LINE_SIZE, LINE_SPLIT, ImageRef, Listed,
+from beam_pipeline.refs import (LINE_FIELDS, LINE_KEY, LINE_LABEL, LINE_SHA256, LINE_SIZE,
+                                LINE_SPLIT, LINE_STAMP, LINE_URI, ImageRef, Listed,
                                 StoredFrame)
 from beam_pipeline.algorithms import fast_json
+from beam_pipeline.algorithms.buckets import NumberedSpill
 from beam_pipeline.algorithms.spill import SortedSpill, join_sorted
 from beam_pipeline.store import split_map as split_maps
 from dataset_format import layout
@@ -98,13 +100,20 @@ class Sized:
 class Resolved(Sized):
     """Every listed image with its final split, and the previous record it may reuse."""
 
-    # Images with a stored record first, in catalog row order (so their full rows are read
-    # back in one pass over catalog.parquet), then the others in key order:
-    # (sort key, [ImageRef fields, previous catalog row number or None]).
+    # Images with a stored record, by previous catalog row number (so their rows are read
+    # back in one pass over catalog.parquet): (number, text), the text ImageRef JSON, or the
+    # listing line as listed and "[split, input sha256]" the line takes (`add_listed`),
+    # then KEPT when identity found the image unchanged (its record reused as it is).
+    numbered: NumberedSpill
+    # The others, in key order: (key JSON, ImageRef JSON).
     by_key: SortedSpill
     per_split: dict = dataclasses.field(default_factory=dict)  # split -> [count, bytes]
     counts: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     rows: object = None           # previous.CatalogRows / RowList: the rows numbered
+
+    @classmethod
+    def empty(cls, spill_dir, rows=None):
+        return cls(numbered=NumberedSpill(spill_dir), by_key=SortedSpill(spill_dir), rows=rows)
 
     def changed(self):
         """Whether the listing differs from the previous version's examples at all."""
@@ -114,15 +123,8 @@ class Resolved(Sized):
         """(ImageRef with its split, previous catalog row dict or None): images with a
         stored record in catalog order, then the others in key order. `columns`: only
         those of the rows (previous.CatalogRows.full); None: every one."""
-        for fields, _, row in self.ref_fields(columns):
-            yield ImageRef.from_fields(fields), row
-
-    def ref_fields(self, columns=None):
-        """(ImageRef.to_json's parsed list, previous catalog row number or None, row or
-        None), in refs() order: what a plan reads a field or two of without building an
-        ImageRef (~3 µs)."""
-        for line, number, row in self.numbered_lines(columns):
-            yield fast_json.loads(line), number, row
+        for line, _, row in self.numbered_lines(columns):
+            yield ImageRef.from_json(line), row
 
     def ref_lines(self, columns=None):
         """(ImageRef JSON, previous catalog row dict or None), in refs() order."""
@@ -131,57 +133,89 @@ class Resolved(Sized):
 
     def numbered_lines(self, columns=None):
         """(ImageRef JSON, previous catalog row number or None, row or None), in refs()
-        order: each line passed on as the text it was spilled as."""
-        def items():
-            for _, line in self.by_key:
-                if line.endswith(NO_ROW):  # else its line ends with a row number and "]"
-                    yield line[1:-len(NO_ROW)], None
-                else:
-                    head, _, number = line[1:-1].rpartition(",")
-                    yield head, int(number)
-        return self._with_rows(items(), columns)
+        order."""
+        for text, number, row, _ in self._read(columns, False):
+            if "\t" in text:  # as listed, and its split and sha256
+                yield fast_json.dumps(_listed_fields(text)), number, row
+            else:
+                yield text, number, row
 
-    def _with_rows(self, items, columns=None):
-        """(x, row number or None) in by_key order -> (x, number, row) (None, None
-        without): the numbered rows (all before the first None) read from the catalog in
-        one pass."""
-        items, waiting, rest = iter(items), collections.deque(), []
+    def plan_fields(self, columns):
+        """(ImageRef.to_json's parsed list, row number or None, row or None, file or None),
+        in refs() order, for the incremental plan: an image identity found unchanged (its
+        record reused as it is) comes with its previous shard file and no row, so its
+        columns are not read back; another with a stored record with `columns` of its row.
+        Reading back the plan's columns of every kept row, a dict each, was a third of a
+        later night's plan (1M objects: 10.8 of its 23 s under cProfile)."""
+        for text, number, row, file in self._read(columns, True):
+            yield (_listed_fields(text) if "\t" in text else fast_json.loads(text), number,
+                   row, file)
 
-        def numbers():
-            for x, number in items:
-                if number is None:
-                    rest.append(x)
-                    return
-                waiting.append(x)
-                yield number
+    def _read(self, columns, kept_apart):
+        """(numbered text without KEPT, number, row, file): the kept images' files and no
+        row when `kept_apart`, else every row with `columns`; then the others."""
+        if self.rows is not None and len(self.numbered):
+            waiting = collections.deque()
 
-        if self.rows is not None:
-            for number, row in self.rows.full(numbers(), columns):
-                yield waiting.popleft(), number, row
-            if waiting:
-                raise RuntimeError(f"{len(waiting)} resolved images name rows past the end "
-                                   "of the previous catalog")
-        yield from ((x, None, None) for x in rest)
-        yield from ((x, None, None) for x, _ in items)
+            def numbers():
+                for number, text in self.numbered:
+                    kept = text.endswith(KEPT)
+                    waiting.append(text[:-len(KEPT)] if kept else text)
+                    yield number, not (kept and kept_apart)
+
+            wanted = numbers()
+            if kept_apart:
+                for number, row, file in self.rows.by_number(wanted, columns):
+                    yield waiting.popleft(), number, row, None if row is not None else file
+            else:
+                for number, row in self.rows.full((n for n, _ in wanted), columns):
+                    yield waiting.popleft(), number, row, None
+            if waiting or next(wanted, None) is not None:
+                raise RuntimeError("resolved images name rows past the end of the previous "
+                                   "catalog")
+        yield from ((line, None, None, None) for _, line in self.by_key)
 
     def add(self, ref, row, kind):
         """One resolved image; `row`: the previous catalog row number to reuse, or None."""
         self.add_line(ref.key, ref.split, ref.size, ref.to_json(), row, kind)
 
     def add_line(self, key, split, size, ref_json, row, kind):
-        """add() for an ImageRef already in JSON (with its split)."""
+        """add() for an ImageRef already in JSON (with its split). Unchanged with a row:
+        its record is reused as it is (incremental.kept_as_is holds of it)."""
+        self._count(split, size, kind)
+        if row is None:
+            self.by_key.add(json_string(key), ref_json)
+        else:  # a record to reuse or re-frame
+            self.counts["stored"] += 1
+            self.numbered.add(row, ref_json + KEPT if kind is Became.UNCHANGED else ref_json)
+
+    def add_listed(self, line, split, sha256, size, row, kind):
+        """add_line() of an image with a stored record (`row`), given as its listing line
+        as listed and the split and sha256 it takes: the ImageRef JSON is made only if a
+        plan asks for the text (numbered_lines; the incremental plan parses the line
+        anyway). Dumping it here cost a later night ~1 µs an image: ~10 s of one core at 10M."""
+        self._count(split, size, kind)
+        self.counts["stored"] += 1
+        sha = "null" if sha256 is None else json_string(sha256)
+        text = f"{line}\t[{json_string(split)}, {sha}]"
+        self.numbered.add(row, text + KEPT if kind is Became.UNCHANGED else text)
+
+    def _count(self, split, size, kind):
         counts = self.per_split.setdefault(split, [0, 0])
         counts[0] += 1
         counts[1] += size
         self.counts[kind] += 1
-        self.counts["stored"] += row is not None  # a record to reuse or re-frame
-        if row is None:
-            self.by_key.add(json_string(key), f"[{ref_json},null]")
-        else:  # "!" sorts before '"', the first character of a key as JSON
-            self.by_key.add(f"!{row:012d}", f"[{ref_json},{row}]")
 
 
-NO_ROW = ",null]"  # the end of a Resolved line without a previous row number
+KEPT = "\tkept"  # ends a numbered line identity found unchanged (JSON text holds no tab)
+
+
+def _listed_fields(text):
+    """A numbered text "listing line<TAB>[split, sha256]" -> ImageRef.to_json's list."""
+    line, _, taken = text.partition("\t")
+    fields = fast_json.loads(line)
+    fields[LINE_SPLIT], fields[LINE_SHA256] = fast_json.loads(taken)
+    return fields
 
 
 def resolve(by_key, rows, splits, spill_dir, reuse=True, verify=False, split_map=None):
@@ -196,12 +230,12 @@ def resolve(by_key, rows, splits, spill_dir, reuse=True, verify=False, split_map
     rows still give splits but no record is offered. `verify`: hash every input.
     """
     if rows is None and split_map is None:
-        return _all_added(Resolved(by_key=SortedSpill(spill_dir)), by_key, splits)
+        return _all_added(Resolved.empty(spill_dir), by_key, splits)
     if not isinstance(rows, CatalogRows):
         rows = RowList(() if rows is None else rows)
     if split_map is None:
         split_map = split_maps.from_rows(row for _, row in rows.identity())
-    out = Resolved(by_key=SortedSpill(spill_dir), rows=rows)
+    out = Resolved.empty(spill_dir, rows)
     previous = Previous(spill_dir, rows)
     with (previous, SortedSpill(spill_dir) as orphans, SortedSpill(spill_dir) as changed,
           SortedSpill(spill_dir) as rehash):
@@ -210,11 +244,25 @@ def resolve(by_key, rows, splits, spill_dir, reuse=True, verify=False, split_map
                 out.counts[Became.REMOVED] += 1
                 continue
             fields = fast_json.loads(line)  # ImageRef.to_json's list
-            ref = Listed._make(fields)  # its fields by name; no ImageRef built
             if old is None:
-                orphans.add(json_string(ref.uri), line)
+                orphans.add(json_string(fields[LINE_URI]), line)
                 continue
             row = Stored._make(fast_json.loads(old))
+            if (not verify and fields[LINE_SIZE] == row.input_size
+                    and fields[LINE_STAMP] == row.input_stamp):
+                # the same file, as _verdict says first: most of a night's 10M keys, so
+                # without building its Listed and calling _verdict (~1 µs)
+                split = fields[LINE_SPLIT] or row.split
+                listed = fields[LINE_FIELDS] if len(fields) > LINE_FIELDS else None
+                kind = _same_values(fields[LINE_LABEL], split, listed, row)
+                if reuse:
+                    out.add_listed(line, split, row.input_sha256, row.input_size, row.row, kind)
+                else:
+                    fields[LINE_SPLIT], fields[LINE_SHA256] = split, row.input_sha256
+                    out.add_line(fields[LINE_KEY], split, row.input_size,
+                                 fast_json.dumps(fields), None, kind)
+                continue
+            ref = Listed._make(fields)  # its fields by name; no ImageRef built
             verdict = _verdict(ref, row, verify)
             if verdict is HASH:
                 rehash.add(json_string(ref.key), f"[{line},{old}]")

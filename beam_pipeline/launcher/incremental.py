@@ -184,12 +184,13 @@ def plan_increment(resolved, previous_vdir, previous, spill_dir, target_shard_mb
     kept_in = collections.Counter()             # previous shard file -> members kept
     fresh_size = collections.defaultdict(lambda: [0, 0])  # split -> [count, bytes]
     to_convert = 0
-    for fields, number, row in resolved.ref_fields(PLAN_COLUMNS):
-        if kept_as_is(fields, row):
+    for fields, number, row, file in resolved.plan_fields(PLAN_COLUMNS):
+        if file is not None or kept_as_is(fields, row):  # file: identity found it unchanged
             # Moved or touched with the same bytes: the catalog follows the file, which the
             # job does (its row read again by number, the input's values replaced).
-            kept_in[row["file"]] += 1
-            kept.add(row["file"], number, kept_line(number, fields))
+            file = file or row["file"]
+            kept_in[file] += 1
+            kept.add(file, number, kept_line(number, fields))
             continue
         ref = ImageRef.from_fields(fields)
         if row is not None:

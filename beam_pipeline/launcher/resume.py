@@ -153,7 +153,7 @@ def take(resolved, finished, shard_settings, spill_dir, copies=True):
 
 class Remainder(identity.Sized):
     """A Resolved without the images of the taken shards: what the plans read (refs,
-    ref_lines, per_split, counts, num_images, num_bytes)."""
+    ref_lines, plan_fields, per_split, counts, num_images, num_bytes)."""
 
     def __init__(self, resolved, owner, taken_ids, spill_dir=None):
         self.resolved, self.owner, self.taken_ids = resolved, owner, frozenset(taken_ids)
@@ -179,10 +179,11 @@ class Remainder(identity.Sized):
         for line, _, row in self.numbered_lines(columns):
             yield line, row
 
-    def ref_fields(self, columns=None):
-        """(parsed ImageRef JSON, row number, row) of the images no taken shard holds."""
+    def plan_fields(self, columns):
+        """(parsed ImageRef JSON, row number, row, None) of the images no taken shard holds:
+        every stored row read with `columns` (the plan decides what is kept from it)."""
         for line, number, row in self.numbered_lines(columns):
-            yield json.loads(line), number, row
+            yield json.loads(line), number, row, None
 
     def refs(self, columns=None):
         """(ImageRef, row) of the images no taken shard holds, in key order."""
