@@ -655,14 +655,9 @@ def _delete(gcs, uri):
         gcs.client.bucket(bucket).blob(name).delete()
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("status", [403, 503])
-def test_a_work_item_that_cannot_read_an_input_fails_and_its_retry_writes_every_image(
-        proxy, gcs, patient_retries, tmp_path, status):
-    """The shard writer DoFn as Dataflow runs it (tests/dataflow_sim.py): an attempt that
-    meets a 403 (or 503s past the retries) on an input raises, naming the object, instead of
-    writing a shard without it and a row blaming it; the service's retry, once storage
-    answers, writes every image and the version has no error."""
+def _one_task_job(gcs, tmp_path):
+    """6 seeded images in a fresh bucket, planned as one shard's task (tests/dataflow_sim.py):
+    (input, root, job, its task)."""
     from tests.dataflow_sim import plan
     from tests.helpers import make_images
 
@@ -673,6 +668,18 @@ def test_a_work_item_that_cannot_read_an_input_fails_and_its_retry_writes_every_
     job = plan(["--input", src, "--output", root, "--name", "night", "--num_shards", "1",
                 "--splits", "train=1.0", "--no_transform", "--max_error_rate", "0"])
     (task,) = job.tasks
+    return src, root, job, task
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("status", [403, 503])
+def test_a_work_item_that_cannot_read_an_input_fails_and_its_retry_writes_every_image(
+        proxy, gcs, patient_retries, tmp_path, status):
+    """The shard writer DoFn as Dataflow runs it (tests/dataflow_sim.py): an attempt that
+    meets a 403 (or 503s past the retries) on an input raises, naming the object, instead of
+    writing a shard without it and a row blaming it; the service's retry, once storage
+    answers, writes every image and the version has no error."""
+    src, root, job, task = _one_task_job(gcs, tmp_path)
     _raises_naming(proxy, "in/dog/001.jpg", status, f"{src}/dog/001.jpg",
                    lambda: job.attempt(task))
     retried = job.attempt(task)
@@ -691,17 +698,9 @@ def test_a_listing_read_by_ranges_fails_midway_or_is_retried_and_never_ends_earl
     after the fault); its retry reads the listing again from the start and writes every
     image. Two 503s midway: retried inside the read, every image written."""
     from beam_pipeline.store import files
-    from tests.dataflow_sim import plan
-    from tests.helpers import make_images
 
     monkeypatch.setattr(files, "STREAM_BYTES", 128)
-    bucket = gcs.create_bucket()
-    make_images(tmp_path / "in", {"cat": 3, "dog": 3})
-    src, root = f"gs://{bucket}/in", f"gs://{bucket}/out"
-    gcs.upload_tree(tmp_path / "in", src)
-    job = plan(["--input", src, "--output", root, "--name", "night", "--num_shards", "1",
-                "--splits", "train=1.0", "--no_transform", "--max_error_rate", "0"])
-    (task,) = job.tasks
+    src, root, job, task = _one_task_job(gcs, tmp_path)
     assert len(gcs.read(task.listing)) > 6 * 128  # the fault lands midway
     proxy.fail(task.listing.split("/", 3)[3], 503, times=times, method="GET", after=2)
     try:
