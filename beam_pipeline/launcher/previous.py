@@ -161,41 +161,8 @@ class CatalogRows:
         `columns` (and the declared fields, under "fields", when "fields" is among them).
         The plans ask for the few columns they use: converting all twenty to Python, for
         every kept row of a night, was a third of the incremental plan's CPU."""
-        import base64
-
-        import pyarrow.parquet as pq
-
-        wanted = iter(wanted)
-        number = next(wanted, None)
-        if number is None:
-            return
-        with catalog.open_row_groups(self.path) as f:  # gs://: by range, from the footer
-            source = pq.ParquetFile(f)
-            names = _read_columns(source.schema_arrow.names, columns)
-            # what each row needs besides its values (~1 µs a row when it needs neither)
-            nest = names is None or any(n not in catalog_schema.COLUMNS for n in names)
-            encode = names is None or DESCRIPTOR in names
-            start = 0
-            for group in range(source.num_row_groups):
-                end = start + source.metadata.row_group(group).num_rows
-                if number < end:
-                    table = source.read_row_group(group, columns=names)
-                    if columns is None:
-                        rows = table.to_pylist()
-                    else:
-                        values = table.to_pydict()
-                        rows = _Rows(values, names)
-                    while number is not None and number < end:
-                        row = rows[number - start]
-                        if encode and row.get(DESCRIPTOR) is not None and not isinstance(
-                                row[DESCRIPTOR], str):
-                            row[DESCRIPTOR] = base64.b64encode(row[DESCRIPTOR]).decode()
-                        yield number, (self._marked(catalog_schema.nest_fields(row)) if nest
-                                       else row)
-                        number = next(wanted, None)
-                    if number is None:
-                        return
-                start = end
+        for number, row, _ in self.by_number(((n, True) for n in wanted), columns):
+            yield number, row
 
     def by_number(self, wanted, columns):
         """Ascending (row number, whole) pairs (repeats allowed) -> (number, row or None,
@@ -242,7 +209,8 @@ class CatalogRows:
                 start = end
 
     def _rows(self, table, names):
-        """A table of catalog columns -> row dicts as full() gives them."""
+        """A table of catalog columns -> row dicts (every column's values, declared fields
+        nested under "fields", a descriptor in base64)."""
         import base64
 
         values = table.to_pydict()
@@ -271,16 +239,6 @@ def _read_columns(present, columns):
     if catalog_schema.FIELDS in columns:
         names += [n for n in present if n not in catalog_schema.COLUMNS]
     return names
-
-
-class _Rows:
-    """A row group's columns ({name: [values]}) -> a fresh row dict by index."""
-
-    def __init__(self, values, names):
-        self.values, self.names = values, names
-
-    def __getitem__(self, i):
-        return {name: self.values[name][i] for name in self.names}
 
 
 class RowList:
