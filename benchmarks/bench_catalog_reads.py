@@ -5,16 +5,14 @@ proxy in front of the storage emulator (tests/gcs_counting.py).
     python benchmarks/bench_catalog_reads.py [--shards 50,100] [--rows 1000] [--tasks 8]
                                              [--code DIR]...
 
-A seeded synthetic catalog (the build's columns, one row group of `--rows` rows per shard,
-as commit writes it) is uploaded once per size; then, for each checkout named by --code
+A seeded synthetic catalog (tests/helpers.catalog_bytes: the build's columns, one row group
+of `--rows` rows per shard, as commit writes it) is uploaded once per size; then, for each checkout named by --code
 (default: this one), a fresh process reads the rows of `--tasks` shards one task at a
 time, as a worker's reuse tasks do, and checks what it got. The emulator is one Python
 process on loopback: compare requests and bytes, not seconds.
 """
 
 import argparse
-import hashlib
-import io
 import os
 import random
 import subprocess
@@ -27,32 +25,6 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
 sys.path.insert(0, HERE)
 from common import Record, add_record_argument  # noqa: E402
-
-
-def catalog_bytes(shards, rows, seed=7):
-    """A catalog.parquet of `shards` row groups of `rows` seeded rows each."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from beam_pipeline.store import catalog
-
-    rnd, out = random.Random(seed), io.BytesIO()
-    with pq.ParquetWriter(out, catalog.SCHEMA) as writer:
-        for s in range(shards):
-            group = []
-            for p in range(rows):
-                key = f"class{rnd.randrange(100):03d}/img_{s:05d}_{p:05d}.jpg"
-                sha = hashlib.sha256(key.encode()).hexdigest()
-                group.append(dict(
-                    key=key, uri=f"gs://photos/incoming/{key}", label=key[:8],
-                    label_id=int(key[5:8]), split="train", shard=s,
-                    file=f"pets-train.tfrecord-{s:05d}-of-{shards:05d}", position=p,
-                    offset=p * 41_000, length=41_000, sha256=sha, height=480, width=640,
-                    input_size=123_456 + p, input_stamp=f"gen:{rnd.getrandbits(50)}",
-                    input_sha256=sha, input_md5=sha[:22] + "==", phash=rnd.getrandbits(63),
-                    phash_center=rnd.getrandbits(63), near_descriptor=None))
-            writer.write_table(pa.Table.from_pylist(group, schema=catalog.SCHEMA))
-    return out.getvalue()
 
 
 def tasks_of(shards, tasks):
@@ -84,6 +56,7 @@ def main():
     record = Record("bench_catalog_reads", args)
     from tests.gcs_counting import counting
     from tests.gcs_emulator import run_emulator
+    from tests.helpers import catalog_bytes
 
     codes = [os.path.abspath(c) for c in args.code or [REPO]]
     runs = []
@@ -91,7 +64,7 @@ def main():
             counting(emulator) as counter:
         bucket = emulator.create_bucket()
         for shards in (int(n) for n in args.shards.split(",")):
-            data = catalog_bytes(shards, args.rows)
+            data, _ = catalog_bytes(shards, args.rows, seed=7)
             path = emulator.upload_bytes(f"gs://{bucket}/ds/{shards}/catalog.parquet", data)
             for code in codes:
                 counter.reset()

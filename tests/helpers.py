@@ -13,10 +13,12 @@ nothing imports conftest by name. One helper per job:
 """
 
 import dataclasses
+import hashlib
 import io
 import json
 import os
 import pathlib
+import random
 
 from PIL import Image
 
@@ -255,3 +257,33 @@ def examples(result):
             assert key not in out, f"{key} stored twice"
             out[key] = (split, r["_raw"])
     return out
+
+
+def catalog_bytes(shards, rows, seed):
+    """A catalog.parquet of `shards` row groups (one per shard, as commit writes them) of
+    `rows` seeded rows each -> (its bytes, each row as catalog.read_numbered gives it).
+    The storage cost tests and benchmarks/bench_catalog_reads.py read it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from beam_pipeline.store import catalog
+    from dataset_format import catalog_schema
+
+    rnd, out, expected = random.Random(seed), io.BytesIO(), []
+    with pq.ParquetWriter(out, catalog.SCHEMA) as writer:
+        for s in range(shards):
+            group = []
+            for p in range(rows):
+                key = f"class{rnd.randrange(100):03d}/{s:04d}_{p:04d}_{rnd.getrandbits(40):x}.jpg"
+                sha = hashlib.sha256(key.encode()).hexdigest()
+                group.append(dict(
+                    key=key, uri=f"gs://in/{key}", label=key[:8], label_id=int(key[5:8]),
+                    split="train", shard=s, file=f"night-train.tfrecord-{s:05d}-of-{shards:05d}",
+                    position=p, offset=p * 4_000, length=4_000, sha256=sha, height=48, width=64,
+                    input_size=rnd.randrange(1 << 20), input_stamp=f"gen:{rnd.getrandbits(50)}",
+                    input_sha256=sha, input_md5=sha[:22] + "==", phash=rnd.getrandbits(63),
+                    phash_center=rnd.getrandbits(63), near_descriptor=None))
+            writer.write_table(pa.Table.from_pylist(group, schema=catalog.SCHEMA))
+            expected += [catalog_schema.CatalogRow.from_dict(catalog_schema.nest_fields(r))
+                         for r in group]
+    return out.getvalue(), expected

@@ -6,7 +6,7 @@ import random
 import pytest
 
 from tests.gcs_counting import kind_of
-from tests.helpers import image_bytes
+from tests.helpers import catalog_bytes, image_bytes
 
 
 def test_requests_are_classified_as_billed():
@@ -258,38 +258,6 @@ def test_a_shuffled_manifest_still_names_the_file_and_line_of_a_bad_uri(tmp_path
                             "gs:// uris are supported")
 
 
-def _catalog_bytes(shards, rows, seed):
-    """A catalog.parquet of `shards` row groups (one per shard, as commit writes them) of
-    `rows` seeded rows each -> (its bytes, each row as catalog.read_numbered gives it)."""
-    import hashlib
-    import io
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from beam_pipeline.store import catalog
-    from dataset_format import catalog_schema
-
-    rnd, out, expected = random.Random(seed), io.BytesIO(), []
-    with pq.ParquetWriter(out, catalog.SCHEMA) as writer:
-        for s in range(shards):
-            group = []
-            for p in range(rows):
-                key = f"class{rnd.randrange(100):03d}/{s:04d}_{p:04d}_{rnd.getrandbits(40):x}.jpg"
-                sha = hashlib.sha256(key.encode()).hexdigest()
-                group.append(dict(
-                    key=key, uri=f"gs://in/{key}", label=key[:8], label_id=int(key[5:8]),
-                    split="train", shard=s, file=f"night-train.tfrecord-{s:05d}-of-{shards:05d}",
-                    position=p, offset=p * 4_000, length=4_000, sha256=sha, height=48, width=64,
-                    input_size=rnd.randrange(1 << 20), input_stamp=f"gen:{rnd.getrandbits(50)}",
-                    input_sha256=sha, input_md5=sha[:22] + "==", phash=rnd.getrandbits(63),
-                    phash_center=rnd.getrandbits(63), near_descriptor=None))
-            writer.write_table(pa.Table.from_pylist(group, schema=catalog.SCHEMA))
-            expected += [catalog_schema.CatalogRow.from_dict(catalog_schema.nest_fields(r))
-                         for r in group]
-    return out.getvalue(), expected
-
-
 @pytest.mark.slow
 def test_a_reuse_task_downloads_its_shards_row_groups_not_the_catalog(gcs, gcs_bucket,
                                                                     gcs_counter):
@@ -303,7 +271,7 @@ def test_a_reuse_task_downloads_its_shards_row_groups_not_the_catalog(gcs, gcs_b
     from beam_pipeline.store import catalog
 
     shards, rows = 40, 100
-    data, expected = _catalog_bytes(shards, rows, seed=5)
+    data, expected = catalog_bytes(shards, rows, seed=5)
     path = gcs.upload_bytes(f"gs://{gcs_bucket}/ds/versions/V/catalog.parquet", data)
     metadata = pq.ParquetFile(pa.BufferReader(data)).metadata
     group_bytes = [sum(metadata.row_group(g).column(c).total_compressed_size
@@ -345,7 +313,7 @@ def test_a_large_catalogs_footer_is_read_alone_and_its_rows_once(gcs, gcs_bucket
     from beam_pipeline.store import catalog, files
 
     shards, rows = 66, 1000
-    data, expected = _catalog_bytes(shards, rows, seed=11)
+    data, expected = catalog_bytes(shards, rows, seed=11)
     assert len(data) > files.WHOLE_BYTES
     path = gcs.upload_bytes(f"gs://{gcs_bucket}/ds/versions/V/catalog.parquet", data)
     footer = int.from_bytes(data[-8:-4], "little") + 8
