@@ -83,6 +83,25 @@ def test_a_same_key_with_the_same_stamp_is_not_read_and_another_stamp_is_hashed(
     assert (counts["unchanged"], counts["changed"], counts["hashed"]) == (1, 1, 2)
 
 
+def test_a_same_key_with_another_generation_and_the_same_md5_is_the_same_bytes(tmp_path):
+    """gs:// keys of the same size under another generation: their md5 decides, without a
+    read (none of these uris exists). a: the same md5, unchanged, its record reused in its
+    stored split; b: the same md5 relabelled, changed (re-framed); c: another md5, new
+    bytes (its key's hash)."""
+    md5s = [f"{c * 22}==" for c in "abc"]
+    rows = [dict(_row(k, "test", 500, "gen:1", "ab" * 32), input_md5="a" * 22 + "==")
+            for k in ("a.jpg", "b.jpg", "c.jpg")]
+    refs = [ImageRef("a.jpg", "gs://gone/a.jpg", "cat", None, 500, "gen:2", md5=md5s[0]),
+            ImageRef("b.jpg", "gs://gone/b.jpg", "dog", None, 500, "gen:2", md5=md5s[0]),
+            ImageRef("c.jpg", "gs://gone/c.jpg", "cat", None, 500, "gen:2", md5=md5s[2])]
+    got, counts = _resolve(refs, rows, tmp_path)
+    assert (counts["unchanged"], counts["changed"], counts["hashed"]) == (1, 2, 0)
+    assert got["a.jpg"][0].split == "test" and got["a.jpg"][0].sha256 == "ab" * 32
+    assert got["a.jpg"][1]["key"] == "a.jpg"  # its stored record, to reuse
+    assert got["b.jpg"][0].split == "test" and got["b.jpg"][1]["key"] == "b.jpg"
+    assert got["c.jpg"][1] is None and got["c.jpg"][0].sha256 is None
+
+
 def test_a_new_key_with_stored_content_keeps_its_split(tmp_path):
     data, other = image_bytes((1, 2, 3)), image_bytes((200, 100, 50), size=(30, 20))
     (tmp_path / "x.jpg").write_bytes(data)

@@ -248,32 +248,28 @@ def resolve(by_key, rows, splits, spill_dir, reuse=True, verify=False, split_map
                 orphans.add(json_string(fields[LINE_URI]), line)
                 continue
             row = Stored._make(fast_json.loads(old))
-            if (not verify and fields[LINE_SIZE] == row.input_size
-                    and fields[LINE_STAMP] == row.input_stamp):
-                # the same file, as _verdict says first: most of a night's 10M keys, so
-                # without building its Listed and calling _verdict (~1 µs)
-                split = fields[LINE_SPLIT] or row.split
-                listed = fields[LINE_FIELDS] if len(fields) > LINE_FIELDS else None
-                kind = _same_values(fields[LINE_LABEL], split, listed, row)
-                if reuse:
-                    out.add_listed(line, split, row.input_sha256, row.input_size, row.row, kind)
-                else:
-                    fields[LINE_SPLIT], fields[LINE_SHA256] = split, row.input_sha256
-                    out.add_line(fields[LINE_KEY], split, row.input_size,
-                                 fast_json.dumps(fields), None, kind)
-                continue
-            ref = Listed._make(fields)  # its fields by name; no ImageRef built
-            verdict = _verdict(ref, row, verify)
-            if verdict is HASH:
-                rehash.add(json_string(ref.key), f"[{line},{old}]")
-            elif verdict is SAME:
-                split = ref.split or row.split
+            if (verify or fields[LINE_SIZE] != row.input_size
+                    or fields[LINE_STAMP] != row.input_stamp):
+                # not the same file, as _verdict says first: most of a night's 10M keys are,
+                # and skip building its Listed and calling _verdict (~1 µs)
+                ref = Listed._make(fields)  # its fields by name; no ImageRef built
+                verdict = _verdict(ref, row, verify)
+                if verdict is HASH:
+                    rehash.add(json_string(ref.key), f"[{line},{old}]")
+                    continue
+                if verdict is OTHER:  # other bytes, which may have been published before
+                    changed.add(json_string(ref.uri), line)
+                    continue
+            # the same bytes (the same file, or the same size and md5)
+            split = fields[LINE_SPLIT] or row.split
+            listed = fields[LINE_FIELDS] if len(fields) > LINE_FIELDS else None
+            kind = _same_values(fields[LINE_LABEL], split, listed, row)
+            if reuse:
+                out.add_listed(line, split, row.input_sha256, row.input_size, row.row, kind)
+            else:
                 fields[LINE_SPLIT], fields[LINE_SHA256] = split, row.input_sha256
-                out.add_line(ref.key, split, ref.size, fast_json.dumps(fields),
-                             row.row if reuse else None,
-                             _same_values(ref.label, split, ref.fields, row))
-            else:  # other bytes, which may have been published before
-                changed.add(json_string(ref.uri), line)
+                out.add_line(fields[LINE_KEY], split, row.input_size, fast_json.dumps(fields),
+                             None, kind)
         for (ref, row), same in _hashed_pairs(out, rehash):
             if same:
                 ref = dataclasses.replace(ref, split=ref.split or row.split)
